@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Set-up and entry point for a fresh machine that has only Python 3.11.
+
+    python3 dev.py reproduce [ARGS]   run the main job (picklescope reproduce) on the default workload
+    python3 dev.py test [PYTEST ARGS] run the whole test suite (ruff, then pytest)
+    python3 dev.py lab                open JupyterLab on notebooks/ (the .py files open as notebooks)
+    python3 dev.py picklescope ARGS   any picklescope command
+
+Each creates ``.venv`` and installs the project into it first if needed (again only when
+pyproject.toml changes). torch is installed first and pinned, so nothing pulls a CUDA build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = Path(os.environ.get("PICKLESCOPE_VENV", ROOT / ".venv"))
+TORCH = "torch==2.13.0"
+EXTRAS = "all,test"
+
+
+def _python311() -> str:
+    if sys.version_info[:2] == (3, 11):
+        return sys.executable
+    found = shutil.which("python3.11")
+    if found:
+        return found
+    sys.exit("dev.py: Python 3.11 is required (torch 2.13.0's CPU wheel here is for 3.11); install python3.11")
+
+
+def _stamp() -> str:
+    h = hashlib.sha256()
+    for name in ("pyproject.toml", "dev.py"):
+        h.update((ROOT / name).read_bytes())
+    return h.hexdigest()
+
+
+def _sh(*cmd: str, **kw) -> None:
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, **kw)
+
+
+def ensure_venv() -> Path:
+    """Create and fill the virtual environment unless it is already up to date."""
+    py = VENV / "bin" / "python"
+    stamp_file = VENV / ".picklescope-stamp"
+    if py.exists() and stamp_file.exists() and stamp_file.read_text() == _stamp():
+        return py
+    if not py.exists():
+        _sh(_python311(), "-m", "venv", str(VENV))
+    pip = [str(py), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    _sh(*pip, "--upgrade", "pip")
+    _sh(*pip, TORCH)
+    _sh(*pip, "-e", f"{ROOT}[{EXTRAS}]")
+    stamp_file.write_text(_stamp())
+    return py
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    py = ensure_venv()
+    bindir = py.parent
+    env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}", VIRTUAL_ENV=str(VENV))
+    if cmd == "reproduce":
+        return subprocess.call([str(bindir / "picklescope"), "reproduce", *rest], env=env, cwd=ROOT)
+    if cmd == "picklescope":
+        return subprocess.call([str(bindir / "picklescope"), *rest], env=env, cwd=ROOT)
+    if cmd == "test":
+        rc = subprocess.call([str(bindir / "ruff"), "check", "toolkit", "tests", "benchmarks", "notebooks", "dev.py"],
+                             env=env, cwd=ROOT)
+        if rc:
+            print("dev.py: ruff found problems (see above)", file=sys.stderr)
+            return rc
+        return subprocess.call([str(py), "-m", "pytest", *rest], env=env, cwd=ROOT)
+    if cmd == "lab":
+        return subprocess.call([str(bindir / "jupyter"), "lab", "--notebook-dir", str(ROOT / "notebooks"), *rest],
+                               env=env, cwd=ROOT)
+    print(f"dev.py: unknown command {cmd!r}: use reproduce, test, lab or picklescope", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

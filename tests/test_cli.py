@@ -1,0 +1,57 @@
+"""The command line: JSON results, listings, one-line errors with exit status 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "picklescope", *args], capture_output=True, text=True, timeout=600)
+
+
+def test_run_json_has_the_documented_fields():
+    p = cli("run", "--codec", "numpy-legacy", "--transport", "pickle5-oob", "--workload", "tiny", "--json")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    for key in ("codec", "transport", "workload", "payload_bytes", "outcome", "error", "blob_bytes",
+                "serialize_s", "deserialize_s", "roundtrip", "sides"):
+        assert key in d
+    assert d["roundtrip"] == {"ok": True, "mismatches": []}
+    for side in ("sender", "receiver"):
+        s = d["sides"][side]
+        for key in ("peak_bytes", "held_bytes", "cycle_held_bytes", "steps", "timeline"):
+            assert key in s
+        for st in s["steps"]:
+            assert {"name", "start_s", "end_s", "peak_bytes", "added_bytes"} <= set(st)
+        assert set(s["timeline"]) == {"t_s", "rss_bytes"} and s["timeline"]["t_s"]
+    assert "consolidate" in [st["name"] for st in d["sides"]["sender"]["steps"]]
+
+
+def test_list_shows_everything():
+    out = cli("list").stdout
+    for name in ("torch", "numpy-legacy", "numpy", "pickle5-oob", "flowgrpo", "seed-6400x20480", "mixed", "tiny"):
+        assert name in out
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (("run", "--codec", "zstd"), "unknown codec 'zstd': known codecs: torch, numpy-legacy, numpy"),
+    (("run", "--transport", "fax"), "unknown transport 'fax'"),
+    (("run", "--workload", "huge"), "unknown workload 'huge'"),
+    (("run", "--scale", "0"), "scale 0.0 must be a positive number"),
+    (("frobnicate",), "invalid choice"),
+])
+def test_errors_are_one_line_with_exit_2(args, needle):
+    p = cli(*args)
+    assert p.returncode == 2
+    assert needle in p.stderr
+    assert "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_debug_shows_traceback():
+    p = cli("--debug", "run", "--codec", "zstd")
+    assert p.returncode == 2 and "Traceback" in p.stderr

@@ -1,0 +1,101 @@
+"""Measured runs in real sender and receiver processes: the ratios BRIEF.md's table predicts.
+
+Checks are ratios to the payload measured in the same run, never times.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import picklescope as ps
+
+
+def ratio(n, r):
+    return n / r.payload_bytes
+
+
+def test_numpy_legacy_pays_one_full_copy_that_numpy_does_not(flowgrpo_quarter):
+    legacy = flowgrpo_quarter[("numpy-legacy", "pickle5-oob")]
+    fixed = flowgrpo_quarter[("numpy", "pickle5-oob")]
+    assert legacy.outcome == fixed.outcome == "ok"
+    assert abs(ratio(legacy.sender.peak_bytes - fixed.sender.peak_bytes, legacy) - 1.0) < 0.05
+    assert ratio(fixed.sender.peak_bytes, fixed) < 0.02
+    step = legacy.sender.step("consolidate")
+    assert abs(ratio(step.added_bytes, legacy) - 1.0) < 0.05
+
+
+def test_torch_steps_each_add_one_payload(flowgrpo_quarter):
+    r = flowgrpo_quarter[("torch", "pickle5-oob")]
+    assert abs(ratio(r.sender.step("consolidate").added_bytes, r) - 1.0) < 0.05
+    assert abs(ratio(r.sender.step("torch.save").added_bytes, r) - 1.0) < 0.05
+
+
+@pytest.mark.parametrize("codec", ["torch", "numpy-legacy"])
+def test_consolidate_buffer_is_held_by_a_reference_cycle(flowgrpo_quarter, codec):
+    r = flowgrpo_quarter[(codec, "pickle5-oob")]
+    assert abs(ratio(r.sender.cycle_held_bytes, r) - 1.0) < 0.05
+    assert ratio(flowgrpo_quarter[("numpy", "pickle5-oob")].sender.cycle_held_bytes, r) < 0.02
+
+
+def test_numpy_receiver_pays_its_bytearray_copy(flowgrpo_quarter):
+    r = flowgrpo_quarter[("numpy", "pickle5-oob")]
+    assert 0.95 < ratio(r.receiver.peak_bytes, r) < 1.10
+    assert abs(ratio(r.receiver.step("frombuffer").added_bytes, r) - 1.0) < 0.06
+
+
+def test_transport_changes_the_cost_of_the_same_codec(flowgrpo_quarter):
+    oob = flowgrpo_quarter[("numpy", "pickle5-oob")]
+    inband = flowgrpo_quarter[("numpy", "pickle")]
+    # BRIEF: numpy 0.9.1 is +0.7 MiB over pickle5-oob but about 2x payload over protocol 4 (in-band copies)
+    assert abs(ratio(inband.sender.peak_bytes, inband) - 2.0) < 0.1
+    assert ratio(inband.sender.peak_bytes - oob.sender.peak_bytes, oob) > 1.8
+    legacy4 = flowgrpo_quarter[("numpy-legacy", "pickle")]
+    assert abs(ratio(legacy4.sender.peak_bytes, legacy4) - 3.0) < 0.1
+
+
+def test_every_run_round_trips_exactly_and_reports_both_sides(flowgrpo_quarter):
+    for (codec, transport), r in flowgrpo_quarter.items():
+        assert r.outcome == "ok", (codec, transport, r.error)
+        assert r.roundtrip == {"ok": True, "mismatches": []}
+        for side in r.sides.values():
+            assert side.baseline_bytes and side.pid and side.exit_code == 0
+            assert len(side.timeline.t_s) > 10
+            names = [s.name for s in side.steps]
+            assert ("pickle.dumps" in names) if side.name == "sender" else ("pickle.loads" in names)
+        assert r.serialize_s is not None and r.deserialize_s is not None
+        assert r.blob_bytes >= (r.inband_bytes or 0)
+
+
+def test_handoff_adds_nothing_to_the_sender(flowgrpo_quarter):
+    for r in flowgrpo_quarter.values():
+        assert ratio(r.sender.step("handoff").added_bytes, r) < 0.02
+
+
+def test_sampled_curve_agrees_with_exact_peak(flowgrpo_quarter):
+    r = flowgrpo_quarter[("torch", "pickle")]
+    assert abs(ratio(r.sender.sampled_peak_bytes - r.sender.peak_bytes, r)) < 0.1
+
+
+@pytest.mark.parametrize("codec", ["torch", "numpy-legacy", "numpy"])
+def test_mixed_runs_fail_clearly_on_declared_gaps(codec):
+    r = ps.run(codec, "pickle5-oob", "mixed", 1.0)
+    assert r.outcome == "error"
+    assert "cannot carry leaf" in r.error and "'" in r.error
+    assert r.roundtrip["ok"] is None
+
+
+def test_mismatched_codecs_across_processes_are_explained():
+    r = ps.run("numpy", "pickle5-oob", "tiny", 1.0, receiver_codec="torch")
+    assert r.outcome == "error" and r.error.startswith("receiver:")
+    assert "written in numpy mode, read in torch mode" in r.error
+
+
+def test_result_json_round_trip():
+    r = ps.run("numpy", "pickle", "tiny", 1.0)
+    again = ps.RunResult.from_json(r.to_json())
+    assert again == r
+
+
+def test_unknown_names_fail_before_any_process_starts():
+    with pytest.raises(ps.UnknownNameError):
+        ps.run("nope", "pickle", "tiny")

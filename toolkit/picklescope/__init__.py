@@ -1,0 +1,24 @@
+"""picklescope: what serializing a training batch costs in host memory, measured in real processes.
+
+The core operation is :func:`run`: serialize a workload's batch with a codec (what ``__getstate__``
+returns) over a transport (how the bytes cross to another process) in an isolated sender and
+receiver, and return a :class:`RunResult` with exact kernel peaks per step and per side.
+"""
+
+from __future__ import annotations
+
+from .batch import Batch
+from .codecs import CODECS, get_codec, register_codec
+from .errors import PicklescopeError, UnknownNameError, UnsupportedCase
+from .result import RunResult, Side, Step, Timeline
+from .runner import run
+from .transports import TRANSPORTS, get_transport
+from .workloads import available_workloads, load_workload
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CODECS", "TRANSPORTS", "Batch", "PicklescopeError", "RunResult", "Side", "Step", "Timeline",
+    "UnknownNameError", "UnsupportedCase", "available_workloads", "get_codec", "get_transport",
+    "load_workload", "register_codec", "run",
+]

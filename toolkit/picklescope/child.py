@@ -1,0 +1,134 @@
+"""The code that runs inside the sender and receiver processes.
+
+Both sides follow the same shape: setup (imports are already warm; build or map the data), take the
+baseline, run the measured steps with a :class:`~picklescope.steps.Meter` installed, then measure
+what is still held and what only ``gc.collect()`` frees. Every event goes to the parent as it
+happens, so a SIGKILL loses nothing already sent.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import gc
+import os
+import signal
+import time
+import traceback
+from typing import Any
+
+from . import procmem, steps
+from .batch import set_active_codec
+from .codecs import get_codec
+from .transports import get_transport
+from .verify import compare, manifest
+from .workloads import load_workload
+
+
+def _arm_stack_dump(cfg: dict[str, Any], side: str) -> Any:
+    """SIGUSR1 writes every thread's Python stack to a file: the watchdog sends it before SIGKILL."""
+    path = os.path.join(cfg["run_dir"], f"{side}.stack")
+    f = open(path, "w")  # noqa: SIM115 - must stay open for the signal handler
+    faulthandler.register(signal.SIGUSR1, file=f, all_threads=True)
+    return f
+
+
+def _error_event(side: str, exc: BaseException) -> dict[str, Any]:
+    return {"type": "error", "side": side, "exc_type": type(exc).__name__, "message": str(exc),
+            "traceback": traceback.format_exc(limit=30)}
+
+
+def _held(meter: steps.Meter) -> tuple[int, int]:
+    """(held, freed by gc.collect) in bytes, after the measured phase."""
+    before = procmem.rss()
+    gc.collect()
+    after = procmem.rss()
+    return before - meter.baseline, before - after
+
+
+def _apply_env(cfg: dict[str, Any], side: str) -> None:
+    for key, value in (cfg.get("env") or {}).get(side, {}).items():
+        os.environ[key] = value
+
+
+def sender_main(conn: Any, cfg: dict[str, Any]) -> None:
+    """Build the workload, serialize it with the codec over the transport, hand it off."""
+    side = "sender"
+    _arm_stack_dump(cfg, side)
+    _apply_env(cfg, side)
+    try:
+        set_active_codec(cfg["codec"])
+        get_codec(cfg["codec"])
+        transport = get_transport(cfg["transport"])
+        batch = load_workload(cfg["workload"]).build(cfg["scale"])
+        expected = manifest(batch)
+        gc.collect()
+        conn.send({"type": "ready", "side": side, "pid": os.getpid(), "manifest": expected})
+    except BaseException as exc:  # noqa: BLE001 - any setup failure is reported, not raised
+        conn.send({**_error_event(side, exc), "phase": "setup"})
+        return
+    meter = steps.Meter(conn.send, cfg["t0"], side)
+    steps.install(meter)
+    meter.start()
+    info: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    try:
+        info = transport.send(batch, cfg["run_dir"])
+    except BaseException as exc:  # noqa: BLE001
+        error = _error_event(side, exc)
+    peak = meter.finish()
+    steps.install(None)
+    held, cycle = _held(meter)
+    if error:
+        conn.send({**error, "phase": "measure"})
+    conn.send({"type": "done", "side": side, "peak_bytes": peak, "held_bytes": held,
+               "cycle_held_bytes": cycle, "handoff": info, "baseline_bytes": meter.baseline,
+               "t_s": meter.now()})
+    conn.recv()  # stay alive (and sampled) until the parent lets go
+
+
+def receiver_main(conn: Any, cfg: dict[str, Any]) -> None:
+    """Wait for the hand-off, map it, deserialize, then verify against the sender's manifest."""
+    side = "receiver"
+    _arm_stack_dump(cfg, side)
+    _apply_env(cfg, side)
+    try:
+        set_active_codec(cfg.get("receiver_codec") or cfg["codec"])
+        transport = get_transport(cfg["transport"])
+        conn.send({"type": "waiting", "side": side, "pid": os.getpid()})
+        msg = conn.recv()
+        if msg.get("type") != "go":
+            return
+        prepared = transport.prepare(msg["handoff"])
+        gc.collect()
+    except EOFError:
+        return
+    except BaseException as exc:  # noqa: BLE001
+        conn.send({**_error_event(side, exc), "phase": "setup"})
+        return
+    meter = steps.Meter(conn.send, cfg["t0"], side)
+    steps.install(meter)
+    meter.start()
+    obj = None
+    error = None
+    try:
+        obj = transport.receive(prepared)
+    except BaseException as exc:  # noqa: BLE001
+        error = _error_event(side, exc)
+    peak = meter.finish()
+    steps.install(None)
+    end_t = meter.now()
+    held, cycle = _held(meter)
+    if error:
+        conn.send({**error, "phase": "measure"})
+    mismatches = compare(msg["manifest"], obj) if error is None else []
+    conn.send({"type": "done", "side": side, "peak_bytes": peak, "held_bytes": held,
+               "cycle_held_bytes": cycle, "baseline_bytes": meter.baseline, "t_s": end_t,
+               "mismatches": mismatches})
+    del obj
+    prepared.close()
+    time.sleep(0)  # let the last message flush before the parent reaps us
+    try:
+        conn.recv()
+    except EOFError:
+        pass
+

@@ -1,0 +1,33 @@
+"""The codec registry: what ``Batch.__getstate__`` returns, selected by name.
+
+Built-in codecs replicate verl's behaviours; third parties add their own through the entry-point
+group ``picklescope.codecs`` or :func:`register_codec` (a candidate ``__getstate__`` from a notebook
+cell, for example).
+"""
+
+from __future__ import annotations
+
+from ..registry import Registry
+from .base import FEATURES, Codec, ModeMismatch, Unsupported, batch_features, describe_state
+from .numpy_codec import NumpyCodec, NumpyLegacyCodec
+from .torch_codec import TorchCodec
+
+CODECS: Registry[Codec] = Registry("codec")
+for _cls in (TorchCodec, NumpyLegacyCodec, NumpyCodec):
+    CODECS.register(_cls.name, _cls())
+
+
+def get_codec(name: str) -> Codec:
+    """The codec called ``name``; an unknown name lists the known ones."""
+    return CODECS.get(name)
+
+
+def register_codec(codec: Codec, *, replace: bool = False) -> Codec:
+    """Add a codec instance under ``codec.name``."""
+    return CODECS.register(codec.name, codec, replace=replace)
+
+
+__all__ = [
+    "CODECS", "FEATURES", "Codec", "ModeMismatch", "Unsupported", "batch_features", "describe_state",
+    "get_codec", "register_codec",
+]

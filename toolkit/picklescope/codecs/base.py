@@ -1,0 +1,165 @@
+"""What a codec is: the pair ``__getstate__`` / ``__setstate__`` plus the cases it declares it cannot carry.
+
+A codec's steps are marked with :func:`picklescope.steps.step` so every run reports them. Its
+``unsupported`` declarations are checked against each batch before any work starts, so an
+unsupported leaf fails with a message naming the leaf and the reason, never with silent corruption.
+The same declarations generate the capability matrix (codec x feature) in the docs and notebooks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from ..batch import Batch
+from ..errors import PicklescopeError, UnsupportedCase
+
+FP8_DTYPES = tuple(
+    getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+    if hasattr(torch, n)
+)
+
+# Every feature a leaf can have; the capability matrix has one column per entry.
+FEATURES: dict[str, str] = {
+    "dense": "an ordinary contiguous tensor",
+    "non-contiguous": "a strided view (transpose, slice with step)",
+    "zero-size": "a tensor with no elements",
+    "bfloat16": "bfloat16 values",
+    "fp8": "float8 values (e4m3 / e5m2)",
+    "bool": "bool values",
+    "complex": "complex values",
+    "jagged-nested": "a nested tensor with torch.jagged layout",
+    "strided-nested": "a nested tensor with the legacy strided layout",
+    "sub-tensordict": "a TensorDict inside the batch",
+    "batch-none": "a batch whose tensor part is None",
+    "empty-tensordict": "a TensorDict with no keys",
+    "object-arrays": "non_tensor_batch numpy object arrays",
+}
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """A feature the codec cannot carry, and the error the real implementation would hit."""
+
+    feature: str
+    reason: str
+
+
+def _tensor_features(t: torch.Tensor) -> set[str]:
+    feats: set[str] = set()
+    if t.is_nested:
+        feats.add("jagged-nested" if t.layout == torch.jagged else "strided-nested")
+    else:
+        feats.add("dense")
+        if t.numel() == 0:
+            feats.add("zero-size")
+        if not t.is_contiguous():
+            feats.add("non-contiguous")
+    if t.dtype in FP8_DTYPES:
+        feats.add("fp8")
+    elif t.dtype == torch.bfloat16:
+        feats.add("bfloat16")
+    elif t.dtype == torch.bool:
+        feats.add("bool")
+    elif t.dtype.is_complex:
+        feats.add("complex")
+    return feats
+
+
+def iter_leaves(td: Any, prefix: str = "") -> Iterator[tuple[str, Any, set[str]]]:
+    """(dotted name, value, features) for every entry of a TensorDict, sub-TensorDicts included."""
+    from tensordict import TensorDictBase
+
+    for key, value in td.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, TensorDictBase):
+            yield name, value, {"sub-tensordict"}
+            yield from iter_leaves(value, prefix=name + ".")
+        else:
+            yield name, value, _tensor_features(value)
+
+
+def batch_features(b: Batch) -> dict[str, set[str]]:
+    """Features per leaf name; batch-level features under the name ``<batch>``."""
+    out: dict[str, set[str]] = {}
+    if b.batch is None:
+        out["<batch>"] = {"batch-none"}
+    else:
+        if len(list(b.batch.keys())) == 0:
+            out["<batch>"] = {"empty-tensordict"}
+        for name, _, feats in iter_leaves(b.batch):
+            out[name] = feats
+    for key in b.non_tensor_batch:
+        out[f"non_tensor_batch.{key}"] = {"object-arrays"}
+    return out
+
+
+class Codec:
+    """Base class: subclasses implement :meth:`encode` and :meth:`decode` and declare gaps."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    verl_equivalent: ClassVar[str] = ""
+    unsupported: ClassVar[tuple[Unsupported, ...]] = ()
+
+    def check(self, b: Batch) -> None:
+        """Raise :class:`UnsupportedCase` for the first leaf with a declared-unsupported feature."""
+        gaps = {u.feature: u for u in self.unsupported}
+        if not gaps:
+            return
+        for leaf, feats in batch_features(b).items():
+            for feat in sorted(feats):
+                if feat in gaps:
+                    raise UnsupportedCase(self.name, leaf, feat, gaps[feat].reason)
+
+    def supports(self, feature: str) -> bool:
+        return feature not in {u.feature for u in self.unsupported}
+
+    def getstate(self, b: Batch) -> Any:
+        from ..steps import step
+
+        with step("__getstate__"):
+            self.check(b)
+            return self.encode(b)
+
+    def setstate(self, b: Batch, state: Any) -> None:
+        from ..steps import step
+
+        with step("__setstate__"):
+            self.decode(b, state)
+
+    def encode(self, b: Batch) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def decode(self, b: Batch, state: Any) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class ModeMismatch(PicklescopeError):
+    """A blob written by one codec was read by another (verl: the two processes' env vars differ)."""
+
+    def __init__(self, written_by: str, read_by: str, original: str = "") -> None:
+        self.written_by = written_by
+        self.read_by = read_by
+        msg = f"blob written in {written_by} mode, read in {read_by} mode"
+        if original:
+            msg += f" (the codec itself would have raised: {original})"
+        super().__init__(
+            msg,
+            f"use the same codec on both sides (for verl: set VERL_DATAPROTO_SERIALIZATION_METHOD="
+            f"{written_by.split('-')[0]} on the receiver)",
+        )
+
+
+def describe_state(state: Any) -> str:
+    """Which codec family produced a ``__getstate__`` value, from its shape alone."""
+    if isinstance(state, tuple) and state and state[0] == "numpy":
+        return "numpy"
+    if isinstance(state, tuple) and len(state) == 3 and isinstance(state[0], (bytes, bytearray, memoryview)):
+        return "torch"
+    if isinstance(state, tuple) and len(state) == 3 and state[0] is None:
+        return "torch"
+    return "unknown"

@@ -1,0 +1,109 @@
+"""verl's numpy mode: each leaf as a uint8 numpy view, so pickle protocol 5 can ship it out of band.
+
+``numpy`` is the fixed behaviour (verl >= 0.9.1): the sender makes views only (+0), and over protocol
+5 with out-of-band buffers the arrays leave without a copy; over protocol 4 pickle copies them
+in-band. The receiver copies each buffer into a ``bytearray`` (+P) and wraps it with
+``torch.frombuffer``. ``numpy-legacy`` is verl <= 0.9.0: it first runs ``contiguous().consolidate()``
+and throws the result away, paying a full copy (+P) that a reference cycle then keeps alive.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..batch import Batch
+from ..steps import step
+from .base import Codec, ModeMismatch, Unsupported, describe_state
+from .torch_codec import TorchCodec
+
+_DTYPE_PREFIX = "torch."
+
+
+def _dtype_from_name(name: str) -> torch.dtype:
+    dtype = getattr(torch, name.removeprefix(_DTYPE_PREFIX), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r} in a numpy-mode blob")
+    return dtype
+
+
+def _dense_to_numpy(t: torch.Tensor) -> tuple[str, tuple[int, ...], np.ndarray]:
+    flat = t.contiguous().reshape(-1)  # a view unless the leaf was non-contiguous
+    return (str(t.dtype), tuple(t.shape), flat.view(torch.uint8).numpy())
+
+
+def _dense_from_numpy(spec: tuple[str, tuple[int, ...], np.ndarray]) -> torch.Tensor:
+    dtype_name, shape, array = spec
+    owned = bytearray(memoryview(array).cast("B"))  # the receiver's one copy of the payload
+    return torch.frombuffer(owned, dtype=torch.uint8).view(_dtype_from_name(dtype_name)).reshape(shape)
+
+
+def _leaf_to_numpy(t: torch.Tensor) -> tuple:
+    if t.is_nested:
+        layout = "jagged" if t.layout == torch.jagged else "strided"
+        return ("nested", layout, [_dense_to_numpy(c) for c in t.unbind()])
+    return ("dense", *_dense_to_numpy(t))
+
+
+def _leaf_from_numpy(spec: tuple) -> torch.Tensor:
+    if spec[0] == "nested":
+        _, layout, comps = spec
+        parts = [_dense_from_numpy(c) for c in comps]
+        return torch.nested.nested_tensor(parts, layout=torch.jagged if layout == "jagged" else torch.strided)
+    return _dense_from_numpy(spec[1:])
+
+
+class NumpyCodec(Codec):
+    name = "numpy"
+    description = "verl >= 0.9.1 numpy mode: uint8 numpy views, no consolidate; receiver copies into bytearray"
+    verl_equivalent = "VERL_DATAPROTO_SERIALIZATION_METHOD=numpy, verl >= 0.9.1"
+    unsupported = (
+        Unsupported("zero-size", "torch.frombuffer cannot wrap an empty buffer (ValueError on the receiver)"),
+        Unsupported("sub-tensordict", "leaves are converted one level deep; a TensorDict leaf has no tensor "
+                                      "data of its own (AttributeError: is_nested)"),
+    )
+
+    def encode(self, b: Batch) -> Any:
+        leaves: dict[str, tuple] = {}
+        batch_size: list[int] | None = None
+        device: str | None = None
+        if b.batch is not None:
+            self.before_views(b)
+            with step("to_numpy"):
+                for key, value in b.batch.items():
+                    leaves[key] = _leaf_to_numpy(value)
+            batch_size = list(b.batch.batch_size)
+            device = None if b.batch.device is None else str(b.batch.device)
+        return ("numpy", leaves if b.batch is not None else None, batch_size, device,
+                b.non_tensor_batch, b.meta_info)
+
+    def before_views(self, b: Batch) -> None:
+        """Hook for the legacy codec's discarded copy; the fixed codec does nothing here."""
+
+    def decode(self, b: Batch, state: Any) -> None:
+        kind = describe_state(state)
+        if kind != "numpy":
+            raise ModeMismatch(kind, self.name)
+        _, leaves, batch_size, device, non_tensor, meta = state
+        if leaves is not None:
+            from tensordict import TensorDict
+
+            with step("frombuffer"):
+                tensors = {key: _leaf_from_numpy(spec) for key, spec in leaves.items()}
+            b.batch = TensorDict(tensors, batch_size=batch_size, device=device)
+        b.non_tensor_batch = non_tensor
+        b.meta_info = meta
+
+
+class NumpyLegacyCodec(NumpyCodec):
+    name = "numpy-legacy"
+    description = ("verl <= 0.9.0 numpy mode: contiguous().consolidate() computed and discarded, "
+                   "then the same numpy views")
+    verl_equivalent = "VERL_DATAPROTO_SERIALIZATION_METHOD=numpy, verl <= 0.9.0 (the OOM bug)"
+    unsupported = TorchCodec.unsupported + NumpyCodec.unsupported
+
+    def before_views(self, b: Batch) -> None:
+        with step("consolidate"):
+            b.batch.contiguous().consolidate()  # the bug: a full copy nobody uses

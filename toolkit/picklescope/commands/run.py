@@ -1,0 +1,36 @@
+"""``picklescope run``: one codec over one transport, both sides measured."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .. import table
+from ..reproduce import DEFAULT_SCALE
+from ..runner import run
+from ..units import fmt_bytes
+from .common import add_run_args, print_json, run_kwargs
+
+ORDER = 10
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("run", help="measure one codec over one transport in isolated processes")
+    add_run_args(p)
+    p.add_argument("--receiver-codec", default=None, help="codec the receiver uses (default: same)")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    scale = DEFAULT_SCALE if args.scale is None else args.scale
+    r = run(args.codec, args.transport, args.workload, scale, receiver_codec=args.receiver_codec, **run_kwargs(args))
+    if args.json:
+        print_json(r.to_dict())
+        return 0
+    print(f"{r.codec} over {r.transport} on {r.workload} x{r.scale:g} (payload {fmt_bytes(r.payload_bytes)}): "
+          f"{r.outcome}" + (f" - {r.error}" if r.error else ""))
+    print(table.render(table.steps_rows(r)))
+    print()
+    print(table.render(table.comparison_rows([r])))
+    return 0

@@ -1,0 +1,80 @@
+"""Reading memory from the kernel, the only source of exact peaks.
+
+``VmHWM`` in ``/proc/<pid>/status`` is the kernel's own high-water mark of resident memory; writing
+``5`` to ``/proc/self/clear_refs`` resets it to the current RSS. A thread sampling RSS inside the
+measured process is starved by the GIL during ``pickle.dumps`` and ``torch.save``, so exact peaks come
+from this pair and the sampled curve comes from another process reading ``statm``.
+"""
+
+from __future__ import annotations
+
+import os
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _status_field(pid: int | str, field: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/{pid}/status has no {field}")
+
+
+def rss(pid: int | str = "self") -> int:
+    """Resident set size in bytes (anonymous + file + shared memory pages)."""
+    return _status_field(pid, "VmRSS:")
+
+
+def hwm(pid: int | str = "self") -> int:
+    """The kernel's high-water mark of RSS since the last reset."""
+    return _status_field(pid, "VmHWM:")
+
+
+def reset_hwm() -> None:
+    """Reset this process's VmHWM to its current RSS."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def hwm_resettable() -> bool:
+    """Whether this kernel lets a process reset its own peak (needed for exact per-step peaks)."""
+    try:
+        reset_hwm()
+        return True
+    except OSError:
+        return False
+
+
+class StatmReader:
+    """Fast repeated RSS reads of one process (one open file, ``pread``), for 1 ms sampling."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._fd = os.open(f"/proc/{pid}/statm", os.O_RDONLY)
+
+    def read(self) -> int | None:
+        """RSS in bytes, or None once the process is gone."""
+        try:
+            data = os.pread(self._fd, 256, 0)
+        except OSError:
+            return None
+        if not data:
+            return None
+        return int(data.split()[1]) * PAGE
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def machine_memory() -> dict[str, int]:
+    """Total and available memory of the machine (bytes), from ``/proc/meminfo``."""
+    out: dict[str, int] = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            key, rest = line.split(":", 1)
+            if key in ("MemTotal", "MemAvailable"):
+                out[key] = int(rest.split()[0]) * 1024
+    return {"total": out.get("MemTotal", 0), "available": out.get("MemAvailable", 0)}

@@ -1,0 +1,134 @@
+"""A measured run as plain data: computed first, drawn later, saved as JSON and read back.
+
+Nothing here imports plotly or talks to a process; figures, tables, widgets and reports are views of
+a :class:`RunResult`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+
+@dataclass
+class Step:
+    """One named step on one side, with its exact kernel peak."""
+
+    name: str
+    start_s: float
+    end_s: float | None
+    peak_bytes: int | None  # above the side's baseline
+    added_bytes: int | None  # above the RSS at the step's start
+    retained_bytes: int | None = None  # RSS at the end minus RSS at the start
+    depth: int = 0
+    error: str | None = None
+    line: int | None = None
+
+    @property
+    def duration_s(self) -> float | None:
+        return None if self.end_s is None else self.end_s - self.start_s
+
+
+@dataclass
+class Timeline:
+    """RSS of one process sampled from another process at about 1 ms."""
+
+    t_s: list[float] = field(default_factory=list)
+    rss_bytes: list[int] = field(default_factory=list)
+
+    def max_gap_s(self) -> float:
+        return max((b - a for a, b in zip(self.t_s, self.t_s[1:])), default=0.0)
+
+
+@dataclass
+class Side:
+    """What one process (sender or receiver) spent."""
+
+    name: str
+    pid: int | None = None
+    baseline_bytes: int | None = None
+    peak_bytes: int | None = None  # exact (VmHWM) above baseline over the measured phase
+    held_bytes: int | None = None  # still resident when the side finished
+    cycle_held_bytes: int | None = None  # of which gc.collect() then freed (reference cycles)
+    steps: list[Step] = field(default_factory=list)
+    timeline: Timeline = field(default_factory=Timeline)
+    exit_code: int | None = None
+    budget_bytes: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def step(self, name: str) -> Step | None:
+        """The first step called ``name`` (None if the side never reached it)."""
+        return next((s for s in self.steps if s.name == name), None)
+
+    @property
+    def sampled_peak_bytes(self) -> int | None:
+        if not self.timeline.rss_bytes or self.baseline_bytes is None:
+            return None
+        return max(self.timeline.rss_bytes) - self.baseline_bytes
+
+
+@dataclass
+class RunResult:
+    """One codec x transport x workload run, both sides, with verdict and round trip."""
+
+    codec: str
+    transport: str
+    workload: str
+    scale: float
+    payload_bytes: int
+    outcome: str = "ok"  # ok | error | oom-killed | memory-error | timeout
+    error: str | None = None
+    blob_bytes: int | None = None
+    inband_bytes: int | None = None
+    oob_bytes: int | None = None
+    serialize_s: float | None = None
+    deserialize_s: float | None = None
+    roundtrip: dict[str, Any] = field(default_factory=lambda: {"ok": None, "mismatches": []})
+    sides: dict[str, Side] = field(default_factory=dict)
+    receiver_codec: str | None = None
+    tracer: str = "sampler"
+    tracers: dict[str, Any] = field(default_factory=dict)
+    attribution: list[dict[str, Any]] = field(default_factory=list)
+    killed_side: str | None = None
+    killed_in_step: str | None = None
+    killed_at_line: int | None = None
+    enforcement: str | None = None
+    wall_s: float | None = None
+    command: str | None = None
+    environment: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def sender(self) -> Side:
+        return self.sides["sender"]
+
+    @property
+    def receiver(self) -> Side:
+        return self.sides["receiver"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self, **kw: Any) -> str:
+        return json.dumps(self.to_dict(), **kw)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunResult:
+        known = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in known}
+        kw["sides"] = {name: _side_from_dict(s) for name, s in d.get("sides", {}).items()}
+        return cls(**kw)
+
+    @classmethod
+    def from_json(cls, text: str) -> RunResult:
+        return cls.from_dict(json.loads(text))
+
+
+def _side_from_dict(d: dict[str, Any]) -> Side:
+    known = {f.name for f in fields(Side)}
+    kw = {k: v for k, v in d.items() if k in known}
+    step_fields = {f.name for f in fields(Step)}
+    kw["steps"] = [Step(**{k: v for k, v in s.items() if k in step_fields}) for s in d.get("steps", [])]
+    kw["timeline"] = Timeline(**d.get("timeline", {}))
+    return Side(**kw)

@@ -1,0 +1,221 @@
+"""One isolated, measured run: a sender process and a receiver process, as in Ray.
+
+The parent (a terminal, a test, a Jupyter kernel) never touches the batch: it starts the two
+children from the warm forkserver, samples their RSS, relays the hand-off, collects every streamed
+event and always returns a :class:`RunResult`, whatever happened to the children.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from multiprocessing.connection import wait
+from typing import Any
+
+from . import launcher, procmem
+from .codecs import get_codec
+from .errors import PicklescopeError
+from .result import RunResult, Side, Step
+from .sampler import Sampler
+from .transports import get_transport
+from .workloads import DEFAULT_WORKLOAD, check_scale, load_workload
+
+DEFAULT_TIMEOUT_S = 900.0
+SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
+EventHook = Callable[[dict[str, Any]], None]
+
+
+def _check_fits(payload: int) -> None:
+    """Refuse a workload that cannot fit the machine before any child allocates it."""
+    avail = procmem.machine_memory()["available"]
+    need = 3 * payload  # the batch, one copy in flight, the hand-off
+    if avail and need > avail:
+        from .units import fmt_bytes
+
+        raise PicklescopeError(
+            f"workload payload {fmt_bytes(payload)} needs about {fmt_bytes(need)} but the machine has "
+            f"{fmt_bytes(avail)} available",
+            "use a smaller --scale",
+        )
+
+
+class _Run:
+    """Bookkeeping of one run while its events arrive."""
+
+    def __init__(self, result: RunResult, on_event: EventHook | None) -> None:
+        self.result = result
+        self.on_event = on_event
+        self.open_steps: dict[str, list[Step]] = {"sender": [], "receiver": []}
+        self.done: dict[str, bool] = {"sender": False, "receiver": False}
+        self.manifest: dict[str, Any] | None = None
+        self.handoff: dict[str, Any] | None = None
+        self.errors: list[dict[str, Any]] = []
+
+    def handle(self, ev: dict[str, Any]) -> None:
+        side = self.result.sides[ev["side"]]
+        kind = ev["type"]
+        if kind == "ready":
+            self.manifest = ev.pop("manifest")
+        elif kind == "baseline":
+            side.baseline_bytes = ev["baseline_bytes"]
+        elif kind == "step_start":
+            st = Step(ev["name"], ev["t_s"], None, None, None, depth=ev["depth"])
+            side.steps.append(st)
+            self.open_steps[ev["side"]].append(st)
+        elif kind == "step_end":
+            st = self.open_steps[ev["side"]].pop()
+            st.end_s, st.peak_bytes, st.added_bytes = ev["end_s"], ev["peak_bytes"], ev["added_bytes"]
+            st.retained_bytes, st.error, st.line = ev["retained_bytes"], ev["error"], ev.get("line")
+        elif kind == "error":
+            self.errors.append(ev)
+        elif kind == "done":
+            side.peak_bytes = ev["peak_bytes"]
+            side.held_bytes = ev["held_bytes"]
+            side.cycle_held_bytes = ev["cycle_held_bytes"]
+            side.baseline_bytes = ev["baseline_bytes"]
+            self.done[ev["side"]] = True
+            if ev["side"] == "sender":
+                self.handoff = ev.get("handoff")
+            else:
+                self.result.roundtrip = {"ok": not ev["mismatches"], "mismatches": ev["mismatches"]}
+        if self.on_event:
+            self.on_event(ev)
+
+
+def run(
+    codec: str = "numpy",
+    transport: str = "pickle5-oob",
+    workload: str = DEFAULT_WORKLOAD,
+    scale: float = 0.25,
+    *,
+    receiver_codec: str | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    sample_interval_s: float = 0.001,
+    env: dict[str, dict[str, str]] | None = None,
+    on_event: EventHook | None = None,
+) -> RunResult:
+    """Serialize ``workload`` with ``codec`` over ``transport`` in two isolated processes.
+
+    Returns a :class:`RunResult` in every case; only bad input (unknown names, bad scale) raises.
+    """
+    get_codec(codec)
+    if receiver_codec is not None:
+        get_codec(receiver_codec)
+    get_transport(transport)
+    check_scale(scale)
+    spec = load_workload(workload)
+    payload = spec.payload_bytes(scale)
+    _check_fits(payload)
+
+    result = RunResult(codec=codec, transport=transport, workload=spec.name, scale=scale,
+                       payload_bytes=payload, receiver_codec=receiver_codec,
+                       sides={"sender": Side("sender"), "receiver": Side("receiver")})
+    state = _Run(result, on_event)
+    run_dir = tempfile.mkdtemp(prefix="picklescope-", dir=SHM_DIR)
+    t0 = time.monotonic()
+    cfg = {"codec": codec, "transport": transport, "workload": spec.source or spec.name, "scale": scale,
+           "receiver_codec": receiver_codec, "run_dir": run_dir, "t0": t0, "env": env or {}}
+    from . import child
+
+    sampler = Sampler(t0, sample_interval_s).start()
+    procs: dict[str, Any] = {}
+    conns: dict[str, Any] = {}
+    try:
+        for name, target in (("receiver", child.receiver_main), ("sender", child.sender_main)):
+            procs[name], conns[name] = launcher.start(target, (cfg,), f"picklescope-{name}")
+            result.sides[name].pid = procs[name].pid
+            sampler.add(name, procs[name].pid)
+        _drive(state, procs, conns, t0 + timeout_s)
+    finally:
+        sampler.stop()
+        for name in procs:
+            try:
+                conns[name].send({"type": "release"})
+            except (OSError, BrokenPipeError):
+                pass
+        for p in procs.values():
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        for name, p in procs.items():
+            result.sides[name].exit_code = p.exitcode
+            conns[name].close()
+        shutil.rmtree(run_dir, ignore_errors=True)
+    for name, tl in sampler.timelines.items():
+        result.sides[name].timeline = tl
+    _finish(state)
+    result.wall_s = time.monotonic() - t0
+    return result
+
+
+def _drive(state: _Run, procs: dict[str, Any], conns: dict[str, Any], deadline: float) -> None:
+    """Relay events until both sides are done, one fails, or the deadline passes."""
+    by_obj = {id(c): name for name, c in conns.items()}
+    sentinels = {p.sentinel: name for name, p in procs.items()}
+    go_sent = False
+    while not (state.done["sender"] and state.done["receiver"]):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            state.result.outcome = "timeout"
+            state.result.error = "the run exceeded its wall-clock limit"
+            return
+        ready = wait(list(conns.values()) + list(sentinels), timeout=min(remaining, 0.5))
+        for obj in ready:
+            if isinstance(obj, int):
+                continue
+            name = by_obj[id(obj)]
+            try:
+                while obj.poll():
+                    state.handle(obj.recv())
+            except (EOFError, OSError):
+                pass
+        if state.errors and not go_sent:
+            return
+        if state.done["sender"] and not go_sent:
+            if state.handoff is None:
+                return
+            conns["receiver"].send({"type": "go", "handoff": state.handoff, "manifest": state.manifest})
+            go_sent = True
+        for sentinel, name in sentinels.items():
+            if sentinel in ready and not state.done[name] and not procs[name].is_alive():
+                # drain what the process sent before it died
+                try:
+                    while conns[name].poll():
+                        state.handle(conns[name].recv())
+                except (EOFError, OSError):
+                    pass
+                if not state.done[name]:
+                    return
+
+
+def _finish(state: _Run) -> None:
+    """Turn what arrived into the verdict and the summary fields."""
+    r = state.result
+    snd, rcv = r.sender, r.receiver
+    if state.handoff:
+        r.blob_bytes = state.handoff["blob_bytes"]
+        r.inband_bytes = state.handoff["inband_bytes"]
+        r.oob_bytes = state.handoff["oob_bytes"]
+    dumps, loads = snd.step("pickle.dumps"), rcv.step("pickle.loads")
+    r.serialize_s = dumps.duration_s if dumps and dumps.error is None else None
+    r.deserialize_s = loads.duration_s if loads and loads.error is None else None
+    if r.outcome == "timeout":
+        return
+    if state.errors:
+        first = state.errors[0]
+        r.outcome = "error"
+        r.error = f"{first['side']}: {first['exc_type']}: {first['message']}"
+        r.extra["traceback"] = first.get("traceback")
+        return
+    for name in ("sender", "receiver"):
+        if not state.done[name]:
+            side = r.sides[name]
+            r.outcome = "error"
+            r.error = f"{name} process ended without a result (exit code {side.exit_code})"
+            return
+    if r.roundtrip.get("ok") is False:
+        r.outcome = "ok"  # the run itself worked; the mismatch is reported in roundtrip
