@@ -66,7 +66,7 @@ def sender_main(conn: Any, cfg: dict[str, Any]) -> None:
     except BaseException as exc:  # noqa: BLE001 - any setup failure is reported, not raised
         conn.send({**_error_event(side, exc), "phase": "setup"})
         return
-    meter = steps.Meter(conn.send, cfg["t0"], side)
+    meter = steps.make_meter(conn.send, cfg, side)
     steps.install(meter)
     meter.start()
     info: dict[str, Any] | None = None
@@ -105,7 +105,7 @@ def receiver_main(conn: Any, cfg: dict[str, Any]) -> None:
     except BaseException as exc:  # noqa: BLE001
         conn.send({**_error_event(side, exc), "phase": "setup"})
         return
-    meter = steps.Meter(conn.send, cfg["t0"], side)
+    meter = steps.make_meter(conn.send, cfg, side)
     steps.install(meter)
     meter.start()
     obj = None

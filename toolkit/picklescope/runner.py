@@ -96,6 +96,8 @@ def run(
     sample_interval_s: float = 0.001,
     env: dict[str, dict[str, str]] | None = None,
     on_event: EventHook | None = None,
+    on_sample: Callable[[str, float, int], None] | None = None,
+    probe: dict[str, str | None] | None = None,
 ) -> RunResult:
     """Serialize ``workload`` with ``codec`` over ``transport`` in two isolated processes.
 
@@ -117,10 +119,13 @@ def run(
     run_dir = tempfile.mkdtemp(prefix="picklescope-", dir=SHM_DIR)
     t0 = time.monotonic()
     cfg = {"codec": codec, "transport": transport, "workload": spec.source or spec.name, "scale": scale,
-           "receiver_codec": receiver_codec, "run_dir": run_dir, "t0": t0, "env": env or {}}
+           "receiver_codec": receiver_codec, "run_dir": run_dir, "t0": t0, "env": env or {}, "probe": probe or {}}
     from . import child
 
-    sampler = Sampler(t0, sample_interval_s).start()
+    sampler = Sampler(t0, sample_interval_s)
+    if on_sample:  # live views (the notebook explorer) see each RSS sample as it is taken
+        sampler.watchers.append(on_sample)
+    sampler.start()
     procs: dict[str, Any] = {}
     conns: dict[str, Any] = {}
     try:

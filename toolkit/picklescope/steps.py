@@ -98,6 +98,53 @@ class Meter:
         return self.peak - self.baseline
 
 
+class ProbeMeter(Meter):
+    """Fidelity check: one reset at the start of one named step, one read at its end, nothing else.
+
+    ``benchmarks/fidelity.py`` compares the :class:`Meter`'s nested, many-reset peaks with this
+    independent single reading of the kernel's high-water mark, taken in a separate run. With no
+    target step, the single reading spans the whole measured phase (the side's peak).
+    """
+
+    def __init__(self, sink: Callable[[Event], None], t0: float, side: str, target: str | None) -> None:
+        super().__init__(sink, t0, side)
+        self.target = target
+        self._names: list[str] = []
+        self._start_rss: int | None = None
+        self._done = False
+
+    def begin(self, name: str, **info: Any) -> None:
+        self._names.append(name)
+        if name == self.target and self._start_rss is None:
+            self._start_rss = procmem.rss()
+            procmem.reset_hwm()
+
+    def end(self, error: BaseException | None = None) -> Event:
+        name = self._names.pop()
+        if name == self.target and self._start_rss is not None and not self._done:
+            self._done = True
+            h = procmem.hwm()
+            ev = {"type": "probe", "side": self.side, "name": name, "peak_bytes": h - self.baseline,
+                  "added_bytes": h - self._start_rss}
+            self.sink(ev)
+            return ev
+        return {}
+
+    def finish(self) -> int:
+        h = procmem.hwm()
+        if self.target is None:
+            self.sink({"type": "probe", "side": self.side, "name": None, "peak_bytes": h - self.baseline})
+        return h - self.baseline
+
+
+def make_meter(sink: Callable[[Event], None], cfg: dict[str, Any], side: str) -> Meter:
+    """The meter a child installs: the normal one, or a single-reading probe for fidelity checks."""
+    probe = (cfg.get("probe") or {}).get(side, False)
+    if probe is not False:
+        return ProbeMeter(sink, cfg["t0"], side, probe)
+    return Meter(sink, cfg["t0"], side)
+
+
 _current: Meter | None = None
 
 
