@@ -19,6 +19,7 @@ from typing import Any
 from . import procmem, steps
 from .batch import set_active_codec
 from .codecs import get_codec
+from .plugins import load_plugins
 from .transports import get_transport
 from .verify import compare, manifest
 from .workloads import load_workload
@@ -50,14 +51,27 @@ def _apply_env(cfg: dict[str, Any], side: str) -> None:
         os.environ[key] = value
 
 
+def _prepare_codec(conn: Any, side: str, name: str) -> None:
+    """Let a codec load what it needs (real verl: ~5 s of imports) during setup, before the baseline.
+
+    What it returns (e.g. the verl version and the file it was loaded from) is recorded in the run.
+    """
+    codec = get_codec(name)
+    prepare = getattr(codec, "prepare", None)
+    info = prepare() if prepare is not None else None
+    if info:
+        conn.send({"type": "codec_info", "side": side, "info": info})
+
+
 def sender_main(conn: Any, cfg: dict[str, Any]) -> None:
     """Build the workload, serialize it with the codec over the transport, hand it off."""
     side = "sender"
     _arm_stack_dump(cfg, side)
     _apply_env(cfg, side)
     try:
+        load_plugins(cfg.get("plugins"))
         set_active_codec(cfg["codec"])
-        get_codec(cfg["codec"])
+        _prepare_codec(conn, side, cfg["codec"])
         transport = get_transport(cfg["transport"])
         batch = load_workload(cfg["workload"]).build(cfg["scale"])
         expected = manifest(batch)
@@ -92,7 +106,9 @@ def receiver_main(conn: Any, cfg: dict[str, Any]) -> None:
     _arm_stack_dump(cfg, side)
     _apply_env(cfg, side)
     try:
+        load_plugins(cfg.get("plugins"))
         set_active_codec(cfg.get("receiver_codec") or cfg["codec"])
+        _prepare_codec(conn, side, cfg.get("receiver_codec") or cfg["codec"])
         transport = get_transport(cfg["transport"])
         conn.send({"type": "waiting", "side": side, "pid": os.getpid()})
         msg = conn.recv()

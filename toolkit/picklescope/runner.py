@@ -71,6 +71,9 @@ class _Run:
             st.retained_bytes, st.error, st.line = ev["retained_bytes"], ev["error"], ev.get("line")
         elif kind == "error":
             self.errors.append(ev)
+        elif kind == "codec_info":  # what a codec loaded in this side (e.g. real verl's version and file)
+            side.extra["codec_info"] = ev["info"]
+            self.result.extra.setdefault("codec_info", {})[ev["side"]] = ev["info"]
         elif kind == "done":
             side.peak_bytes = ev["peak_bytes"]
             side.held_bytes = ev["held_bytes"]
@@ -98,11 +101,19 @@ def run(
     on_event: EventHook | None = None,
     on_sample: Callable[[str, float, int], None] | None = None,
     probe: dict[str, str | None] | None = None,
+    plugins: list[str] | None = None,
 ) -> RunResult:
     """Serialize ``workload`` with ``codec`` over ``transport`` in two isolated processes.
 
     Returns a :class:`RunResult` in every case; only bad input (unknown names, bad scale) raises.
+    ``plugins`` are files or modules (see :mod:`picklescope.plugins`) loaded here and in both
+    children before the codec is looked up, for codecs that are not built in. ``probe`` switches a
+    side to a single-reading meter (``benchmarks/fidelity.py``).
     """
+    from .plugins import load_plugins
+
+    plugins = [str(p) for p in plugins or []]
+    load_plugins(plugins)
     get_codec(codec)
     if receiver_codec is not None:
         get_codec(receiver_codec)
@@ -117,9 +128,11 @@ def run(
                        sides={"sender": Side("sender"), "receiver": Side("receiver")})
     state = _Run(result, on_event)
     run_dir = tempfile.mkdtemp(prefix="picklescope-", dir=SHM_DIR)
+    result.extra["run_dir"] = run_dir  # removed when the run ends; kept here so tests can check
     t0 = time.monotonic()
     cfg = {"codec": codec, "transport": transport, "workload": spec.source or spec.name, "scale": scale,
-           "receiver_codec": receiver_codec, "run_dir": run_dir, "t0": t0, "env": env or {}, "probe": probe or {}}
+           "receiver_codec": receiver_codec, "run_dir": run_dir, "t0": t0, "env": env or {}, "probe": probe or {},
+           "plugins": plugins}
     from . import child
 
     sampler = Sampler(t0, sample_interval_s)
