@@ -22,7 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 VENV = Path(os.environ.get("PICKLESCOPE_VENV", ROOT / ".venv"))
 TORCH = "torch==2.13.0"
+LAB_SETTINGS = ROOT / "jupyter" / "overrides.d" / "picklescope.json"
 EXTRAS = "all,test"
+TRANSFERQUEUE = ("transferqueue==0.1.11", "msgspec==0.23.0")
 
 
 def _python311() -> str:
@@ -58,8 +60,24 @@ def ensure_venv() -> Path:
     _sh(*pip, "--upgrade", "pip")
     _sh(*pip, TORCH)
     _sh(*pip, "-e", f"{ROOT}[{EXTRAS}]")
+    # TransferQueue declares ray[default] and hydra-core, which would replace the pinned Ray and
+    # downgrade omegaconf, and it installs top-level tests/scripts packages: keep it in a folder of
+    # its own that only the transferqueue transport puts on its path.
+    _sh(*pip, "--no-deps", "--upgrade", "--target", str(VENV / "picklescope-tq"), *TRANSFERQUEUE)
     stamp_file.write_text(_stamp())
     return py
+
+
+def install_lab_settings() -> None:
+    """Make JupyterLab in the venv open the notebooks' .py files as notebooks (jupytext's viewer).
+
+    JupyterLab reads per-package setting defaults from <prefix>/share/jupyter/lab/settings/overrides.d;
+    pip's editable install does not copy data files there, so this does (only when they differ).
+    """
+    target = VENV / "share" / "jupyter" / "lab" / "settings" / "overrides.d" / LAB_SETTINGS.name
+    if LAB_SETTINGS.is_file() and (not target.is_file() or target.read_bytes() != LAB_SETTINGS.read_bytes()):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(LAB_SETTINGS, target)
 
 
 def main(argv: list[str]) -> int:
@@ -68,6 +86,7 @@ def main(argv: list[str]) -> int:
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
     py = ensure_venv()
+    install_lab_settings()
     bindir = py.parent
     env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}", VIRTUAL_ENV=str(VENV))
     if cmd == "reproduce":
@@ -75,7 +94,7 @@ def main(argv: list[str]) -> int:
     if cmd == "picklescope":
         return subprocess.call([str(bindir / "picklescope"), *rest], env=env, cwd=ROOT)
     if cmd == "test":
-        lint = [p for p in ("toolkit", "tests", "benchmarks", "notebooks", "dev.py") if (ROOT / p).exists()]
+        lint = [p for p in ("toolkit", "tests", "benchmarks", "notebooks", "scripts", "dev.py") if (ROOT / p).exists()]
         rc = subprocess.call([str(bindir / "ruff"), "check", *lint], env=env, cwd=ROOT)
         if rc:
             print("dev.py: ruff found problems (see above)", file=sys.stderr)

@@ -17,6 +17,14 @@ from .workloads import available_workloads, load_workload
 
 __version__ = "0.1.0"
 
+
+def load_ipython_extension(ipython: object) -> None:
+    """``%load_ext picklescope``: the ``%%picklescope`` cell magic and friends (see :mod:`picklescope.magic`)."""
+    from .magic import load_ipython_extension as load
+
+    load(ipython)
+
+
 __all__ = [
     "CODECS", "TRANSPORTS", "Batch", "PicklescopeError", "RunResult", "Side", "Step", "Timeline",
     "UnknownNameError", "UnsupportedCase", "available_workloads", "get_codec", "get_transport",

@@ -18,8 +18,10 @@ from typing import Any
 
 from . import procmem, steps
 from .batch import set_active_codec
+from .budget import apply_in_child, lift_in_child
 from .codecs import get_codec
 from .plugins import load_plugins
+from .tracers.child import ChildTracing
 from .transports import get_transport
 from .verify import compare, manifest
 from .workloads import load_workload
@@ -76,20 +78,26 @@ def sender_main(conn: Any, cfg: dict[str, Any]) -> None:
         batch = load_workload(cfg["workload"]).build(cfg["scale"])
         expected = manifest(batch)
         gc.collect()
+        procmem.populate_file_mappings()  # library pages into the baseline, not into the steps
         conn.send({"type": "ready", "side": side, "pid": os.getpid(), "manifest": expected})
     except BaseException as exc:  # noqa: BLE001 - any setup failure is reported, not raised
         conn.send({**_error_event(side, exc), "phase": "setup"})
         return
-    meter = steps.make_meter(conn.send, cfg, side)
+    tracing = ChildTracing.from_cfg(cfg, side, conn.send)  # tracers see every step boundary
+    meter = steps.make_meter(tracing.sink, cfg, side)
     steps.install(meter)
+    tracing.start()  # before the baseline: a tracer's fixed cost is not a step's
     meter.start()
     info: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
     try:
+        apply_in_child(cfg, side)  # cgroup / address-space budgets start at the baseline
         info = transport.send(batch, cfg["run_dir"])
     except BaseException as exc:  # noqa: BLE001
         error = _error_event(side, exc)
     peak = meter.finish()
+    tracing.stop()
+    lift_in_child(cfg)
     steps.install(None)
     held, cycle = _held(meter)
     if error:
@@ -110,6 +118,7 @@ def receiver_main(conn: Any, cfg: dict[str, Any]) -> None:
         set_active_codec(cfg.get("receiver_codec") or cfg["codec"])
         _prepare_codec(conn, side, cfg.get("receiver_codec") or cfg["codec"])
         transport = get_transport(cfg["transport"])
+        procmem.populate_file_mappings()  # while the sender works: library pages into the baseline
         conn.send({"type": "waiting", "side": side, "pid": os.getpid()})
         msg = conn.recv()
         if msg.get("type") != "go":
@@ -121,16 +130,21 @@ def receiver_main(conn: Any, cfg: dict[str, Any]) -> None:
     except BaseException as exc:  # noqa: BLE001
         conn.send({**_error_event(side, exc), "phase": "setup"})
         return
-    meter = steps.make_meter(conn.send, cfg, side)
+    tracing = ChildTracing.from_cfg(cfg, side, conn.send)  # tracers see every step boundary
+    meter = steps.make_meter(tracing.sink, cfg, side)
     steps.install(meter)
+    tracing.start()  # before the baseline: a tracer's fixed cost is not a step's
     meter.start()
     obj = None
     error = None
     try:
+        apply_in_child(cfg, side)
         obj = transport.receive(prepared)
     except BaseException as exc:  # noqa: BLE001
         error = _error_event(side, exc)
     peak = meter.finish()
+    tracing.stop()
+    lift_in_child(cfg)
     steps.install(None)
     end_t = meter.now()
     held, cycle = _held(meter)

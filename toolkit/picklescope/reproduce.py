@@ -10,16 +10,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .budget import plan as plan_limits
 from .codecs import CODECS
 from .procmem import machine_memory
 from .result import RunResult
 from .runner import run
 from .transports import TRANSPORTS
+from .units import Size, fmt_bytes, parse_size
 from .workloads import DEFAULT_WORKLOAD, load_workload
 
 DEFAULT_SCALE = 0.25
 IN_PROCESS_TRANSPORTS = ("pickle", "pickle5-oob")
 BUILTIN_CODECS = ("torch", "numpy-legacy", "numpy")
+LEGACY, FIXED = "numpy-legacy", "numpy"
+BUDGET_TRANSPORT = "pickle5-oob"  # what Ray does: the transport of the production failure
 
 
 def default_scale(workload: str = DEFAULT_WORKLOAD) -> float:
@@ -70,3 +74,141 @@ def matrix(
                 progress(f"{c} over {t}")
             inv.results.append(run(c, t, workload, scale, **run_kw))
     return inv
+
+
+def _choose_budget(inv: Investigation, transport: str) -> Size | None:
+    """A sender budget halfway between what the fixed and the legacy codec need, to 0.05x payload."""
+    need = {}
+    for r in inv.results:
+        if r.transport == transport and r.codec in (LEGACY, FIXED) and r.outcome == "ok":
+            need[r.codec] = r.extra.get("headroom") if r.extra.get("headroom") is not None else r.sender.peak_bytes
+    if len(need) < 2 or not inv.results or need[LEGACY] <= need[FIXED]:
+        return None
+    p = inv.results[0].payload_bytes
+    mid = (need[LEGACY] + need[FIXED]) / 2 / p
+    mult = round(mid * 20) / 20
+    if not need[FIXED] / p < mult < need[LEGACY] / p:
+        mult = round(mid, 3)
+    return Size(multiple=mult)
+
+
+def investigate(
+    workload: str = DEFAULT_WORKLOAD,
+    scale: float | None = None,
+    budget: Any = None,
+    *,
+    codecs: tuple[str, ...] = BUILTIN_CODECS,
+    transports: tuple[str, ...] = IN_PROCESS_TRANSPORTS,
+    headroom: bool = True,
+    trace: str | None = "all",
+    progress: Callable[[str], None] | None = None,
+    command: str | None = None,
+    ray: bool | None = None,
+    ray_address: str | None = None,
+    **run_kw: Any,
+) -> Investigation:
+    """The main job: the matrix, each case's sender headroom, and one budgeted run per codec.
+
+    ``ray`` (default: when Ray is installed) adds one row per codec over the ``ray`` transport, all
+    on one cluster: ``ray_address``, or a local one started and stopped for them (no headroom search
+    or budget for these rows; see :mod:`picklescope.transports_ray.matrix`).
+
+    The budgeted runs use ``budget`` (default: halfway between the fixed and the legacy codec's
+    headroom) on the sender over pickle5-oob, so the legacy codec is OOM-killed where the fixed one
+    survives. A budget the machine cannot give is refused before the first run. ``trace`` adds one
+    unbudgeted run of the legacy codec with those tracers (``None``: skip it), so the report can show
+    what each tracker saw of the copy that caused the OOM and who allocated it.
+    """
+    from . import envinfo
+    from .headroom import find_headroom
+
+    spec = load_workload(workload)
+    scale = default_scale(workload) if scale is None else scale
+    given = None if budget is None else parse_size(budget, "--budget")
+    if given is not None:
+        plan_limits(given, None, spec.payload_bytes(scale))  # refuse an impossible budget up front
+    inv = matrix(workload, scale, codecs, transports, progress=progress, **run_kw)
+    for r in inv.results:
+        r.extra["role"] = "matrix"
+        if headroom and r.outcome == "ok" and r.sender.peak_bytes is not None:
+            h = find_headroom(r.codec, r.transport, workload, scale, peak_bytes=r.sender.peak_bytes,
+                              on_run=progress, **run_kw)
+            r.extra["headroom"] = h.headroom_bytes
+            r.extra["headroom_detail"] = h.to_dict()
+    from .transports_ray import ray_available
+
+    if ray if ray is not None else ray_available():
+        from .transports_ray.matrix import cluster_rows
+
+        rows, inv.extra["ray_cluster"] = cluster_rows(workload, scale, codecs, ray_address=ray_address,
+                                                      progress=progress, **run_kw)
+        inv.results.extend(rows)
+    btransport = BUDGET_TRANSPORT if BUDGET_TRANSPORT in transports else transports[0]
+    if trace:
+        traced = LEGACY if LEGACY in codecs else codecs[0]
+        if progress:
+            progress(f"{traced} over {btransport} with tracers: {trace}")
+        r = run(traced, btransport, workload, scale, tracer=trace, **run_kw)
+        r.extra["role"] = "traced"
+        inv.results.append(r)
+    chosen = given or _choose_budget(inv, btransport)
+    inv.extra.update({"budget": None if chosen is None else str(chosen), "budget_given": given is not None,
+                      "budget_transport": btransport, "environment": envinfo.collect(), "command": command,
+                      "payload_bytes": spec.payload_bytes(scale), "workload_source": spec.source or spec.name})
+    if chosen is not None:
+        inv.extra["budget_bytes"] = chosen.resolve(spec.payload_bytes(scale))
+        for c in codecs:
+            if progress:
+                progress(f"{c} over {btransport} at sender budget {chosen}")
+            r = run(c, btransport, workload, scale, budget=chosen, **run_kw)
+            r.extra["role"] = "budgeted"
+            inv.results.append(r)
+    else:
+        inv.extra["budget_note"] = (f"no budget separates {FIXED} from {LEGACY} here (one of them is missing or "
+                                    "failed, or the legacy codec did not need more); pass --budget to choose one")
+    inv.extra["headline"] = headline(inv)
+    return inv
+
+
+def matrix_results(inv: Investigation) -> list[RunResult]:
+    """The unbudgeted codec x transport runs (the comparison table)."""
+    return [r for r in inv.results if r.extra.get("role", "matrix") == "matrix"]
+
+
+def traced_results(inv: Investigation) -> list[RunResult]:
+    """The run(s) with in-process tracers attached (what each tracker saw)."""
+    return [r for r in inv.results if r.extra.get("role") == "traced"]
+
+
+def budgeted_results(inv: Investigation) -> list[RunResult]:
+    """The runs at the investigation's sender budget."""
+    return [r for r in inv.results if r.extra.get("role") == "budgeted"]
+
+
+def _fate(r: RunResult) -> str:
+    if r.outcome == "ok":
+        return "survived"
+    if r.outcome in ("oom-killed", "memory-error"):
+        step = f" in step {r.killed_in_step}" if r.killed_in_step else ""
+        return f"was {'OOM-killed' if r.outcome == 'oom-killed' else 'out of memory'} on the {r.killed_side}{step}"
+    return f"ended {r.outcome}"
+
+
+def headline(inv: Investigation) -> str:
+    """The investigation's verdict in one sentence, from the measured results only."""
+    budgeted = {r.codec: r for r in budgeted_results(inv)}
+    payload = inv.extra.get("payload_bytes") or (inv.results[0].payload_bytes if inv.results else 0)
+    heads = {(r.codec, r.transport): r.extra.get("headroom") for r in matrix_results(inv)}
+    t = inv.extra.get("budget_transport", BUDGET_TRANSPORT)
+    gap = ""
+    if heads.get((LEGACY, t)) is not None and heads.get((FIXED, t)) is not None and payload:
+        diff = (heads[(LEGACY, t)] - heads[(FIXED, t)]) / payload
+        gap = f"; over {t} the legacy codec needs {diff:.2f}x payload more sender memory than the fixed one"
+    if LEGACY in budgeted and FIXED in budgeted:
+        b = inv.extra.get("budget")
+        bb = inv.extra.get("budget_bytes")
+        return (f"At a sender budget of {b} payload ({fmt_bytes(bb)}) on {inv.workload} x{inv.scale:g}, "
+                f"{LEGACY} {_fate(budgeted[LEGACY])} while {FIXED} {_fate(budgeted[FIXED])}{gap}.")
+    if gap:
+        return f"On {inv.workload} x{inv.scale:g}{gap} (no budgeted run: {inv.extra.get('budget_note', '')})."
+    return f"{len(inv.results)} runs on {inv.workload} x{inv.scale:g}; no budgeted comparison of {LEGACY} and {FIXED}."

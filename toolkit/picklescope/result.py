@@ -93,7 +93,11 @@ class RunResult:
     killed_side: str | None = None
     killed_in_step: str | None = None
     killed_at_line: int | None = None
-    enforcement: str | None = None
+    memory_at_death_bytes: int | None = None  # the killed side's RSS above its baseline when it died
+    stack_at_death: str | None = None  # its Python stack (faulthandler on SIGUSR1 before SIGKILL)
+    original_error: str | None = None  # a memory-error's own message, kept beside the explanation
+    enforcement: str | None = None  # watchdog | cgroup | address-space (None: no budget)
+    enforcement_note: str | None = None  # why that enforcement ran (e.g. why not a cgroup)
     wall_s: float | None = None
     command: str | None = None
     environment: dict[str, Any] = field(default_factory=dict)

@@ -15,12 +15,14 @@ from collections.abc import Callable
 from multiprocessing.connection import wait
 from typing import Any
 
-from . import launcher, procmem
+from . import launcher, procmem, tracers, verdicts
+from .budget import plan as plan_limits
 from .codecs import get_codec
 from .errors import PicklescopeError
 from .result import RunResult, Side, Step
 from .sampler import Sampler
 from .transports import get_transport
+from .watchdog import Watchdog
 from .workloads import DEFAULT_WORKLOAD, check_scale, load_workload
 
 DEFAULT_TIMEOUT_S = 900.0
@@ -102,6 +104,11 @@ def run(
     on_sample: Callable[[str, float, int], None] | None = None,
     probe: dict[str, str | None] | None = None,
     plugins: list[str] | None = None,
+    budget: Any = None,
+    receiver_budget: Any = None,
+    enforcement: str = "watchdog",
+    tracer: str | list[str] | None = "sampler",
+    transport_options: dict[str, Any] | None = None,
 ) -> RunResult:
     """Serialize ``workload`` with ``codec`` over ``transport`` in two isolated processes.
 
@@ -109,6 +116,19 @@ def run(
     ``plugins`` are files or modules (see :mod:`picklescope.plugins`) loaded here and in both
     children before the codec is looked up, for codecs that are not built in. ``probe`` switches a
     side to a single-reading meter (``benchmarks/fidelity.py``).
+
+    ``budget`` / ``receiver_budget`` cap what the sender / receiver may use above its baseline, as
+    bytes or a size (``"700MiB"``) or a multiple of the payload (``"1.5x"``); a side that crosses its
+    budget is killed and the run ends ``oom-killed`` with the side, step, stack and the timeline up to
+    the kill. ``enforcement`` is ``watchdog`` (default), ``cgroup`` or ``address-space`` (see
+    :mod:`picklescope.budget`). A budget the machine cannot give raises before anything starts.
+
+    ``tracer`` chooses how memory is watched (see :mod:`picklescope.tracers`): ``"sampler"`` (always
+    on), ``"memray"``, ``"tracemalloc"``, ``"torch-profiler"``, several joined by commas, or ``"all"``;
+    their views land in ``result.tracers`` and memray's stacks in ``result.attribution``.
+
+    ``transport_options`` go to a transport that runs its own receiver (``ray``: ``ray_address`` to
+    join an existing cluster, ``object_store_bytes``); see :mod:`picklescope.transports_ray`.
     """
     from .plugins import load_plugins
 
@@ -122,22 +142,42 @@ def run(
     spec = load_workload(workload)
     payload = spec.payload_bytes(scale)
     _check_fits(payload)
+    limits = plan_limits(budget, receiver_budget, payload, enforcement)
+    tracer_names = tracers.parse_tracers(tracer)
+    if not tracer_names and limits.any:
+        raise PicklescopeError("tracer 'none' turns off the sampling a budget is enforced with",
+                               "drop --tracer none or the budget")
 
     result = RunResult(codec=codec, transport=transport, workload=spec.name, scale=scale,
                        payload_bytes=payload, receiver_codec=receiver_codec,
-                       sides={"sender": Side("sender"), "receiver": Side("receiver")})
+                       sides={"sender": Side("sender"), "receiver": Side("receiver")},
+                       tracer=",".join(tracer_names) or "none")
+    for name, side in result.sides.items():
+        side.budget_bytes = limits.budgets[name]
+    if limits.any:
+        result.enforcement, result.enforcement_note = limits.enforcement, limits.note
     state = _Run(result, on_event)
     run_dir = tempfile.mkdtemp(prefix="picklescope-", dir=SHM_DIR)
     result.extra["run_dir"] = run_dir  # removed when the run ends; kept here so tests can check
     t0 = time.monotonic()
     cfg = {"codec": codec, "transport": transport, "workload": spec.source or spec.name, "scale": scale,
            "receiver_codec": receiver_codec, "run_dir": run_dir, "t0": t0, "env": env or {}, "probe": probe or {},
-           "plugins": plugins}
+           "plugins": plugins, "limits": limits.child_cfg(), "tracers": tracer_names}
     from . import child
+
+    guard = Watchdog(limits, run_dir, t0)  # budgets, and the machine guard that protects this process
+    state.on_event = guard.chain(on_event)
+    collector = tracers.Collector(tracer_names)  # gathers what the tracers stream, reads their files
+    state.on_event = collector.hook(state.on_event)
+    own_run = getattr(get_transport(transport), "run_sides", None)
+    if own_run is not None:  # Ray, TransferQueue: the transport starts its receiver (an actor) and cleans up
+        return own_run(state, cfg, timeout_s=timeout_s, sample_interval_s=sample_interval_s, on_sample=on_sample,
+                       options=transport_options or {}, guard=guard, limits=limits)
 
     sampler = Sampler(t0, sample_interval_s)
     if on_sample:  # live views (the notebook explorer) see each RSS sample as it is taken
         sampler.watchers.append(on_sample)
+    sampler.watchers.append(guard.watch)
     sampler.start()
     procs: dict[str, Any] = {}
     conns: dict[str, Any] = {}
@@ -145,7 +185,9 @@ def run(
         for name, target in (("receiver", child.receiver_main), ("sender", child.sender_main)):
             procs[name], conns[name] = launcher.start(target, (cfg,), f"picklescope-{name}")
             result.sides[name].pid = procs[name].pid
-            sampler.add(name, procs[name].pid)
+            if tracer_names:  # tracer "none": no sampling at all (overhead baseline)
+                sampler.add(name, procs[name].pid)
+            guard.add(name, procs[name].pid)
         _drive(state, procs, conns, t0 + timeout_s)
     finally:
         sampler.stop()
@@ -162,10 +204,15 @@ def run(
         for name, p in procs.items():
             result.sides[name].exit_code = p.exitcode
             conns[name].close()
+        guard.close()
+        cgroup_counters = limits.cleanup()
+        collector.collect(result, run_dir, t0, sampler.timelines)  # before the capture files go
+        result.extra["sampler_priority"] = sampler.priority  # realtime / raised / normal: see sampler.py
         shutil.rmtree(run_dir, ignore_errors=True)
     for name, tl in sampler.timelines.items():
         result.sides[name].timeline = tl
     _finish(state)
+    verdicts.decide(result, state.errors, state.done, guard.kills, result.enforcement, cgroup_counters)
     result.wall_s = time.monotonic() - t0
     return result
 

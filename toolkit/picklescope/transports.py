@@ -125,6 +125,16 @@ for _cls in (PickleInBand, Pickle5OutOfBand):
     TRANSPORTS.register(_cls.name, _cls())
 
 
+def _cluster_transports() -> dict[str, Transport]:
+    """Ray and TransferQueue (:mod:`picklescope.transports_ray`): they own their receiver process."""
+    from .transports_ray import transports
+
+    return dict(transports())
+
+
+TRANSPORTS.add_provider(_cluster_transports)
+
+
 def get_transport(name: str) -> Transport:
     """The transport called ``name``; an unknown name lists the known ones."""
     return TRANSPORTS.get(name)

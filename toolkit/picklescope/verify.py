@@ -17,7 +17,11 @@ from .batch import Batch
 
 
 def _digest_dense(t: torch.Tensor, h: Any) -> None:
-    flat = t.detach().contiguous().reshape(-1)
+    # resolve lazy conj/neg bits: the digest is of the values the tensor shows, and torch refuses a
+    # dtype view of a tensor with either bit set
+    flat = t.detach().resolve_conj().resolve_neg().reshape(-1)
+    if flat.numel() and flat.stride(0) != 1:  # a one-element view keeps its stride; a byte view needs 1
+        flat = flat.clone(memory_format=torch.contiguous_format)
     if flat.numel():
         h.update(memoryview(flat.view(torch.uint8).numpy()))
 
@@ -29,22 +33,27 @@ def describe_leaf(t: Any) -> dict[str, Any]:
     if isinstance(t, TensorDictBase):
         return {"kind": "tensordict", "batch_size": list(t.batch_size), "keys": sorted(t.keys())}
     h = hashlib.blake2b(digest_size=16)
+    ragged_dim: list[int] | None = None
     if t.is_nested:
         comps = t.unbind()
         for c in comps:
             _digest_dense(c, h)
         shape: Any = [list(c.shape) for c in comps]
         layout = "jagged" if t.layout == torch.jagged else "strided-nested"
+        if t.layout == torch.jagged:  # the components alone do not say which dim is ragged
+            ragged_dim = [i for i, s in enumerate(t.shape) if not isinstance(s, int)]
     else:
         _digest_dense(t, h)
         shape = list(t.shape)
         layout = "dense"
     return {"kind": "tensor", "dtype": str(t.dtype), "shape": shape, "layout": layout,
-            "device": str(t.device), "digest": h.hexdigest()}
+            "device": str(t.device), "digest": h.hexdigest(), "ragged_dim": ragged_dim}
 
 
 def _obj_digest(obj: Any) -> str:
-    return hashlib.blake2b(pickle.dumps(obj, protocol=5), digest_size=16).hexdigest()
+    # protocol 4: under 5 a numpy array records whether it is writable, and one received out of band
+    # is read-only (the hand-off mapping, Ray's object store) though its contents are identical
+    return hashlib.blake2b(pickle.dumps(obj, protocol=4), digest_size=16).hexdigest()
 
 
 def manifest(b: Batch) -> dict[str, Any]:
@@ -79,7 +88,7 @@ def compare(expected: dict[str, Any], got: Any) -> list[str]:
         if e is None or g is None:
             problems.append(f"leaf {name!r}: {'missing on the receiver' if g is None else 'not sent'}")
             continue
-        for field in ("kind", "dtype", "shape", "layout", "device", "batch_size", "keys", "digest"):
+        for field in ("kind", "dtype", "shape", "layout", "ragged_dim", "device", "batch_size", "keys", "digest"):
             if e.get(field) != g.get(field):
                 what = "values differ" if field == "digest" else f"sent {e.get(field)!r}, received {g.get(field)!r}"
                 problems.append(f"leaf {name!r} {field}: {what}")

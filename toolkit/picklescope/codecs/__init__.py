@@ -11,10 +11,21 @@ from ..registry import Registry
 from .base import FEATURES, Codec, ModeMismatch, Unsupported, batch_features, describe_state
 from .numpy_codec import NumpyCodec, NumpyLegacyCodec
 from .torch_codec import TorchCodec
+from .zerocopy_codec import NumpyZeroCopyCodec
 
 CODECS: Registry[Codec] = Registry("codec")
-for _cls in (TorchCodec, NumpyLegacyCodec, NumpyCodec):
+for _cls in (TorchCodec, NumpyLegacyCodec, NumpyCodec, NumpyZeroCopyCodec):
     CODECS.register(_cls.name, _cls())
+
+
+def _real_verl_codecs() -> dict[str, Codec]:
+    """``verl-<version>:<mode>`` for every verl installed with ``picklescope verl install``."""
+    from ..verl.codec import installed_codecs
+
+    return installed_codecs()
+
+
+CODECS.add_provider(_real_verl_codecs)
 
 
 def get_codec(name: str) -> Codec:

@@ -18,7 +18,8 @@ from ..batch import Batch
 from ..errors import PicklescopeError, UnsupportedCase
 
 FP8_DTYPES = tuple(
-    getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+    getattr(torch, n)
+    for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
     if hasattr(torch, n)
 )
 
@@ -26,12 +27,18 @@ FP8_DTYPES = tuple(
 FEATURES: dict[str, str] = {
     "dense": "an ordinary contiguous tensor",
     "non-contiguous": "a strided view (transpose, slice with step)",
-    "zero-size": "a tensor with no elements",
+    "tiny-strided-view": "a view of at most one element into a larger tensor, flattened stride not 1 (a "
+                         "column of a batch of one, or such a nested component); torch calls it contiguous",
+    "conj-view": "a contiguous lazy conjugate view (conj bit set: .conj() of a complex tensor)",
+    "neg-view": "a contiguous lazy negative view (neg bit set: .imag of a one-element conjugate view)",
+    "zero-size": "a tensor with no elements, or a nested tensor with an empty component",
     "bfloat16": "bfloat16 values",
-    "fp8": "float8 values (e4m3 / e5m2)",
+    "fp8": "float8 values (e4m3, e5m2, their fnuz variants, e8m0)",
     "bool": "bool values",
     "complex": "complex values",
     "jagged-nested": "a nested tensor with torch.jagged layout",
+    "ambiguous-jagged": "a jagged nested tensor whose ragged dim is not dim 1 (a transposed view) and whose "
+                        "components all have one shape",
     "strided-nested": "a nested tensor with the legacy strided layout",
     "sub-tensordict": "a TensorDict inside the batch",
     "batch-none": "a batch whose tensor part is None",
@@ -48,16 +55,45 @@ class Unsupported:
     reason: str
 
 
-def _tensor_features(t: torch.Tensor) -> set[str]:
+def _byte_view_features(t: torch.Tensor) -> set[str]:
+    """What makes a dense tensor that nothing copies first refuse a view as bytes."""
     feats: set[str] = set()
+    if not t.is_contiguous():
+        return feats  # copied before any byte view, which also resolves lazy bits
+    if t.numel() <= 1 and t.element_size() > 1 and t.reshape(-1).stride(0) != 1:
+        feats.add("tiny-strided-view")
+    if t.is_conj():
+        feats.add("conj-view")
+    elif t.is_neg():
+        feats.add("neg-view")
+    return feats
+
+
+def _nested_features(t: torch.Tensor) -> set[str]:
+    comps = t.unbind()
+    feats = {"jagged-nested" if t.layout == torch.jagged else "strided-nested"}
+    for c in comps:  # a codec that moves components one by one meets each as a dense tensor
+        feats |= _byte_view_features(c)
+        if c.numel() == 0:
+            feats.add("zero-size")
+    if t.layout == torch.jagged and t.dim() > 2:
+        ragged = [i for i, s in enumerate(t.shape) if not isinstance(s, int)]
+        if ragged != [1] and len({tuple(c.shape) for c in comps}) == 1:
+            # rebuilt from its components, nothing says which dim was ragged: torch picks dim 1
+            feats.add("ambiguous-jagged")
+    return feats
+
+
+def _tensor_features(t: torch.Tensor) -> set[str]:
     if t.is_nested:
-        feats.add("jagged-nested" if t.layout == torch.jagged else "strided-nested")
+        feats = _nested_features(t)
     else:
-        feats.add("dense")
+        feats = {"dense"}
         if t.numel() == 0:
             feats.add("zero-size")
         if not t.is_contiguous():
             feats.add("non-contiguous")
+        feats |= _byte_view_features(t)
     if t.dtype in FP8_DTYPES:
         feats.add("fp8")
     elif t.dtype == torch.bfloat16:

@@ -55,14 +55,33 @@ def _leaf_from_numpy(spec: tuple) -> torch.Tensor:
     return _dense_from_numpy(spec[1:])
 
 
+# Gaps of the numpy-mode sender and of its rebuild of nested tensors, shared by every codec that
+# uses this sender (the receiver's own gaps are declared by each codec).
+SENDER_GAPS = (
+    Unsupported("sub-tensordict", "leaves are converted one level deep; a TensorDict leaf has no tensor "
+                                  "data of its own (AttributeError: is_nested)"),
+    Unsupported("conj-view", "each leaf is viewed as uint8, which torch refuses for a conjugate view (RuntimeError: "
+                             "torch.Tensor.view is not supported for conjugate view tensors when converting to a "
+                             "different dtype)"),
+    Unsupported("neg-view", "each leaf is viewed as uint8, which torch refuses for a negative view (RuntimeError: "
+                            "torch.Tensor.view is not supported for tensors with negative bit set when converting "
+                            "to a different dtype)"),
+    Unsupported("tiny-strided-view", "each leaf is flattened and viewed as uint8; flattening at most one element "
+                                     "keeps its stride, and torch refuses the byte view (RuntimeError: "
+                                     "self.stride(-1) must be 1 to view Float as Byte)"),
+    Unsupported("ambiguous-jagged", "the receiver rebuilds a nested tensor from its components, which do not say "
+                                    "which dim was ragged: torch puts it at dim 1, so the shape changes silently"),
+)
+
+
 class NumpyCodec(Codec):
     name = "numpy"
     description = "verl >= 0.9.1 numpy mode: uint8 numpy views, no consolidate; receiver copies into bytearray"
     verl_equivalent = "VERL_DATAPROTO_SERIALIZATION_METHOD=numpy, verl >= 0.9.1"
     unsupported = (
-        Unsupported("zero-size", "torch.frombuffer cannot wrap an empty buffer (ValueError on the receiver)"),
-        Unsupported("sub-tensordict", "leaves are converted one level deep; a TensorDict leaf has no tensor "
-                                      "data of its own (AttributeError: is_nested)"),
+        Unsupported("zero-size", "torch.frombuffer cannot wrap an empty buffer, nor an empty component of a "
+                                 "nested tensor (ValueError on the receiver)"),
+        *SENDER_GAPS,
     )
 
     def encode(self, b: Batch) -> Any:
@@ -102,8 +121,12 @@ class NumpyLegacyCodec(NumpyCodec):
     description = ("verl <= 0.9.0 numpy mode: contiguous().consolidate() computed and discarded, "
                    "then the same numpy views")
     verl_equivalent = "VERL_DATAPROTO_SERIALIZATION_METHOD=numpy, verl <= 0.9.0 (the OOM bug)"
-    unsupported = TorchCodec.unsupported + NumpyCodec.unsupported
+    # consolidate() fails first, so its gaps come with its reasons; then the numpy mode's own gaps
+    unsupported = TorchCodec.unsupported + tuple(
+        u for u in NumpyCodec.unsupported if u.feature not in {t.feature for t in TorchCodec.unsupported})
 
     def before_views(self, b: Batch) -> None:
+        if len(b.batch.keys()) == 0:
+            return  # verl skips consolidate for a TensorDict without keys
         with step("consolidate"):
             b.batch.contiguous().consolidate()  # the bug: a full copy nobody uses

@@ -25,23 +25,30 @@ class TorchCodec(Codec):
     unsupported = (
         Unsupported("fp8", "tensordict consolidate() has no entry for float8 dtypes (KeyError)"),
         Unsupported("strided-nested", "consolidate() rejects strided nested tensors (NotImplementedError)"),
+        Unsupported("conj-view", "consolidate() views each leaf as bytes, which torch refuses for a conjugate "
+                                 "view (RuntimeError: torch.Tensor.view is not supported for conjugate view "
+                                 "tensors when converting to a different dtype)"),
     )
 
     def encode(self, b: Batch) -> Any:
         data = None
-        if b.batch is not None:
+        if b.batch is not None and len(b.batch.keys()) == 0:
+            data = self.save(b.batch)  # verl skips consolidate for a TensorDict without keys
+        elif b.batch is not None:
             with step("contiguous"):
                 td = b.batch.contiguous()
             with step("consolidate"):
                 td = td.consolidate()
-            buffer = io.BytesIO()
-            with step("torch.save"):
-                torch.save(td, buffer)
+            data = self.save(td)
             del td
-            with step("getvalue"):
-                data = buffer.getvalue()
-            del buffer
         return (data, b.non_tensor_batch, b.meta_info)
+
+    def save(self, td: Any) -> bytes:
+        buffer = io.BytesIO()
+        with step("torch.save"):
+            torch.save(td, buffer)
+        with step("getvalue"):
+            return buffer.getvalue()
 
     def decode(self, b: Batch, state: Any) -> None:
         kind = describe_state(state)

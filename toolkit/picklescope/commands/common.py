@@ -23,12 +23,22 @@ def add_run_args(p: argparse.ArgumentParser, codec: bool = True) -> None:
     p.add_argument("--workload", default=DEFAULT_WORKLOAD, help=f"preset name or YAML path; default {DEFAULT_WORKLOAD}")
     p.add_argument("--scale", type=float, default=None, help="factor on the batch dimension; default 0.25")
     p.add_argument("--timeout", type=float, default=None, help="wall-clock limit per run in seconds")
+    p.add_argument("--tracer", default=None,
+                   help="sampler (default, always on), memray, memray-native, tracemalloc, torch-profiler, "
+                        "several joined by commas, or all")
+    p.add_argument("--ray-address", default=None,
+                   help="transports ray, ray-arg, transferqueue: join this Ray cluster (host:port) instead of "
+                        "starting a local one for the run")
 
 
 def run_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     kw: dict[str, Any] = {}
     if getattr(args, "timeout", None) is not None:
         kw["timeout_s"] = args.timeout
+    if getattr(args, "tracer", None) is not None:
+        kw["tracer"] = args.tracer
+    if getattr(args, "ray_address", None):
+        kw["transport_options"] = {"ray_address": args.ray_address}
     return kw
 
 

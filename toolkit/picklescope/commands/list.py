@@ -23,12 +23,20 @@ def main(args: argparse.Namespace) -> int:
     for name in CODECS:
         c = CODECS.get(name)
         gaps = ", ".join(u.feature for u in c.unsupported) or "none"
-        print(f"  {name:<14} {c.description}  [cannot carry: {gaps}]")
+        note = getattr(c, "capabilities_note", None)  # real verl codecs: gaps are measured, not declared
+        print(f"  {name:<14} {c.description}  [{note or 'cannot carry: ' + gaps}]")
     print("transports:")
     for name in TRANSPORTS:
-        print(f"  {name:<14} {TRANSPORTS.get(name).description}")
+        t = TRANSPORTS.get(name)
+        print(f"  {name:<14} {getattr(t, 'summary', t.description)}")  # summary: says why one cannot run here
     print("workloads (payload at scale 1):")
     for name in available_workloads():
         w = load_workload(name)
         print(f"  {name:<16} {fmt_bytes(w.payload_bytes()):>10}  {w.description}")
+    from ..tracers import availability
+
+    print("tracers (--tracer; several with commas, or all):")
+    for name, t in availability().items():
+        state = "" if t["available"] else f"  [not available: {t['reason']}]"
+        print(f"  {name:<14} {t['description']}{state}")
     return 0

@@ -6,8 +6,10 @@ import argparse
 from typing import Any
 
 from .. import table
+from ..budget import add_budget_args, budget_kwargs
 from ..reproduce import DEFAULT_SCALE
 from ..runner import run
+from ..tracers import tracer_report
 from ..units import fmt_bytes
 from .common import add_run_args, print_json, run_kwargs
 
@@ -17,6 +19,7 @@ ORDER = 10
 def register(sub: Any) -> None:
     p = sub.add_parser("run", help="measure one codec over one transport in isolated processes")
     add_run_args(p)
+    add_budget_args(p)
     p.add_argument("--receiver-codec", default=None, help="codec the receiver uses (default: same)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.set_defaults(func=main)
@@ -24,13 +27,20 @@ def register(sub: Any) -> None:
 
 def main(args: argparse.Namespace) -> int:
     scale = DEFAULT_SCALE if args.scale is None else args.scale
-    r = run(args.codec, args.transport, args.workload, scale, receiver_codec=args.receiver_codec, **run_kwargs(args))
+    r = run(args.codec, args.transport, args.workload, scale, receiver_codec=args.receiver_codec, **run_kwargs(args),
+            **budget_kwargs(args))
     if args.json:
         print_json(r.to_dict())
         return 0
     print(f"{r.codec} over {r.transport} on {r.workload} x{r.scale:g} (payload {fmt_bytes(r.payload_bytes)}): "
           f"{r.outcome}" + (f" - {r.error}" if r.error else ""))
+    if r.extra.get("killed_at"):
+        print(f"died at {r.extra['killed_at']} with {fmt_bytes(r.memory_at_death_bytes)} above baseline "
+              f"(enforcement: {r.enforcement}); --json has the Python stack at death")
     print(table.render(table.steps_rows(r)))
     print()
     print(table.render(table.comparison_rows([r])))
+    if r.tracer not in ("sampler", "none"):
+        print()
+        print(tracer_report(r))
     return 0

@@ -1,0 +1,83 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 02 · Step through `__getstate__` and `__setstate__`
+#
+# **The question:** *which line* of a serialization method costs the memory?
+#
+# A run's named steps already say "`consolidate` added one payload". The step-through goes further:
+# it runs one `__getstate__` (or `__setstate__`) in a child process under a line tracer and reports,
+# for every line executed, the memory it added and the exact kernel peak while it ran (`VmHWM`,
+# reset at every line boundary, so even a single C call that allocates and fills a full copy is
+# caught). Then a finished run is replayed one step at a time on its timeline.
+
+# %% tags=["parameters"]
+workload = "flowgrpo"  # a preset (picklescope list) or a path to your own workload YAML
+scale = 0.1  # fraction of the batch dimension
+codecs = ["numpy-legacy", "numpy", "torch"]  # verl <= 0.9.0 numpy mode, verl >= 0.9.1, the verl default
+transport = "pickle5-oob"
+
+# %%
+# %load_ext picklescope
+import picklescope as ps
+from picklescope import stepper
+from picklescope.stepthrough import stepthrough
+
+# %% [markdown]
+# ## 1. Every codec, both directions, line by line
+# For each codec and method: the line that carries the largest cost (the deepest line within 90%
+# of the largest, since a caller's line includes what its callees allocated) and the exact peak.
+
+# %%
+throughs = {(c, m): stepthrough(codec=c, method=m, workload=workload, scale=scale, transport=transport)
+            for c in codecs for m in ("__getstate__", "__setstate__")}
+for (c, m), st in throughs.items():
+    top = st.culprit()
+    where = f"line {top.lineno}: {top.source.strip()}  +{top.added_bytes / st.payload_bytes:.2f}x payload" \
+        if top else "no line added memory"
+    print(f"{c:>13} {m:<13} {st.outcome:<6} peak {(st.peak_bytes or 0) / st.payload_bytes:5.2f}x | {where}")
+
+# %% [markdown]
+# The legacy codec's `__getstate__` in full: the `consolidate()` line adds about one payload and
+# nothing else does; the fixed codec's lines add (almost) nothing. On the receiver side both copy
+# each buffer once into a `bytearray` (about one payload), which is the price of owning the data.
+
+# %%
+legacy_get = throughs[(codecs[0], "__getstate__")]
+stepper.show_stepthrough(legacy_get)
+
+# %% [markdown]
+# The same from any expression that names a function: a codec's method, `Batch.__getstate__`, or a
+# class of your own defined in an importable file (a function defined in this notebook cannot be
+# imported by the child; use a `%%picklescope_codec` cell for that, see notebook 04).
+
+# %%
+codec = ps.get_codec(codecs[1])
+# %picklescope_stepthrough --workload $workload --scale $scale codec.getstate
+
+# %% [markdown]
+# ## 2. One step at a time on the timeline
+# A real run of the legacy codec, replayed: press **next step** to reveal the next named step of the
+# sender and then the receiver, with what it added. Nothing is re-measured; the run already holds
+# every step's exact peak.
+
+# %%
+run = ps.run(codecs[0], transport, workload, scale)
+reveal = stepper.reveal(run)
+reveal
+
+# %%
+# The same control from code: reveal the first three steps.
+for _ in range(3):
+    reveal.next_button.click()
+print(reveal.caption.value)

@@ -1,0 +1,120 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 03 · What each memory tracker sees
+#
+# **The question:** if the OOM came from a copy, why did nobody's memory profile show it?
+#
+# The copy in verl's bug is made by torch (`TensorDict.consolidate`). Python's `tracemalloc` only
+# sees allocations made through Python's allocator, so a torch tensor is invisible to it;
+# `torch.profiler` sees torch's allocator but not the `bytes` and `bytearray` buffers that pickle and
+# `BytesIO` make. Here one run is watched by every tracker at once and each is drawn next to the
+# truth: RSS sampled by the parent at about 1 ms, and the exact per-step peaks from the kernel.
+
+# %% tags=["parameters"]
+workload = "flowgrpo"  # a preset (picklescope list) or a path to your own workload YAML
+scale = 0.1  # fraction of the batch dimension
+transport = "pickle5-oob"
+tracer = "all"  # sampler + memray + tracemalloc + torch-profiler (unavailable ones say why)
+cycle_mib = 32  # size of the TensorDict in the reference-cycle demonstration
+show_ray = True  # section 4: one run over a local Ray cluster (skipped, with the reason, if Ray is missing)
+
+# %%
+# %load_ext picklescope
+import picklescope as ps
+from picklescope import figures, tracers
+
+print({name: ("available" if a["available"] else f"unavailable: {a['reason']}")
+       for name, a in tracers.availability().items()})
+
+# %% [markdown]
+# ## 1. The legacy codec, watched by every tracker
+# Each tracker's view is its own trace on the timeline; the sentences below compare each one with
+# the kernel's exact figure for the same step.
+
+# %%
+legacy = ps.run("numpy-legacy", transport, workload, scale, tracer=tracer)
+for line in tracers.report_lines(legacy):
+    print(line)
+figures.timeline_figure(legacy, show_tracers=True)
+
+# %% [markdown]
+# ## 2. Memory only the cyclic garbage collector frees
+# tensordict's `consolidate()` leaves its new buffer inside a reference cycle, so dropping the result
+# does not free it; only `gc.collect()` does. The torch codec consolidates on every send. The
+# `held` and `cycle-held` columns are what the sender still had after serializing, and how much of
+# that a `gc.collect()` then released.
+
+# %%
+torch_run = ps.run("torch", transport, workload, scale)
+s = torch_run.sender
+print(f"torch codec sender: held {s.held_bytes / torch_run.payload_bytes:.2f}x payload after the send, "
+      f"of which gc.collect() freed {s.cycle_held_bytes / torch_run.payload_bytes:.2f}x")
+
+# %% [markdown]
+# The same effect, isolated in a cell of your own: `%%picklescope` runs the cell in a child process
+# and reports what it still held at the end and what only `gc.collect()` freed. This kernel's
+# imports come along; other variables only when named with `--push` (here the parameter `cycle_mib`).
+
+# %%
+# %%picklescope --push cycle_mib
+import torch
+from tensordict import TensorDict
+
+td = TensorDict({"x": torch.ones(cycle_mib * 2**18)}, batch_size=[])  # cycle_mib MiB of float32
+for _ in range(3):
+    td.contiguous().consolidate()  # the result is dropped at once; its buffer stays in a cycle
+
+# %%
+cell = picklescope_result.sides["cell"]  # noqa: F821 - set by the %%picklescope cell above
+print(f"cell held {cell.held_bytes / 2**20:.0f} MiB at its end; gc.collect() freed {cell.cycle_held_bytes / 2**20:.0f} MiB")
+
+# %% [markdown]
+# ## 3. Where the peak came from
+# memray's capture, read after the run, gives the allocations live at the sender's peak with their
+# stacks, each mapped to the step it happened in.
+
+# %%
+for row in legacy.attribution[:3]:
+    print(f"{row['bytes'] / legacy.payload_bytes:.2f}x payload in step {row['step']} ({row['side']}): "
+          f"{' <- '.join(row['stack'][:3]) if row.get('stack') else 'no stack'}")
+figures.attribution_figure(legacy)
+
+# %% [markdown]
+# ## 4. Across a real process boundary: Ray
+# verl ships the batch with Ray: the driver's `ray.put` serializes it and copies it into the shared
+# object store, a worker's `ray.get` maps it and deserializes it. Here the driver (sender, above), the
+# object store (between) and the worker actor (receiver, below) share one time axis. Pages of the store
+# that a process touches count in its RSS; the lines below say how much of each side's peak was its
+# own memory, and whether the worker's tensors are its own copy or windows into the store.
+
+# %%
+from picklescope.transports_ray import ray_available
+from picklescope.transports_ray.figure import ray_timeline_figure
+
+ray_fig = None
+if show_ray and ray_available():
+    over_ray = ps.run("numpy", "ray", workload, scale)
+    print(f"numpy over ray: {over_ray.outcome}" + (f" - {over_ray.error}" if over_ray.error else ""))
+    if over_ray.outcome == "ok":
+        cost = over_ray.extra["sender_cost"]
+        print(f"driver: serialize {cost['serialize_peak_bytes'] / 2**20:.1f} MiB, store write "
+              f"{cost['store_write_store_pages_bytes'] / over_ray.payload_bytes:.2f}x payload")
+        print(over_ray.extra["receiver_cost"].get("explanation"))
+        print(f"received tensors: {over_ray.extra['received']['status']}")
+    print(f"cluster processes left behind: {over_ray.extra['ray']['remaining']}")
+    ray_fig = ray_timeline_figure(over_ray)
+else:
+    print("Ray section skipped:", "show_ray is False" if not show_ray else "ray is not installed")
+ray_fig
+

@@ -1,0 +1,101 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 04 · Switch codecs, then confirm a fix before patching production
+#
+# **The question:** does my candidate `__getstate__` really remove the extra copy, without costing
+# time or breaking the round trip?
+#
+# First the explorer: pick a codec, transport, workload, tracer, scale and sender budget, press
+# **run**, and watch the timeline fill in while the two child processes work. Every finished run
+# joins the table below it, so switching codecs builds a side-by-side. An out-of-memory kill ends a
+# child process, never this kernel. Then a candidate codec written in a cell is measured against the
+# baseline on the same batch.
+
+# %% tags=["parameters"]
+workload = "flowgrpo"  # a preset (picklescope list) or a path to your own workload YAML
+scale = 0.1  # fraction of the batch dimension
+transport = "pickle5-oob"
+baseline = "numpy-legacy"  # the production behaviour the candidate must beat
+
+# %%
+# %load_ext picklescope
+import picklescope as ps
+from picklescope import figures, table
+from picklescope.widgets import Explorer
+
+# %% [markdown]
+# ## 1. The explorer
+# Try: run `numpy`, switch the codec to `numpy-legacy` and run again (the sender's curve gains a
+# whole payload during `consolidate`); then set the budget to 0.5 and run `numpy-legacy` once more.
+
+# %%
+explorer = Explorer(codec="numpy", transport=transport, workload=workload, scale=scale)
+explorer
+
+# %%
+# The same from code: one run with the current settings, waiting for it to finish.
+explorer.run_with(codec="numpy")
+explorer.wait()
+print(explorer.status.value)
+
+# %% [markdown]
+# ## 2. A candidate `__getstate__`, written in a cell
+# `%%picklescope_codec` registers the codec defined in the cell here *and* in the sender and
+# receiver processes of later runs (they are separate processes, so the cell's source is saved as a
+# plugin file that each of them loads). The candidate below is verl's fix: in numpy mode, do not
+# consolidate at all.
+
+# %%
+# %%picklescope_codec
+from picklescope.codecs.numpy_codec import NumpyLegacyCodec
+
+
+class NumpyBranchFirst(NumpyLegacyCodec):
+    """verl 0.9.0's numpy-mode __getstate__ with the numpy branch taken before any consolidate."""
+
+    name = "candidate"
+    description = "numpy mode without the discarded contiguous().consolidate()"
+
+    def before_views(self, b):
+        pass  # was: b.batch.contiguous().consolidate(), a full copy nobody used
+
+
+# %% [markdown]
+# ## 3. Candidate against baseline, same batch, same transport
+# Peak and held memory per side, serialize and deserialize time, and the round trip (every leaf
+# compared with what the sender built).
+
+# %%
+plugins = picklescope_plugins  # noqa: F821 - defined by the %%picklescope_codec cell above
+explorer.plugins = plugins  # the explorer above now offers "candidate" too
+explorer.refresh_codecs()
+runs = [ps.run(c, transport, workload, scale, plugins=plugins) for c in (baseline, "candidate")]
+print(table.render(table.comparison_rows(runs)))
+base, cand = runs
+saved = (base.sender.peak_bytes or 0) - (cand.sender.peak_bytes or 0)
+print(f"\ncandidate: sender peak {saved / base.payload_bytes:+.2f}x payload lower than {baseline}; "
+      f"round trip {'exact' if cand.roundtrip['ok'] else 'NOT exact: ' + str(cand.roundtrip['mismatches'][:3])}; "
+      f"serialize {cand.serialize_s:.4f} s vs {base.serialize_s:.4f} s")
+figures.comparison_figure(runs)
+
+# %% [markdown]
+# And the candidate's own `__getstate__`, line by line: no line should add more than a sliver.
+
+# %%
+candidate_codec = ps.get_codec("candidate")
+# %picklescope_stepthrough --workload $workload --scale $scale candidate_codec.getstate
+
+# %% [markdown]
+# When the numbers hold, make the same change in production (for verl: `DataProto.__getstate__`)
+# and keep a regression test that fails if `consolidate` is called in numpy mode.

@@ -1,0 +1,346 @@
+"""A real browser drives JupyterLab: the notebooks work where users use them.
+
+Executing notebooks headless proves the code runs, not that an engineer sees a working explorer:
+the widget front ends, plotly's rendering and jupytext's ``.py``-as-notebook opening can each fail
+only in a browser. So this test starts ``jupyter lab`` with throwaway settings, opens
+``04_switch_codecs_confirm_fix`` from its ``.py`` file as a notebook, runs it, switches the
+explorer from ``numpy`` to ``numpy-legacy`` and checks what appears on screen; then it opens the
+postmortem page exported from ``05_postmortem_template`` with the network blocked and checks that
+its figure draws. Screenshots go to ``tests/output/browser/`` (or ``$PICKLESCOPE_BROWSER_OUTPUT``).
+
+Without Chromium or Playwright the tests are skipped with the reason, except under CI
+(``CI=true``), where a missing browser is a failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
+from browser_lab import browser_unavailable, chromium, lab_server, leftover_processes  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = REPO / "notebooks"
+EXPLORER_NB = NOTEBOOKS / "04_switch_codecs_confirm_fix.py"
+POSTMORTEM_NB = NOTEBOOKS / "05_postmortem_template.py"
+OUTPUT = Path(os.environ.get("PICKLESCOPE_BROWSER_OUTPUT", REPO / "tests" / "output" / "browser"))
+# No news pop-up over the notebook, and no autosave: the .py file in the repo must stay as it is.
+LAB_SETTINGS = {
+    "@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False},
+    "@jupyterlab/docmanager-extension:plugin": {"autosave": False},
+}
+KERNEL_READY_S = 120
+RUN_ALL_S = 240
+RUN_S = 180
+_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+
+def require_browser() -> None:
+    """Skip with the reason on a user's machine without a browser; fail under CI."""
+    why = browser_unavailable()
+    if why is None:
+        return
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI must run the browser test, but {why}")
+    pytest.skip(why)
+
+
+@pytest.fixture
+def output_dir() -> Path:
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    return OUTPUT
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _bytes(text: str) -> int:
+    """'234.5 MiB 2.05x' -> bytes of the first size in the cell."""
+    m = re.search(r"([\d.]+)\s*(B|KiB|MiB|GiB|TiB)\b", text)
+    assert m, f"no size in table cell {text!r}"
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def _table(explorer) -> list[dict[str, str]]:
+    """The explorer's comparison table as rows of header -> cell text."""
+    table = explorer.locator("table.picklescope-runs")
+    if table.count() == 0:
+        return []
+    heads = [h.strip() for h in table.first.locator("thead th").all_text_contents()]
+    rows = []
+    for tr in table.first.locator("tbody tr").all():
+        cells = [c.strip() for c in tr.locator("td").all_text_contents()]
+        rows.append(dict(zip(heads, cells)))
+    return rows
+
+
+# The graph div of plotly.js carries its data and layout; read what is drawn, not what was sent.
+_FIGURE_JS = """el => {
+  const gd = el.querySelector('.js-plotly-plot');
+  if (!gd || !gd.data) return null;
+  const num = v => (typeof v === 'number' && isFinite(v)) ? v : null;
+  const ys = t => Array.from(t.y || []).map(num).filter(v => v !== null);
+  const title = gd.layout && gd.layout.title ? (gd.layout.title.text || gd.layout.title) : '';
+  const notes = ((gd.layout && gd.layout.annotations) || []).map(a => String(a.text || ''));
+  return {
+    title: String(title || ''),
+    annotations: notes,
+    traces: gd.data.map(t => ({name: String(t.name || ''), n: ys(t).length,
+                              ymax: ys(t).length ? Math.max(...ys(t)) : null,
+                              visible: t.visible === undefined ? true : t.visible})),
+    drawn: gd.querySelectorAll('.scatterlayer .trace, .barlayer .trace, g.table .table-control-view').length,
+    text: gd.textContent || '',
+  };
+}"""
+
+
+def _open_as_notebook(page, name: str) -> None:
+    """Double-click ``name`` in the file browser, as a user would; jupytext must open it as a notebook."""
+    item = page.locator(".jp-DirListing-item", has_text=name)
+    item.wait_for(timeout=60_000)
+    item.dblclick()
+    opened = page.locator(".jp-NotebookPanel, .jp-FileEditor").first
+    opened.wait_for(timeout=30_000)
+    assert page.locator(".jp-NotebookPanel").count() == 1, (
+        f"double-clicking {name} opened a text editor, not a notebook: jupytext's default viewer is missing")
+
+
+def _wait_kernel_idle(page, timeout_s: float) -> None:
+    """Wait for the status bar's kernel item to say Idle (connected and ready, not just the dot)."""
+    dialog = page.locator(".jp-Dialog", has_text="Select Kernel")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if dialog.count():  # a notebook without kernel metadata asks; the default is this Python
+            dialog.locator("button.jp-mod-accept").click()
+        if page.locator(".jp-StatusBar-TextItem", has_text=re.compile(r"\|\s*Idle\b")).count():
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"kernel not idle within {timeout_s:.0f}s; status bar: "
+                         f"{page.locator('.jp-StatusBar-Widget').all_inner_texts()}")
+
+
+def _wait_cells_done(page, timeout_s: float) -> None:
+    """Wait until no code cell is queued or running ([*]) and every one has run; fail on an error."""
+    deadline = time.monotonic() + timeout_s
+    prompts = page.locator(".jp-NotebookPanel .jp-CodeCell .jp-InputArea-prompt")
+    # textContent, not innerText: cells scrolled out of view are skipped by rendering (content-visibility).
+    stable_since = None
+    while time.monotonic() < deadline:
+        texts = [t.strip() for t in prompts.all_text_contents()]
+        done = bool(texts) and all(re.fullmatch(r"\[\d+\]:", t) for t in texts)
+        if done and page.locator(".jp-StatusBar-TextItem", has_text=re.compile(r"\|\s*Idle\b")).count():
+            stable_since = stable_since or time.monotonic()
+            if time.monotonic() - stable_since > 1.5:
+                break
+        else:
+            stable_since = None
+        time.sleep(0.3)
+    else:
+        raise AssertionError(f"cells did not finish within {timeout_s:.0f}s; prompts: {texts}")
+    errors = page.locator(".jp-NotebookPanel [data-mime-type='application/vnd.jupyter.error']")
+    assert errors.count() == 0, "a cell raised:\n" + "\n".join(errors.all_text_contents())[-3000:]
+
+
+def _finished_leftovers(*runs) -> list[str]:
+    """Processes of the server/browser ``runs`` (or Jupyter/Chromium children of this test) still alive.
+
+    Checked twice over: every process each run recorded (kernels detach from the server, so they
+    would not show up as our descendants once orphaned), and this test's own descendants by name.
+    """
+    def left() -> list[str]:
+        return sorted({*leftover_processes(), *(p for r in runs for p in r.leftovers())})
+
+    deadline = time.monotonic() + 10
+    found = left()
+    while found and time.monotonic() < deadline:
+        time.sleep(0.5)
+        found = left()
+    return found
+
+
+def _sender_peak_in_figure(figure: dict | None) -> int | None:
+    """The exact sender peak the figure's subplot title shows ("sender: exact peak 93.1 MiB ...")."""
+    for note in (figure or {}).get("annotations", []):
+        m = re.match(r"\s*sender: exact peak ([\d.]+) MiB", note)
+        if m:
+            return int(float(m.group(1)) * _UNITS["MiB"])
+    return None
+
+
+def _drive_explorer(page, server, output_dir: Path) -> dict:
+    """Open notebook 04, run it, switch the explorer to numpy-legacy and run; returns what was seen."""
+    page.goto(server.url("lab"))
+    _open_as_notebook(page, EXPLORER_NB.name)
+    _wait_kernel_idle(page, KERNEL_READY_S)
+
+    page.locator(".lm-MenuBar-item", has_text="Run").click()
+    page.locator(".lm-Menu-item", has_text=re.compile(r"^Run All Cells")).click()
+    t_run_all = time.monotonic()
+    _wait_cells_done(page, RUN_ALL_S)
+    run_all_s = time.monotonic() - t_run_all
+    server.remember_children()
+
+    # ``has`` locators match inside each candidate, so the label locator is relative.
+    codec_label = page.locator("label", has_text=re.compile(r"^\s*codec\s*$"))
+    codec_box = page.locator(".widget-dropdown", has=codec_label)
+    explorer = page.locator(".jp-OutputArea-output").filter(has=codec_box).last
+    explorer.wait_for(timeout=30_000)
+    codec = explorer.locator(".widget-dropdown", has=codec_label).locator("select")
+    run_button = explorer.locator("button.jupyter-button", has_text=re.compile(r"^\s*run\s*$"))
+    run_button.wait_for(timeout=RUN_S * 1000)  # a run started by the notebook itself must end first
+    start_codec = codec.input_value()
+
+    rows0 = _table(explorer)
+    figure0 = explorer.evaluate(_FIGURE_JS)
+    codec.select_option("numpy-legacy")
+    run_button.click()
+    t_click = time.monotonic()
+    deadline = t_click + RUN_S
+    while len(_table(explorer)) <= len(rows0) or not run_button.is_enabled():
+        assert time.monotonic() < deadline, (
+            f"no new row within {RUN_S}s; status: {explorer.locator('.widget-html').all_text_contents()}")
+        time.sleep(0.5)
+    rows1 = _table(explorer)
+    # The figure is updated in place from the kernel; wait until it shows the finished run's peak.
+    want = _bytes(rows1[-1].get("sender peak", "")) if rows1[-1].get("sender peak", "-") != "-" else None
+    figure1 = explorer.evaluate(_FIGURE_JS)
+    while time.monotonic() < deadline and not (
+            figure1 and "numpy-legacy" in figure1["title"] and _sender_peak_in_figure(figure1) is not None
+            and want is not None and abs(_sender_peak_in_figure(figure1) - want) <= 0.11 * 2**20 + want / 200):
+        time.sleep(0.5)
+        figure1 = explorer.evaluate(_FIGURE_JS)
+    run_s = time.monotonic() - t_click
+    server.remember_children()
+
+    explorer.evaluate("el => el.scrollIntoView({block: 'start'})")
+    page.wait_for_timeout(300)
+    page.screenshot(path=str(output_dir / "explorer_numpy-legacy_page.png"))
+    explorer.screenshot(path=str(output_dir / "explorer_numpy-legacy.png"))
+    seen = {"start_codec": start_codec, "rows_before": rows0, "rows_after": rows1, "figure_before": figure0,
+            "figure_after": figure1, "run_all_s": round(run_all_s, 1), "numpy_legacy_run_s": round(run_s, 1)}
+    (output_dir / "explorer_state.json").write_text(json.dumps(seen, indent=2))
+    return seen
+
+
+def test_explorer_switches_codec_in_jupyterlab(output_dir, tmp_path):
+    require_browser()
+    assert EXPLORER_NB.is_file(), f"{EXPLORER_NB.relative_to(REPO)} does not exist"
+    before_sha = _sha(EXPLORER_NB)
+    console: list[str] = []
+    with lab_server(NOTEBOOKS, tmp_path / "lab", user_settings=LAB_SETTINGS) as server, \
+            chromium(tmp_path, viewport=(1500, 2000)) as browser:  # tall: the whole explorer in one shot
+        page = browser.context.new_page()
+        page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+        page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
+        try:
+            seen = _drive_explorer(page, server, output_dir)
+        except BaseException:
+            with contextlib.suppress(Exception):  # keep the original error if the page is gone too
+                page.screenshot(path=str(output_dir / "explorer_FAILED.png"))
+            raise
+        finally:
+            (output_dir / "explorer_console.log").write_text("\n".join(console))
+            (output_dir / "jupyter-lab.log").write_text(server.log())
+
+    seen["processes_stopped"] = {"jupyter server and what it spawned": 1 + len(server.spawned),
+                                 "playwright driver and chromium": len(browser.procs)}
+    (output_dir / "explorer_state.json").write_text(json.dumps(seen, indent=2))
+    assert _finished_leftovers(server, browser) == [], "processes the test started are still running"
+    assert _sha(EXPLORER_NB) == before_sha, "the browser session changed the notebook's .py file"
+
+    # The explorer opened on numpy; the table gained one row: numpy-legacy, with the higher sender peak.
+    assert seen["start_codec"] == "numpy", f"the explorer started on {seen['start_codec']!r}, not numpy"
+    rows0, rows1 = seen["rows_before"], seen["rows_after"]
+    assert len(rows1) == len(rows0) + 1, (rows0, rows1)
+    new = rows1[-1]
+    assert new["codec"] == "numpy-legacy", new
+    assert new["outcome"].startswith("ok"), new
+    fixed = [r for r in rows1[:-1] if r.get("codec") == "numpy"]
+    assert fixed, f"no numpy row to compare with in the table: {rows1}"
+    legacy_peak = _bytes(new["sender peak"])
+    assert all(legacy_peak > _bytes(r["sender peak"]) for r in fixed), (new, fixed)
+
+    # The plot shows the new run: plotly.js holds and draws new traces, titled for numpy-legacy,
+    # with the same exact sender peak as the table's new row.
+    figure0, figure1 = seen["figure_before"], seen["figure_after"]
+    assert figure1 is not None and figure1["traces"], f"no plotly figure in the explorer: {figure1}"
+    assert figure1["drawn"] > 0 and any(t["n"] > 0 for t in figure1["traces"]), figure1
+    assert figure1 != figure0, "the figure did not change after the numpy-legacy run"
+    assert "numpy-legacy" in figure1["title"], f"the figure's title does not name numpy-legacy: {figure1['title']}"
+    shown = _sender_peak_in_figure(figure1)
+    assert shown is not None and abs(shown - legacy_peak) <= 0.11 * 2**20 + legacy_peak / 200, (
+        f"the figure shows sender peak {shown}, the table {new['sender peak']}")
+
+
+def _export_postmortem(out: Path) -> list[Path]:
+    """Export the postmortem with the project's own command; returns every HTML page it wrote."""
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "picklescope", "postmortem", "--workload", "tiny", "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    pages = sorted(out.rglob("*.html"))
+    assert out / "postmortem.html" in pages, f"{' '.join(cmd)} wrote no postmortem.html, only {pages}:\n{proc.stdout}"
+    return pages
+
+
+# Every plotly graph div on the page: how many traces plotly.js holds, and how many it drew.
+_PAGE_FIGURES_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => ({
+    traces: (gd.data || []).length,
+    drawn: gd.querySelectorAll('.scatterlayer .trace, .barlayer .trace, g.table .table-control-view').length,
+    svg: gd.querySelectorAll('.main-svg').length}))"""
+
+
+def test_postmortem_html_renders_offline(output_dir, tmp_path):
+    require_browser()
+    assert POSTMORTEM_NB.is_file(), f"{POSTMORTEM_NB.relative_to(REPO)} does not exist"
+    pages = _export_postmortem(tmp_path / "postmortem")
+    seen: dict[str, dict] = {}
+
+    with chromium(tmp_path) as browser:
+        for path in pages:
+            attempted: list[str] = []
+            errors: list[str] = []
+
+            def block(route, attempted=attempted) -> None:
+                """Let the page's own file through; record and refuse everything else."""
+                if route.request.url.startswith("file:"):
+                    route.continue_()
+                else:
+                    attempted.append(route.request.url)
+                    route.abort("internetdisconnected")
+
+            page = browser.context.new_page()
+            page.route("**/*", block)
+            page.on("pageerror", lambda e, errors=errors: errors.append(str(e)))
+            page.goto(path.as_uri(), wait_until="load")
+            try:
+                page.locator(".js-plotly-plot .main-svg").first.wait_for(timeout=30_000)
+            except Exception as exc:
+                errors.append(f"no plotly figure drew within 30 s: {exc}")
+            figures = page.evaluate(_PAGE_FIGURES_JS)
+            if figures:
+                page.locator(".js-plotly-plot").first.evaluate("el => el.scrollIntoView({block: 'start'})")
+            page.screenshot(path=str(output_dir / f"{path.stem}_offline.png"))
+            seen[path.name] = {"page": str(path), "figures": figures, "blocked_requests": attempted,
+                               "page_errors": errors}
+            page.close()
+    (output_dir / "postmortem_offline.json").write_text(json.dumps(seen, indent=2))
+    assert _finished_leftovers(browser) == [], "processes the test started are still running"
+
+    for name, got in seen.items():
+        figures = got["figures"]
+        assert figures, f"{name}: no plotly figure on the page"
+        assert all(f["traces"] > 0 and f["drawn"] > 0 and f["svg"] > 0 for f in figures), (name, figures)
+        assert got["blocked_requests"] == [], f"{name} tried to reach the network: {got['blocked_requests']}"
+        assert got["page_errors"] == [], f"{name} raised: {got['page_errors']}"

@@ -1,0 +1,231 @@
+"""Budgets and verdicts: every budgeted run ends with a verdict, the parent survives, nothing is left.
+
+Runs are real (sender and receiver children, real SIGKILLs); checks are ratios to the payload and
+verdicts, never times.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+import picklescope as ps
+from picklescope import budget, cgroup, verdicts
+from picklescope.units import Size
+
+SWEEP = (0.2, 1.05, 2.05, 3.0)  # 0.5x has its own test below
+CASES = [(c, t) for c in ("torch", "numpy-legacy", "numpy") for t in ("pickle", "pickle5-oob")]
+FLOW_SCALE = 0.05  # about 24 MiB of payload: quick, and far above the noise of a few hundred KiB
+
+
+def measured_processes() -> list[psutil.Process]:
+    """Children of this process's children (the forkserver's forks): the measured processes."""
+    me = psutil.Process()
+    return [c for c in me.children(recursive=True) if c.ppid() != me.pid]
+
+
+def gone(pid: int | None) -> bool:
+    if pid is None:
+        return True
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    """Unbudgeted peaks, then every case at every budget from 0.2x to 3x, on flowgrpo and tiny."""
+    me = os.getpid()
+    peaks = {case: ps.run(*case, "flowgrpo", FLOW_SCALE) for case in CASES}
+    runs = []
+    for (codec, transport) in CASES:
+        for mult in SWEEP:
+            runs.append(("flowgrpo", mult, ps.run(codec, transport, "flowgrpo", FLOW_SCALE, budget=f"{mult}x")))
+        for mult in (0.2, 3.0):
+            runs.append(("tiny", mult, ps.run(codec, transport, "tiny", 1.0, budget=f"{mult}x")))
+    assert os.getpid() == me
+    return peaks, runs
+
+
+def test_every_budgeted_run_ends_with_a_verdict_and_leaves_nothing(sweep):
+    _, runs = sweep
+    assert len(runs) == len(CASES) * (len(SWEEP) + 2)
+    for workload, mult, r in runs:
+        assert r.outcome in ("ok", "oom-killed"), (workload, mult, r.codec, r.transport, r.outcome, r.error)
+        assert r.sender.budget_bytes == round(mult * r.payload_bytes)
+        assert r.enforcement == "watchdog"
+        for side in r.sides.values():
+            assert gone(side.pid)
+        assert not os.path.exists(r.extra["run_dir"])
+    assert measured_processes() == []
+    assert any(r.outcome == "oom-killed" for *_, r in runs) and any(r.outcome == "ok" for *_, r in runs)
+
+
+def test_verdict_follows_the_exact_peak(sweep):
+    """Killed exactly when the unbudgeted exact peak is over the budget (cases within 3% skipped)."""
+    peaks, runs = sweep
+    checked = 0
+    for workload, mult, r in runs:
+        if workload != "flowgrpo":
+            continue
+        need = peaks[(r.codec, r.transport)].sender.peak_bytes / r.payload_bytes
+        if abs(need - mult) < 0.03:
+            continue
+        checked += 1
+        expected = "oom-killed" if need > mult else "ok"
+        assert r.outcome == expected, (r.codec, r.transport, mult, need, r.error)
+        if expected == "ok":
+            assert r.roundtrip["ok"] is True and r.sender.exit_code == 0
+    assert checked >= 18
+
+
+def test_killed_runs_say_who_where_and_at_what_memory(sweep):
+    _, runs = sweep
+    killed = [r for _, _, r in runs if r.outcome == "oom-killed"]
+    for r in killed:
+        assert r.killed_side == "sender" and r.sender.exit_code == -9
+        assert r.killed_in_step in {s.name for s in r.sender.steps}
+        assert r.memory_at_death_bytes > r.sender.budget_bytes
+        assert "most recent call first" in r.stack_at_death
+        assert r.receiver.steps == []  # the receiver never got the hand-off
+        assert "SIGKILL" in r.error and r.killed_in_step in r.error
+
+
+def test_sigkilled_run_keeps_its_timeline_up_to_the_kill():
+    r = ps.run("numpy-legacy", "pickle5-oob", "flowgrpo", 0.1, budget="0.5x")
+    assert r.outcome == "oom-killed"
+    s = r.sender
+    kill_t = r.extra["kill"]["t_s"]
+    assert s.baseline_bytes and len(s.timeline.t_s) > 10
+    after_baseline = [v for t, v in zip(s.timeline.t_s, s.timeline.rss_bytes) if t <= kill_t]
+    assert max(after_baseline) - s.baseline_bytes > 0.5 * r.payload_bytes  # the climb up to the kill is there
+    # it ends at the SIGKILL: the teardown samples of a dying process are not part of the curve
+    assert kill_t - 0.05 <= s.timeline.t_s[-1] <= r.extra["kill"]["sigkill_t_s"]
+    assert s.timeline.rss_bytes[-1] - s.baseline_bytes > 0.45 * r.payload_bytes
+    # the steps that were open when the process died came through the pipe before the SIGKILL
+    open_steps = [st.name for st in s.steps if st.end_s is None]
+    assert open_steps == ["pickle.dumps", "__getstate__", "consolidate"]
+    assert r.receiver.timeline.t_s  # the other side is still reported
+
+
+def test_legacy_is_killed_in_consolidate_where_the_fix_survives():
+    legacy = ps.run("numpy-legacy", "pickle5-oob", "flowgrpo", 0.1, budget="0.5x")
+    fixed = ps.run("numpy", "pickle5-oob", "flowgrpo", 0.1, budget="0.5x")
+    assert (legacy.outcome, legacy.killed_side, legacy.killed_in_step) == ("oom-killed", "sender", "consolidate")
+    assert fixed.outcome == "ok" and fixed.roundtrip["ok"] is True
+    # the line where it died is the discarded consolidate() of the legacy codec
+    path, line = legacy.extra["killed_at"].split(" in ")[0].rsplit(":", 1)
+    assert int(line) == legacy.killed_at_line
+    assert "consolidate()" in Path(path).read_text().splitlines()[legacy.killed_at_line - 1]
+
+
+def test_receiver_budget_kills_the_receiver_in_its_copy():
+    r = ps.run("numpy", "pickle5-oob", "flowgrpo", FLOW_SCALE, receiver_budget="0.5x")
+    assert (r.outcome, r.killed_side, r.killed_in_step) == ("oom-killed", "receiver", "frombuffer")
+    assert r.sender.budget_bytes is None and r.receiver.budget_bytes == round(0.5 * r.payload_bytes)
+    assert r.sender.exit_code == 0 and r.receiver.exit_code == -9
+
+
+@pytest.mark.parametrize(("codec", "mult", "step", "needle"), [
+    ("numpy-legacy", 0.5, "consolidate", "DefaultCPUAllocator: can't allocate memory"),
+    ("torch", 1.5, "torch.save", "unexpected pos"),
+])
+def test_address_space_errors_are_classified_as_out_of_memory(codec, mult, step, needle):
+    """Under RLIMIT_AS torch raises misleading RuntimeErrors; the verdict says out-of-memory."""
+    # 0.1 not 0.05: RLIMIT_AS counts address space, and allocator space reserved earlier can absorb a small copy
+    r = ps.run(codec, "pickle5-oob", "flowgrpo", 0.1, budget=f"{mult}x", enforcement="address-space")
+    assert r.enforcement == "address-space"
+    assert (r.outcome, r.killed_side, r.killed_in_step) == ("memory-error", "sender", step)
+    assert needle in r.original_error and needle in r.error  # the original message beside the explanation
+    assert "ran out of memory" in r.error
+    assert measured_processes() == []
+
+
+@pytest.mark.parametrize(("exc_type", "message", "expected"), [
+    ("RuntimeError", "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+                     "you tried to allocate 268435456 bytes. Error code 12 (Cannot allocate memory)", "allocator"),
+    ("RuntimeError", "[enforce fail at inline_container.cc:672] . unexpected pos 896 vs 790", "zip writer"),
+    ("MemoryError", "", "could not get memory"),
+    ("_ArrayMemoryError", "Unable to allocate 1.00 GiB for an array", "could not get memory"),
+    ("OSError", "[Errno 12] Cannot allocate memory", "ENOMEM"),
+    ("RuntimeError", "expected scalar type Float but found Half", None),
+    ("KeyError", "torch.float8_e4m3fn", None),
+])
+def test_memory_explanations(exc_type, message, expected):
+    got = verdicts.memory_explanation(exc_type, message)
+    assert (got is None) if expected is None else (expected in got)
+
+
+def test_stack_parsing_finds_the_codec_line():
+    stack = ('Thread 0x00007f0000000001 (most recent call first):\n'
+             '  File "/usr/lib/python3.11/threading.py", line 320 in wait\n\n'
+             'Current thread 0x00007f0000000002 (most recent call first):\n'
+             '  File "/venv/lib/python3.11/site-packages/tensordict/_base/serialization.py", line 1247 in consolidate\n'
+             '  File "/venv/lib/python3.11/site-packages/verl/protocol.py", line 412 in __getstate__\n'
+             '  File "/x/picklescope/transports.py", line 62 in send\n')
+    frames = verdicts.main_thread_frames(stack)
+    assert [f.func for f in frames] == ["consolidate", "__getstate__", "send"]
+    assert verdicts.culprit(frames).line == 412  # verl's own line, not tensordict's
+    # the signal landed on a tracer's thread: the measured thread is the one running sender_main
+    other = ('Current thread 0x1 (most recent call first):\n  File "/usr/lib/python3.11/threading.py", line 320 '
+             'in wait\n\nThread 0x2 (most recent call first):\n  File "/a/numpy_codec.py", line 132 in before_views\n'
+             '  File "/a/picklescope/child.py", line 94 in sender_main\n')
+    assert str(verdicts.culprit(verdicts.main_thread_frames(other))) == "/a/numpy_codec.py:132 in before_views"
+
+
+def test_budget_forms_and_refusals():
+    lim = budget.plan("1.5x", "700MiB", payload=100 * 2**20)
+    assert lim.budgets == {"sender": 150 * 2**20, "receiver": 700 * 2**20}
+    assert lim.specs == {"sender": "1.5x", "receiver": "700.0 MiB"}
+    lim = budget.plan(Size(bytes=12345), None, payload=1)
+    assert lim.budgets == {"sender": 12345, "receiver": None}
+    with pytest.raises(ps.PicklescopeError, match="is not a size"):
+        budget.plan("lots", None, payload=1)
+    with pytest.raises(ps.PicklescopeError, match="unknown enforcement"):
+        budget.plan("1x", None, payload=1, enforcement="prayer")
+    total = psutil.virtual_memory().total
+    with pytest.raises(ps.PicklescopeError, match="more than this machine can give"):
+        budget.plan(f"{total}", None, payload=1)
+    with pytest.raises(ps.PicklescopeError, match="together"):
+        half = (psutil.virtual_memory().available - budget.machine_reserve(total)) // 2 + 2**20
+        budget.plan(f"{half}", f"{half}", payload=1)
+
+
+def test_impossible_budget_is_refused_before_any_process_starts():
+    with pytest.raises(ps.PicklescopeError, match="more than this machine can give"):
+        ps.run("numpy", "pickle5-oob", "tiny", 1.0, budget="100000x")
+    assert measured_processes() == []
+    p = subprocess.run([sys.executable, "-m", "picklescope", "run", "--workload", "tiny", "--budget", "64TiB"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "more than this machine can give" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_machine_guard_kills_a_side_before_the_machine_runs_out(monkeypatch):
+    """With no budget at all, a machine short of memory gets the biggest side killed, not the parent."""
+    from picklescope import watchdog
+
+    monkeypatch.setattr(watchdog, "machine_memory", lambda: {"total": 1 << 34, "available": 1})
+    r = ps.run("numpy", "pickle5-oob", "tiny", 1.0)
+    assert r.outcome == "oom-killed"
+    assert r.extra["kill"]["reason"] == "machine" and "reserve" in r.error
+    assert measured_processes() == []
+
+
+def test_cgroup_enforcement_is_used_or_explained():
+    """Where a memory cgroup can be created, the kernel kills; otherwise the watchdog does and says why."""
+    base, why = cgroup.support()
+    r = ps.run("numpy-legacy", "pickle5-oob", "flowgrpo", FLOW_SCALE, budget="0.5x", enforcement="cgroup")
+    assert r.outcome == "oom-killed" and r.killed_side == "sender" and r.killed_in_step == "consolidate"
+    if base is None:
+        assert r.enforcement == "watchdog" and "unavailable" in r.enforcement_note and why in r.enforcement_note
+    else:
+        assert r.enforcement == "cgroup" and r.extra["cgroup"]["oom_kill"] >= 1
+        assert [n for n in os.listdir(base) if n.startswith(f"picklescope-{os.getpid()}-")] == []
+    assert measured_processes() == []

@@ -1,0 +1,121 @@
+"""Figures draw plain results; the timeline model round-trips through JSON without plotly."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+
+import pytest
+
+import picklescope as ps
+from picklescope import figures, timeline
+from picklescope.linetrace import LineRow
+from picklescope.stepthrough import StepThrough
+from picklescope.timeline import RunTimeline
+
+MiB = 1024**2
+
+
+@pytest.fixture(scope="module")
+def traced_tiny():
+    return ps.run("numpy-legacy", "pickle5-oob", "tiny", 1.0, tracer="memray,tracemalloc")
+
+
+def killed_result() -> ps.RunResult:
+    """A run whose sender was killed inside consolidate, with a budget: a partial timeline."""
+    sender = ps.Side("sender", baseline_bytes=100 * MiB, budget_bytes=60 * MiB, exit_code=-9)
+    sender.timeline = ps.Timeline([0.0, 0.1, 0.2, 0.3], [100 * MiB, 110 * MiB, 150 * MiB, 170 * MiB])
+    sender.steps = [ps.Step("pickle.dumps", 0.05, None, None, None),
+                    ps.Step("consolidate", 0.06, None, None, None, depth=1)]
+    receiver = ps.Side("receiver", baseline_bytes=90 * MiB)
+    return ps.RunResult("numpy-legacy", "pickle5-oob", "flowgrpo", 0.25, 100 * MiB, outcome="oom-killed",
+                        sides={"sender": sender, "receiver": receiver}, killed_side="sender",
+                        killed_in_step="consolidate")
+
+
+def test_timeline_model_round_trips_and_has_no_plotly(traced_tiny):
+    tl = RunTimeline.from_result(traced_tiny)
+    assert RunTimeline.from_json(tl.to_json()) == tl
+    s = tl.sides["sender"]
+    assert s.rss.bytes[0] == traced_tiny.sender.timeline.rss_bytes[0] - traced_tiny.sender.baseline_bytes
+    assert [b.name for b in s.bands] == [st.name for st in traced_tiny.sender.steps]
+    assert set(s.tracers) == {"memray", "tracemalloc"}  # the sampler is the RSS curve itself
+    assert s.cycle_held_bytes == traced_tiny.sender.cycle_held_bytes
+    assert tl.attribution and tl.tracers["memray"]["available"]
+    imports = [n for n in ast.walk(ast.parse(inspect.getsource(timeline)))
+               if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert not any("plotly" in ast.dump(n) for n in imports)
+
+
+def test_timeline_figure_draws_sides_steps_and_each_tracer(traced_tiny):
+    fig = figures.timeline_figure(traced_tiny)
+    names = [t.name for t in fig.data]
+    assert "RSS, sampled every ~1 ms" in names and "exact step peak (VmHWM)" in names
+    assert "what memray saw" in names and "what tracemalloc saw" in names
+    rss = [t for t in fig.data if t.name == "RSS, sampled every ~1 ms"]
+    assert len(rss) == 2 and {t.yaxis for t in rss} == {"y", "y2"}  # two rows, one per side
+    n_steps = sum(len(s.steps) for s in traced_tiny.sides.values())
+    assert len([sh for sh in fig.layout.shapes if sh.type == "rect"]) == n_steps
+    labels = {a.text for a in fig.layout.annotations}
+    assert "consolidate" in labels or any("consolidate" in (t.text or ()) for t in fig.data if t.text)
+    assert not any(sh.type == "line" and sh.line.color == "#D62728" and sh.y0 == sh.y1
+                   for sh in fig.layout.shapes)  # no budget, no budget line
+    hidden = figures.timeline_figure(traced_tiny, show_tracers=False)
+    assert not any(t.name.startswith("what ") for t in hidden.data)
+
+
+def test_killed_run_still_draws_its_partial_timeline_and_budget():
+    fig = figures.timeline_figure(killed_result())
+    budget = [sh for sh in fig.layout.shapes if sh.type == "line" and sh.y0 == sh.y1 == 60.0]
+    assert budget, "budget line at 60 MiB above baseline"
+    texts = {a.text for a in fig.layout.annotations}
+    assert "killed in consolidate" in texts
+    assert {"pickle.dumps (unfinished)", "consolidate (unfinished)"} <= texts
+    rects = [sh for sh in fig.layout.shapes if sh.type == "rect"]
+    assert max(sh.x1 for sh in rects) == pytest.approx(0.3)  # unfinished steps drawn to the last sample
+    rss = next(t for t in fig.data if t.name == "RSS, sampled every ~1 ms")
+    assert list(rss.y) == [0.0, 10.0, 50.0, 70.0]
+
+
+def test_a_single_side_result_draws_one_row():
+    cell = ps.Side("cell", baseline_bytes=0)
+    cell.timeline = ps.Timeline([0.0, 1.0], [0, MiB])
+    r = ps.RunResult("cell", "-", "cell", 1.0, 0, sides={"cell": cell})
+    fig = figures.timeline_figure(r)
+    assert [t.yaxis for t in fig.data] == ["y"]
+
+
+def test_comparison_groups_codecs_by_transport():
+    runs = []
+    for codec, transport, peak in [("numpy", "pickle", 2), ("numpy", "pickle5-oob", 0), ("torch", "pickle", 3)]:
+        sides = {n: ps.Side(n, peak_bytes=peak * MiB, held_bytes=MiB, cycle_held_bytes=0)
+                 for n in ("sender", "receiver")}
+        runs.append(ps.RunResult(codec, transport, "tiny", 1.0, MiB, sides=sides, serialize_s=0.1, deserialize_s=0.2))
+    fig = figures.comparison_figure(runs + [runs[0].to_dict()])
+    assert fig.layout.barmode == "group"
+    assert {t.name for t in fig.data} == {"pickle", "pickle5-oob"}
+    assert len(fig.data) == 2 * 5  # transports x panels
+    peak_pickle = next(t for t in fig.data if t.name == "pickle" and t.xaxis == "x")
+    assert list(peak_pickle.x) == ["numpy", "torch", "numpy"] and list(peak_pickle.y) == [2.0, 3.0, 2.0]
+
+
+def test_attribution_as_table_and_icicle(traced_tiny):
+    table = figures.attribution_figure(traced_tiny)
+    cells = table.data[0].cells.values
+    assert cells[3][0] in ("consolidate", "frombuffer") and float(cells[0][0]) > 0
+    icicle = figures.attribution_figure(traced_tiny, kind="icicle")
+    assert icicle.data[0].type == "icicle" and "live at the peak" in icicle.data[0].labels
+    empty = figures.attribution_figure(killed_result())
+    assert "tracer='memray'" in empty.layout.annotations[0].text
+
+
+def test_stepthrough_figure_has_a_bar_per_line():
+    rows = [LineRow(0, 0, "f", "m", "/x/m.py", 3, "a = make()", 1, 0.01, 5 * MiB, 5 * MiB, 5 * MiB),
+            LineRow(1, 1, "g", "m", "/x/m.py", 9, "return copy(a)", 2, 0.02, MiB, 2 * MiB, 6 * MiB)]
+    st = StepThrough("m:f", "__getstate__", "tiny", 1.0, 5 * MiB, rows=rows)
+    fig = figures.stepthrough_figure(st)
+    added, took = fig.data
+    assert list(added.x) == [5.0, 1.0] and list(took.x) == [10.0, 20.0]
+    assert added.y[0].startswith("m.py:3") and "· return copy(a)" in added.y[1]
+    assert list(added.text) == ["1.00x", "0.20x"]
+    assert len(figures.stepthrough_figure(rows).data[0].x) == 2

@@ -1,0 +1,127 @@
+"""The explorer and the step reveal, driven in an in-process IPython shell as a user would."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.testing.globalipapp import start_ipython
+
+from picklescope.units import MiB
+
+
+@pytest.fixture(scope="module")
+def ip():
+    start_ipython()  # the process-wide test shell: a no-op once another test file started it
+    return InteractiveShell.instance()
+
+
+def _sender_rss_max(fig) -> float:
+    """Highest sampled RSS (MiB above baseline) on the sender's row of a timeline figure."""
+    traces = [t for t in fig.data if (t.name or "").startswith("RSS") and t.yaxis in (None, "y")]
+    assert traces, [(t.name, t.yaxis) for t in fig.data]
+    return max(max((v for v in t.y if v is not None), default=0.0) for t in traces)
+
+
+@pytest.fixture(scope="module")
+def switched(ip):
+    """numpy, then numpy-legacy, through the explorer's own controls (flowgrpo x0.1, about 47 MiB)."""
+    ip.run_cell("from picklescope.widgets import Explorer\n"
+                "ex = Explorer(codec='numpy', transport='pickle5-oob', workload='flowgrpo', scale=0.1)\nex",
+                store_history=True)
+    ex = ip.user_ns["ex"]
+    frames: list[bool] = []
+    draw = ex._draw
+
+    def counting(r):
+        frames.append(all(s.peak_bytes is not None for s in r.sides.values()))
+        draw(r)
+
+    ex._draw = counting
+    ex.button.click()
+    during = {"running": ex.running, "disabled": ex.button.disabled, "codec_disabled": ex.codec.disabled,
+              "second_start": ex.start(), "status": ex.status.value}
+    ex.wait(600)
+    first = {"rss_max": _sender_rss_max(ex.figure), "data": [t.to_plotly_json() for t in ex.figure.data],
+             "frames": list(frames)}
+    ip.run_cell("ex.codec.value = 'numpy-legacy'", store_history=True)
+    ex.button.click()
+    ex.wait(600)
+    return ex, during, first, frames
+
+
+def test_switching_to_legacy_adds_a_row_one_payload_higher(switched):
+    ex, _, first, _ = switched
+    assert [r.codec for r in ex.results] == ["numpy", "numpy-legacy"]
+    assert all(r.outcome == "ok" for r in ex.results), [r.error for r in ex.results]
+    fixed, legacy = ex.results
+    diff = (legacy.sender.peak_bytes - fixed.sender.peak_bytes) / legacy.payload_bytes
+    assert 0.85 <= diff <= 1.2, diff  # the discarded consolidate: about one payload
+    assert ex.table.value.count("<tr>") == 3  # header + one row per run
+    assert "numpy-legacy" in ex.table.value.split("<tbody>")[1]
+
+
+def test_figure_data_updated_in_place(switched):
+    ex, _, first, _ = switched
+    assert [t.to_plotly_json() for t in ex.figure.data] != first["data"]
+    legacy = ex.results[-1]
+    rise = _sender_rss_max(ex.figure) - first["rss_max"]
+    assert 0.8 <= rise * MiB / legacy.payload_bytes <= 1.3, rise  # the sender's curve gained the copy
+    assert "numpy-legacy" in ex.figure.layout.title.text
+
+
+def test_figure_redrawn_while_the_run_streams(switched):
+    _, _, first, frames = switched
+    # partial frames (a side not finished yet) were drawn before each run's final frame
+    assert first["frames"].count(False) >= 1 and first["frames"][-1] is True
+    assert frames.count(False) > first["frames"].count(False)
+
+
+def test_controls_show_a_run_and_refuse_a_second(switched):
+    ex, during, _, _ = switched
+    assert during["running"] and during["disabled"] and during["codec_disabled"]
+    assert during["second_start"] is None
+    assert "already going" in during["status"]
+    assert not ex.running and not ex.button.disabled and ex.button.description == "run"
+
+
+def test_budget_kill_lands_in_the_table_and_the_kernel_lives(ip, switched):
+    ex = switched[0]
+    pid = os.getpid()
+    ex.run_with(codec="numpy-legacy", budget=0.5)
+    ex.wait(600)
+    r = ex.results[-1]
+    assert r.outcome == "oom-killed" and r.killed_side == "sender" and r.killed_in_step == "consolidate"
+    assert "oom-killed" in ex.table.value and "kernel is still running" in ex.status.value
+    assert os.getpid() == pid and ip.run_cell("1 + 1").result == 2
+    ex.budget.value = 0.0
+
+
+def test_unknown_control_is_refused(switched):
+    from picklescope.errors import PicklescopeError
+
+    with pytest.raises(PicklescopeError, match="no control"):
+        switched[0].run_with(colour="red")
+
+
+def test_step_reveal_shows_one_step_at_a_time(switched):
+    from picklescope.stepper import StepReveal
+
+    legacy = switched[0].results[1]
+    rv = StepReveal(legacy)
+    assert rv.index == -1 and rv.prev_button.disabled
+    names = [st.name for _, st in rv.sequence]
+    assert "consolidate" in names and names.index("consolidate") < names.index("__getstate__")  # inner first
+    shown, ends = [], []
+    while not rv.next_button.disabled:
+        rv.next_button.click()
+        shown.append(rv.caption.value)
+        xs = [x for t in rv.figure.data if (t.name or "").startswith("RSS") for x in t.x]
+        ends.append(max(xs))
+        assert max(xs) <= rv.sequence[rv.index][1].end_s + 1e-9  # nothing after the revealed step is drawn
+    assert len(shown) == len(rv.sequence) and ends == sorted(ends)
+    i = names.index("consolidate")
+    assert f"step {i + 1} of {len(names)}" in shown[i] and "consolidate" in shown[i] and "x payload" in shown[i]
+    rv.prev_button.click()
+    assert rv.index == len(rv.sequence) - 2

@@ -1,0 +1,174 @@
+"""Memory cgroups (v1) for budgets enforced by the kernel itself, where the machine allows it.
+
+A run's cgroup is created *under the parent's own memory cgroup*, never beside it, so whatever limit
+the machine already puts on the parent still applies to the children and nothing escapes it. A side
+joins its cgroup right after its baseline, so only what it allocates from then on is charged, and
+the limit is "charged now + budget". The kernel's OOM killer then kills the side with SIGKILL at the
+limit, which is exactly how the production node died. Every cgroup is removed when its run ends.
+
+cgroup v2 would need the parent's cgroup to delegate the memory controller to a child, which a
+process that lives in that cgroup cannot arrange for itself; :func:`support` says so and the run
+uses the watchdog.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+_support: tuple[str | None, str] | None = None
+
+
+def _v1_memory_mount() -> tuple[str, str] | None:
+    """(mount point, mounted root) of the cgroup v1 memory hierarchy, if mounted."""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                parts, rparts = left.split(), right.split()
+                if len(rparts) >= 3 and rparts[0] == "cgroup" and "memory" in rparts[2].split(","):
+                    return parts[4], parts[3]
+    except OSError:
+        return None
+    return None
+
+
+def _own_v1_path() -> str | None:
+    try:
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                if "memory" in controllers.split(","):
+                    return path
+    except OSError:
+        return None
+    return None
+
+
+def _base() -> tuple[str | None, str]:
+    """The directory run cgroups would go in (the parent's own memory cgroup), or why there is none."""
+    mount = _v1_memory_mount()
+    if mount is None:
+        if os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
+            return None, "only cgroup v2 is mounted and picklescope cannot delegate its memory controller"
+        return None, "no memory cgroup hierarchy is mounted"
+    point, root = mount
+    own = _own_v1_path()
+    if own is None:
+        return None, "this process is in no memory cgroup"
+    rel = os.path.relpath(own, root) if own.startswith(root) else None
+    if rel is None:
+        return None, f"this process's memory cgroup {own} is outside the mounted hierarchy"
+    base = os.path.normpath(os.path.join(point, rel))
+    if not os.path.isfile(os.path.join(base, "memory.limit_in_bytes")):
+        return None, f"{base} is not a memory cgroup directory"
+    if not os.access(base, os.W_OK):
+        return None, f"{base} is not writable by this user"
+    return base, f"memory cgroup v1 under {base}"
+
+
+def describe() -> str:
+    """Whether run cgroups look possible here, without creating anything (for environment reports)."""
+    base, why = _base()
+    return f"probably usable: {why}" if base else f"unavailable: {why}"
+
+
+def _remove_stale(base: str) -> None:
+    """Remove run cgroups left by a picklescope process that died before cleaning up (they are empty)."""
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        parts = name.split("-")
+        if len(parts) >= 3 and parts[0] == "picklescope" and parts[1].isdigit():
+            pid = int(parts[1])
+            if pid != os.getpid() and not os.path.exists(f"/proc/{pid}"):
+                try:
+                    os.rmdir(os.path.join(base, name))
+                except OSError:
+                    pass
+
+
+def _probe() -> tuple[str | None, str]:
+    base, why = _base()
+    if base is None:
+        return None, why
+    _remove_stale(base)
+    probe = os.path.join(base, f"picklescope-probe-{os.getpid()}")
+    try:
+        os.mkdir(probe)
+    except OSError as exc:
+        return None, f"cannot create a child cgroup under {base} ({exc.strerror or exc})"
+    try:
+        ok = os.path.isfile(os.path.join(probe, "memory.limit_in_bytes"))
+    finally:
+        remove(probe)
+    if not ok:
+        return None, f"a child cgroup under {base} has no memory.limit_in_bytes"
+    return base, f"memory cgroup v1 under {base}"
+
+
+def support() -> tuple[str | None, str]:
+    """(directory to create run cgroups in, or None; the reason in words). Probed once per process."""
+    global _support
+    if _support is None:
+        _support = _probe()
+    return _support
+
+
+def create(base: str, name: str) -> str:
+    """Create an empty child cgroup; the caller must :func:`remove` it."""
+    path = os.path.join(base, name)
+    os.mkdir(path)
+    return path
+
+
+def _write(path: str, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def _read_int(path: str) -> int:
+    with open(path) as f:
+        return int(f.read().split()[0])
+
+
+def join_and_limit(path: str, budget_bytes: int) -> None:
+    """Move the calling process into ``path`` and cap what it may charge from now on (child side)."""
+    _write(os.path.join(path, "cgroup.procs"), str(os.getpid()))
+    limit = _read_int(os.path.join(path, "memory.usage_in_bytes")) + budget_bytes
+    _write(os.path.join(path, "memory.limit_in_bytes"), str(limit))
+    memsw = os.path.join(path, "memory.memsw.limit_in_bytes")
+    if os.path.exists(memsw):  # with swap, the limit alone would swap instead of kill
+        try:
+            _write(memsw, str(limit))
+        except OSError:
+            pass
+
+
+def counters(path: str) -> dict[str, int]:
+    """How often the cgroup hit its limit and how many processes its OOM killer killed."""
+    out = {}
+    try:
+        out["failcnt"] = _read_int(os.path.join(path, "memory.failcnt"))
+        with open(os.path.join(path, "memory.oom_control")) as f:
+            for line in f:
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    out["oom_kill"] = int(value)
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+def remove(path: str) -> None:
+    """Remove an (empty) cgroup; a just-killed process may take a moment to leave it."""
+    for _ in range(50):
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.02)

@@ -1,0 +1,273 @@
+"""Plotly figures of results that were already computed: this module draws, it never measures.
+
+Every function takes plain results (:class:`~picklescope.result.RunResult`,
+:class:`~picklescope.timeline.RunTimeline`, :class:`~picklescope.stepthrough.StepThrough` or its
+rows) and returns a ``plotly.graph_objects.Figure``; notebooks, the HTML report and the widgets
+all call these, so a figure looks the same wherever it appears.
+
+- :func:`timeline_figure`: one row per side on a shared time axis, RSS above the baseline in MiB,
+  shaded and labelled step bands, the exact peak of each step, a budget line when one is set, and
+  each tracer's own view as its own trace. A killed run draws what it has, up to the kill.
+- :func:`comparison_figure`: peak, held, cycle-held and time per codec, grouped by transport.
+- :func:`attribution_figure`: the allocations live at the peak, as a table or an icicle.
+- :func:`stepthrough_figure`: the line-by-line step-through as a table with bars.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .result import RunResult
+from .timeline import RunTimeline
+
+MiB = 1024**2
+STEP_COLORS = ["#4C78A8", "#F58518", "#54A24B", "#B279A2", "#E45756", "#72B7B2", "#EECA3B", "#9D755D"]
+TRACER_STYLE = {"memray": ("#7F3C8D", "dash"), "memray-native": ("#7F3C8D", "dash"),
+                "tracemalloc": ("#E68310", "dot"), "torch-profiler": ("#11A579", "dashdot")}
+RSS_COLOR = "#222222"
+
+
+def _mib(n: int | float | None) -> float | None:
+    return None if n is None else n / MiB
+
+
+def _step_color(name: str) -> str:
+    return STEP_COLORS[zlib.crc32(name.encode()) % len(STEP_COLORS)]
+
+
+def _yref(row: int) -> str:
+    return "y domain" if row == 1 else f"y{row} domain"
+
+
+def timeline_figure(result: RunResult | RunTimeline, *, show_tracers: bool = True) -> go.Figure:
+    """Both sides' memory over time with the steps drawn on it (see the module docstring)."""
+    tl = result if isinstance(result, RunTimeline) else RunTimeline.from_result(result)
+    names = list(tl.sides) or ["(no side)"]
+    p = tl.payload_bytes
+    titles = []
+    for n in names:
+        s = tl.sides.get(n)
+        peak = f"exact peak {_mib(s.peak_bytes):.1f} MiB" if s and s.peak_bytes is not None else "no exact peak"
+        if s and s.peak_bytes is not None and p:
+            peak += f" ({s.peak_bytes / p:.2f}x payload)"
+        titles.append(f"{n}: {peak}")
+    fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, vertical_spacing=0.12, subplot_titles=titles)
+    x0, x1 = _measured_range(tl)
+    for i, name in enumerate(names, start=1):
+        side = tl.sides.get(name)
+        if side is None:
+            continue
+        end = side.end_s
+        _draw_bands(fig, side, i, end, min_width=0.02 * (x1 - x0))
+        fig.add_trace(go.Scatter(x=side.rss.t_s, y=[_mib(v) for v in side.rss.bytes], mode="lines",
+                                 line={"color": RSS_COLOR, "width": 1.5}, name="RSS, sampled every ~1 ms",
+                                 legendgroup="rss", showlegend=i == 1,
+                                 hovertemplate="%{x:.3f} s: %{y:.1f} MiB<extra>" + name + " RSS</extra>"),
+                      row=i, col=1)
+        _draw_step_peaks(fig, side, i, end)
+        if show_tracers:
+            for tracer, series in side.tracers.items():
+                color, dash = TRACER_STYLE.get(tracer, ("#888888", "dash"))
+                fig.add_trace(go.Scatter(x=series.t_s, y=[_mib(v) for v in series.bytes], mode="lines",
+                                         line={"color": color, "dash": dash, "width": 1.5, "shape": "hv"},
+                                         name=f"what {tracer} saw", legendgroup=tracer,
+                                         showlegend=not any(tracer in s.tracers for s in
+                                                            list(tl.sides.values())[:i - 1]),
+                                         hovertemplate="%{x:.3f} s: %{y:.1f} MiB<extra>" + tracer + "</extra>"),
+                              row=i, col=1)
+        if side.budget_bytes:
+            fig.add_hline(y=_mib(side.budget_bytes), line={"color": "#D62728", "dash": "dash", "width": 1.5},
+                          annotation_text=f"budget {_mib(side.budget_bytes):.0f} MiB",
+                          annotation_position="top right", row=i, col=1, exclude_empty_subplots=False)
+        if tl.killed_side == name:
+            fig.add_vline(x=side.rss.end_s or end, line={"color": "#D62728", "width": 2},
+                          annotation_text=f"killed in {tl.killed_in_step or 'an unknown step'}",
+                          annotation_position="bottom right", row=i, col=1, exclude_empty_subplots=False)
+        fig.update_yaxes(title_text="MiB above baseline", range=_y_range(tl, side, x0, x1), row=i, col=1)
+    fig.update_xaxes(range=[x0, x1])
+    fig.update_xaxes(title_text="seconds since the run started (zoom out to see set-up)", row=len(names), col=1)
+    fig.update_layout(title={"text": tl.title, "font": {"size": 14}}, height=260 + 230 * len(names),
+                      template="plotly_white", hovermode="x unified",
+                      legend={"orientation": "h", "yanchor": "bottom", "y": -0.25 if len(names) < 2 else -0.15})
+    return fig
+
+
+def _measured_range(tl: RunTimeline) -> tuple[float, float]:
+    """The time span worth looking at first: the steps (and the kill), with a margin on each side.
+
+    The samples also cover the set-up (building the batch, mapping the hand-off), which is not
+    what the run measures; the figure opens on the steps and the user can zoom out.
+    """
+    starts, ends = [], []
+    for side in tl.sides.values():
+        for b in side.bands:
+            starts.append(b.start_s)
+            ends.append(b.until(side.end_s))
+        if tl.killed_side == side.name and side.rss.end_s is not None:
+            ends.append(side.rss.end_s)
+    if not starts:
+        ts = [t for s in tl.sides.values() for t in s.rss.t_s]
+        return (min(ts), max(ts)) if ts else (0.0, 1.0)
+    lo, hi = min(starts), max(ends)
+    pad = 0.15 * (hi - lo) + 0.02
+    return lo - pad, hi + pad
+
+
+def _y_range(tl: RunTimeline, side: Any, x0: float, x1: float) -> list[float]:
+    """MiB range of everything drawn in the visible window, with room above for the step labels."""
+    values = [v for t, v in zip(side.rss.t_s, side.rss.bytes) if x0 <= t <= x1]
+    for series in side.tracers.values():
+        values += [v for t, v in zip(series.t_s, series.bytes) if x0 <= t <= x1]
+    values += [b.peak_bytes for b in side.bands if b.peak_bytes is not None]
+    if side.budget_bytes:
+        values.append(side.budget_bytes)
+    lo, hi = (min(values), max(values)) if values else (0, MiB)
+    lo_m, hi_m = min(0.0, lo / MiB), max(hi / MiB, 1.0)
+    return [lo_m - 0.05 * (hi_m - lo_m), hi_m + 0.35 * (hi_m - lo_m)]
+
+
+def _draw_bands(fig: go.Figure, side: Any, row: int, end: float, min_width: float) -> None:
+    for band in side.bands:
+        x1 = band.until(end)
+        fig.add_vrect(x0=band.start_s, x1=max(x1, band.start_s + 1e-4), fillcolor=_step_color(band.name),
+                      opacity=0.10 + 0.06 * min(band.depth, 3), line_width=0, layer="below", row=row, col=1,
+                      exclude_empty_subplots=False)
+        if x1 - band.start_s < min_width:
+            continue  # too narrow to label; its name is in the hover of its exact-peak line
+        fig.add_annotation(x=(band.start_s + x1) / 2, y=1.0 - 0.09 * band.depth, xref=f"x{row if row > 1 else ''}",
+                           yref=_yref(row), text=band.name + (" (unfinished)" if band.end_s is None else ""),
+                           showarrow=False, font={"size": 10, "color": _step_color(band.name)}, yanchor="top")
+
+
+def _draw_step_peaks(fig: go.Figure, side: Any, row: int, end: float) -> None:
+    xs: list[float | None] = []
+    ys: list[float | None] = []
+    text: list[str | None] = []
+    for band in side.bands:
+        if band.peak_bytes is None:
+            continue
+        x1 = band.until(end)
+        xs += [band.start_s, x1, None]
+        ys += [_mib(band.peak_bytes)] * 2 + [None]
+        text += [band.name] * 2 + [None]
+    if xs:
+        fig.add_trace(go.Scatter(x=xs, y=ys, text=text, mode="lines", name="exact step peak (VmHWM)",
+                                 line={"color": "#D62728", "width": 1, "dash": "dot"}, legendgroup="exact",
+                                 showlegend=row == 1,
+                                 hovertemplate="%{text}: exact peak %{y:.1f} MiB<extra></extra>"),
+                      row=row, col=1)
+
+
+def comparison_figure(results: Sequence[RunResult | dict[str, Any]]) -> go.Figure:
+    """Peak (sender, receiver), held, cycle-held and time per codec, one bar colour per transport."""
+    runs = [r if isinstance(r, RunResult) else RunResult.from_dict(r) for r in results]
+    panels = [("sender peak", lambda r: _side(r, "sender", "peak_bytes")),
+              ("receiver peak", lambda r: _side(r, "receiver", "peak_bytes")),
+              ("held", lambda r: _side(r, "sender", "held_bytes")),
+              ("cycle-held", lambda r: _side(r, "sender", "cycle_held_bytes")),
+              ("time (s)", lambda r: None if r.serialize_s is None and r.deserialize_s is None
+               else (r.serialize_s or 0.0) + (r.deserialize_s or 0.0))]
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[t for t, _ in panels])
+    transports = list(dict.fromkeys(r.transport for r in runs))
+    for ti, transport in enumerate(transports):
+        mine = [r for r in runs if r.transport == transport]
+        for ci, (title, get) in enumerate(panels, start=1):
+            values = [get(r) for r in mine]
+            is_time = title.startswith("time")
+            y = values if is_time else [_mib(v) for v in values]
+            custom = [f"{v / r.payload_bytes:.2f}x payload" if (v is not None and not is_time and r.payload_bytes)
+                      else r.outcome for v, r in zip(values, mine)]
+            fig.add_trace(go.Bar(x=[r.codec for r in mine], y=y, name=transport, legendgroup=transport,
+                                 showlegend=ci == 1, marker_color=STEP_COLORS[ti % len(STEP_COLORS)],
+                                 customdata=custom,
+                                 hovertemplate="%{x}: %{y:.2f}" + ("" if is_time else " MiB") +
+                                 " (%{customdata})<extra>" + transport + "</extra>"),
+                          row=1, col=ci)
+        fig.update_yaxes(title_text="MiB", row=1, col=1)
+    fig.update_layout(barmode="group", template="plotly_white", height=380, legend_title_text="transport",
+                      title={"text": "codecs compared (sender unless noted)", "font": {"size": 14}})
+    return fig
+
+
+def _side(r: RunResult, side: str, attr: str) -> Any:
+    s = r.sides.get(side)
+    return None if s is None else getattr(s, attr)
+
+
+def attribution_figure(result: RunResult | RunTimeline, *, kind: str = "table", max_rows: int = 20) -> go.Figure:
+    """memray's allocations live at the peak: ``kind="table"`` (largest first) or ``"icicle"``."""
+    rows = result.attribution
+    payload = result.payload_bytes
+    if not rows:
+        fig = go.Figure()
+        fig.add_annotation(text="no attribution rows: run with tracer='memray' to see who allocated the peak",
+                           showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
+        fig.update_layout(template="plotly_white", height=200, xaxis_visible=False, yaxis_visible=False)
+        return fig
+    if kind == "icicle":
+        return _icicle(rows)
+    rows = rows[:max_rows]
+    cells = [[f"{r['bytes'] / MiB:.1f}" for r in rows],
+             [f"{r['bytes'] / payload:.2f}x" if payload else "-" for r in rows],
+             [r.get("side", "") for r in rows], [r.get("step") or "(outside steps)" for r in rows],
+             ["<br>".join(r.get("stack", [])[:4]) for r in rows]]
+    fig = go.Figure(go.Table(columnwidth=[60, 60, 70, 100, 420],
+                             header={"values": ["MiB", "x payload", "side", "step", "stack (innermost first)"],
+                                     "align": "left", "fill_color": "#EEEEEE"},
+                             cells={"values": cells, "align": "left", "height": 24}))
+    fig.update_layout(template="plotly_white", height=120 + 70 * len(rows),
+                      title={"text": "allocations live at the peak (memray)", "font": {"size": 14}})
+    return fig
+
+
+def _icicle(rows: list[dict[str, Any]], frames: int = 6) -> go.Figure:
+    """peak -> side -> step -> the innermost ``frames`` frames (outer to inner), sized by bytes."""
+    totals: dict[tuple[str, ...], int] = {}
+    for r in rows:
+        path = ["live at the peak", r.get("side", "?"), r.get("step") or "(outside steps)"]
+        path += list(reversed(r.get("stack", [])[:frames]))
+        for k in range(1, len(path) + 1):
+            totals[tuple(path[:k])] = totals.get(tuple(path[:k]), 0) + int(r["bytes"])
+    ids = ["/".join(p) for p in totals]
+    parents = ["/".join(p[:-1]) for p in totals]
+    fig = go.Figure(go.Icicle(ids=ids, labels=[p[-1] for p in totals], parents=parents,
+                              values=list(totals.values()), branchvalues="total", tiling={"orientation": "v"},
+                              hovertemplate="%{label}<br>%{value:,} bytes<extra></extra>"))
+    fig.update_layout(template="plotly_white", height=520, margin={"t": 40, "l": 10, "r": 10, "b": 10},
+                      title={"text": "allocations live at the peak, by step and stack (memray)", "font": {"size": 14}})
+    return fig
+
+
+def stepthrough_figure(rows: Any, *, payload_bytes: int | None = None) -> go.Figure:
+    """Each executed line with bars for the memory it added and the time it took.
+
+    ``rows`` is a :class:`~picklescope.stepthrough.StepThrough`, its ``rows``, or their dicts.
+    """
+    if hasattr(rows, "rows"):
+        payload_bytes = payload_bytes or rows.payload_bytes
+        rows = rows.rows
+    items = [r if isinstance(r, dict) else vars(r) for r in rows]
+    labels = [f"{os.path.basename(r['filename'])}:{r['lineno']}  {'· ' * r['depth']}{r['source'][:60]}"
+              for r in items]
+    labels = [f"{lab} [{i}]" if labels.count(lab) > 1 else lab for i, lab in enumerate(labels)]
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.02, column_widths=[0.6, 0.4],
+                        subplot_titles=["memory added (MiB)", "time (ms)"])
+    added = [_mib(r["added_bytes"]) for r in items]
+    text = [f"{r['added_bytes'] / payload_bytes:.2f}x" if payload_bytes else "" for r in items]
+    fig.add_trace(go.Bar(y=labels, x=added, orientation="h", marker_color="#E45756", text=text, name="added",
+                         textposition="auto", customdata=[[r["hits"], _mib(r["peak_bytes"])] for r in items],
+                         hovertemplate="%{y}<br>added %{x:.1f} MiB, hits %{customdata[0]}, "
+                                       "peak %{customdata[1]:.1f} MiB<extra></extra>"), row=1, col=1)
+    fig.add_trace(go.Bar(y=labels, x=[r["time_s"] * 1000 for r in items], orientation="h", name="time",
+                         marker_color="#4C78A8", hovertemplate="%{y}<br>%{x:.2f} ms<extra></extra>"), row=1, col=2)
+    fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(labels)), tickfont={"family": "monospace"},
+                     row=1, col=1)
+    fig.update_layout(template="plotly_white", showlegend=False, height=140 + 22 * len(items),
+                      margin={"l": 10}, title={"text": "line by line", "font": {"size": 14}})
+    return fig

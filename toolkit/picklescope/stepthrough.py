@@ -1,0 +1,313 @@
+"""Step through any ``__getstate__`` / ``__setstate__`` line by line, with exact memory per line.
+
+The question this answers: *which line* of a serialization method costs the memory? A run's steps
+say "consolidate added 1.0x payload"; the step-through says it was line 129,
+``b.batch.contiguous().consolidate()``, and that no other line added anything. It works on any
+function, not only the toolkit's codecs: a real verl ``DataProto.__getstate__``, a class of your own,
+or a candidate patch in a file.
+
+Python API::
+
+    from picklescope.stepthrough import stepthrough
+
+    st = stepthrough(codec="numpy-legacy")                      # the codec's __getstate__
+    st = stepthrough(codec="numpy", method="__setstate__")      # ... or its __setstate__
+    st = stepthrough(function="verl.protocol:DataProto.__getstate__", sys_path=[verl_dir])
+    st = stepthrough(function="my_patch.py:getstate")          # a plain function taking the batch
+    st.rows          # list[LineRow]: depth, function, filename, lineno, source, hits, time_s,
+                     #                added_bytes, retained_bytes, peak_bytes (above the baseline)
+    st.culprit()     # the line that carries the largest memory cost (the deepest one that does);
+                     # a line's cost is its largest single rise or, if more, what all its hits kept
+    st.to_dict()     # plain data; StepThrough.from_dict() reads it back
+
+How the target is called, in a fresh child process (from the warm forkserver), on the workload's
+batch (``workload``/``scale``, default flowgrpo x0.25):
+
+- ``codec=NAME``: ``codec.getstate(batch)``; for ``__setstate__``, ``codec.setstate(Batch(), state)``
+  with the state its ``getstate`` produced, sent through ``transport`` first (default
+  ``pickle5-oob``, as Ray does), all before tracing starts.
+- ``function="module:Class.method"`` (or ``"path/file.py:Class.method"``): an instance of ``Class``
+  is built over the batch's three parts (``Class(batch=..., non_tensor_batch=..., meta_info=...)``,
+  else an empty instance given those attributes); ``__getstate__`` is called on it; for
+  ``__setstate__`` the state comes from the same class's ``__getstate__``.
+- ``function="module:func"``: a plain function; for ``__getstate__`` it gets the toolkit's
+  :class:`~picklescope.batch.Batch` (it has ``batch``, ``non_tensor_batch`` and ``meta_info`` like
+  ``DataProto``); for ``__setstate__`` it gets an empty ``Batch`` and the state ``codec`` (default
+  ``numpy``) produced.
+
+Traced lines: the target's, and those of every function it reaches from the same top-level package
+(plus ``expand``; see :mod:`picklescope.linetrace`). Memory figures come from the kernel
+(``VmHWM``, reset at every line boundary); times include the tracer's own cost, which grows with
+the number of lines run, so compare times only between lines of the same step-through.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import inspect
+import json
+import os
+import pickle
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from .errors import PicklescopeError
+from .linetrace import LineRow, LineTracer
+
+METHODS = {"__getstate__": "__getstate__", "getstate": "__getstate__",
+           "__setstate__": "__setstate__", "setstate": "__setstate__"}
+DEFAULT_TIMEOUT_S = 900.0
+
+
+@dataclass
+class StepThrough:
+    """Every executed line of one ``__getstate__`` / ``__setstate__``, with its cost."""
+
+    target: str
+    method: str
+    workload: str
+    scale: float
+    payload_bytes: int
+    rows: list[LineRow] = field(default_factory=list)
+    baseline_bytes: int | None = None
+    peak_bytes: int | None = None  # exact peak over the whole call, above the baseline
+    outcome: str = "ok"  # ok | error | timeout
+    error: str | None = None
+    traceback: str | None = None
+    wall_s: float | None = None
+
+    def culprit(self, share: float = 0.9) -> LineRow | None:
+        """The line that carries the largest cost (:attr:`LineRow.cost_bytes`): among lines within
+        ``share`` of the largest, the deepest (a caller's line includes its callees' cost)."""
+        if not self.rows:
+            return None
+        top = max(r.cost_bytes for r in self.rows)
+        if top <= 0:
+            return None
+        near = [r for r in self.rows if r.cost_bytes >= share * top]
+        return max(near, key=lambda r: (r.depth, r.cost_bytes))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self, **kw: Any) -> str:
+        return json.dumps(self.to_dict(), **kw)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StepThrough:
+        known = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in known}
+        row_fields = {f.name for f in fields(LineRow)}
+        kw["rows"] = [LineRow(**{k: v for k, v in r.items() if k in row_fields}) for r in d.get("rows", [])]
+        return cls(**kw)
+
+
+def _method(method: str) -> str:
+    if method not in METHODS:
+        raise PicklescopeError(f"unknown method {method!r}", "use __getstate__ or __setstate__")
+    return METHODS[method]
+
+
+def stepthrough(
+    function: str | None = None,
+    *,
+    codec: str | None = None,
+    method: str = "__getstate__",
+    workload: str = "flowgrpo",
+    scale: float = 0.25,
+    transport: str = "pickle5-oob",
+    sys_path: list[str] | tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    plugins: list[str] | None = None,
+    expand: list[str] | tuple[str, ...] = (),
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> StepThrough:
+    """Run ``function`` (``"module:qualname"``) or ``codec``'s method line by line in a child process.
+
+    Returns a :class:`StepThrough` in every case; bad input (unknown codec, workload, method, a
+    missing target) raises :class:`~picklescope.errors.PicklescopeError`.
+    """
+    from . import launcher
+    from .codecs import get_codec
+    from .plugins import load_plugins
+    from .transports import get_transport
+    from .workloads import check_scale, load_workload
+
+    if function is None and codec is None:
+        raise PicklescopeError("nothing to step through",
+                               "give a codec (--codec) or a function (--function module:qualname)")
+    method = _method(method)
+    if function is not None and function.rsplit(".", 1)[-1] in ("__getstate__", "__setstate__"):
+        method = function.rsplit(".", 1)[-1]
+    plugins = [str(p) for p in plugins or []]
+    load_plugins(plugins)
+    if codec is not None:
+        get_codec(codec)
+    if function is not None and ":" not in function:
+        raise PicklescopeError(f"function {function!r} is not module:qualname",
+                               "e.g. verl.protocol:DataProto.__getstate__")
+    get_transport(transport)
+    check_scale(scale)
+    spec = load_workload(workload)
+    result = StepThrough(target=function or f"{codec} codec", method=method, workload=spec.name, scale=scale,
+                         payload_bytes=spec.payload_bytes(scale))
+    cfg = {"function": function, "codec": codec, "method": method, "workload": spec.source or spec.name,
+           "scale": scale, "transport": transport, "sys_path": list(sys_path), "env": dict(env or {}),
+           "plugins": plugins, "expand": list(expand)}
+    t0 = time.monotonic()
+    proc, conn = launcher.start(_child_main, (cfg,), "picklescope-stepthrough")
+    try:
+        msg = conn.recv() if conn.poll(timeout_s) else None
+    except (EOFError, OSError):
+        msg = None
+    finally:
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=5)
+        conn.close()
+    result.wall_s = time.monotonic() - t0
+    if msg is None:
+        result.outcome = "timeout" if proc.exitcode is None or result.wall_s >= timeout_s else "error"
+        result.error = (f"no answer within {timeout_s:g} s" if result.outcome == "timeout"
+                        else f"the step-through process ended without a result (exit code {proc.exitcode})")
+        return result
+    result.rows = [LineRow(**r) for r in msg.get("rows", [])]
+    result.baseline_bytes, result.peak_bytes = msg.get("baseline_bytes"), msg.get("peak_bytes")
+    result.target = msg.get("target") or result.target
+    if msg.get("error"):
+        result.outcome, result.error, result.traceback = "error", msg["error"], msg.get("traceback")
+    return result
+
+
+# -- inside the child -------------------------------------------------------------------------------
+def _transported(state: Any, transport: str) -> Any:
+    """The state as a receiver gets it: through pickle, out-of-band buffers kept out of band."""
+    if transport == "pickle5-oob":
+        buffers: list[pickle.PickleBuffer] = []
+        data = pickle.dumps(state, protocol=5, buffer_callback=buffers.append)
+        return pickle.loads(data, buffers=buffers)
+    return pickle.loads(pickle.dumps(state, protocol=4))
+
+
+def _resolve(function: str) -> tuple[Any, Any]:
+    """(owner, attribute) for ``module:qualname``; the module part may be a ``.py`` file."""
+    from .plugins import load_plugin
+
+    module_name, _, qualname = function.partition(":")
+    if module_name.endswith(".py") or os.path.isfile(module_name):
+        owner: Any = load_plugin(module_name)
+    else:
+        owner = importlib.import_module(module_name)
+    parts = qualname.split(".")
+    for part in parts[:-1]:
+        owner = getattr(owner, part)
+    return owner, getattr(owner, parts[-1])
+
+
+def _instance(cls: type, b: Any) -> Any:
+    """An instance of ``cls`` over the batch's parts (no tensor copied)."""
+    from .batch import Batch
+
+    if isinstance(cls, type) and issubclass(cls, Batch):
+        return b
+    parts = {"batch": b.batch, "non_tensor_batch": b.non_tensor_batch, "meta_info": b.meta_info}
+    try:
+        return cls(**parts)
+    except TypeError:
+        obj = cls.__new__(cls)
+        obj.__dict__.update(parts)
+        return obj
+
+
+def _code_of(fn: Any) -> Any:
+    fn = inspect.unwrap(getattr(fn, "__func__", fn))
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        raise PicklescopeError(f"{fn!r} is not a Python function", "step through a function written in Python")
+    return code
+
+
+def _prepare(cfg: dict[str, Any], b: Any) -> tuple[Callable[[], Any], Any, str, set[str]]:
+    """(zero-argument call, code object to trace, label, packages to expand) for the configured target."""
+    from .batch import Batch
+    from .codecs import get_codec
+
+    setstate = cfg["method"] == "__setstate__"
+    if cfg["function"] is None:
+        c = get_codec(cfg["codec"])
+        prepare = getattr(c, "prepare", None)
+        if prepare is not None:
+            prepare()
+        fn = c.setstate if setstate else c.getstate
+        label = f"{cfg['codec']} codec: {type(c).__module__}:{type(c).__qualname__}.{fn.__name__}"
+        if setstate:
+            state = _transported(c.getstate(b), cfg["transport"])
+            fresh = Batch()
+            return (lambda: fn(fresh, state)), _code_of(fn), label, {"picklescope"}
+        return (lambda: fn(b)), _code_of(fn), label, {"picklescope"}
+    owner, fn = _resolve(cfg["function"])
+    package = str(getattr(inspect.unwrap(getattr(fn, "__func__", fn)), "__module__", "") or "").split(".")[0]
+    label = cfg["function"]
+    if isinstance(owner, type):
+        obj = _instance(owner, b)
+        if setstate:
+            state = _transported(obj.__getstate__(), cfg["transport"])
+            fresh = owner.__new__(owner)
+            return (lambda: fn(fresh, state)), _code_of(fn), label, {package}
+        return (lambda: fn(obj)), _code_of(fn), label, {package}
+    if setstate:
+        state = _transported(get_codec(cfg["codec"] or "numpy").getstate(b), cfg["transport"])
+        fresh = Batch()
+        return (lambda: fn(fresh, state)), _code_of(fn), label, {package}
+    return (lambda: fn(b)), _code_of(fn), label, {package}
+
+
+def _trim_heap() -> None:
+    """Give memory freed during set-up back to the OS (glibc keeps it resident for reuse otherwise).
+
+    Without this, a traced line that allocates can land in pages the set-up already made resident
+    (building the batch frees temporaries), and RSS would not show what the line really needs.
+    """
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _child_main(conn: Any, cfg: dict[str, Any]) -> None:
+    """Build the batch and the target, trace one call, send the rows."""
+    from .plugins import load_plugins
+    from .workloads import load_workload
+
+    target = None
+    try:
+        for p in reversed(cfg["sys_path"]):
+            sys.path.insert(0, p)
+        os.environ.update(cfg["env"])
+        load_plugins(cfg["plugins"])
+        b = load_workload(cfg["workload"]).build(cfg["scale"])
+        call, code, target, expand = _prepare(cfg, b)
+        del b
+        gc.collect()
+        _trim_heap()
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, never raised
+        conn.send({"target": target, "error": f"setup failed: {type(exc).__name__}: {exc}",
+                   "traceback": traceback.format_exc(limit=20)})
+        return
+    tracer = LineTracer(expand | set(cfg["expand"]))
+    error = tb = None
+    try:
+        tracer.run(call, code)
+    except BaseException as exc:  # noqa: BLE001
+        error, tb = f"{type(exc).__name__}: {exc}", traceback.format_exc(limit=20)
+    rows = [asdict(r) for r in tracer.result_rows()]
+    conn.send({"target": target, "rows": rows, "baseline_bytes": tracer.baseline,
+               "peak_bytes": tracer.peak - tracer.baseline, "error": error, "traceback": tb})

@@ -1,0 +1,186 @@
+"""Every process of a Ray cluster we started, found and ended from the parent, whatever happened.
+
+``ray.init(address="local")`` in the driver starts gcs_server, raylet, a log monitor, an autoscaler
+monitor, dashboard and runtime-env agents and worker processes. A clean ``ray.shutdown()`` stops
+them, but a SIGKILLed driver cannot, and several of them outlive it. So the driver makes itself a
+session leader (``os.setsid``) before ``ray.init``: every Ray process inherits that session id
+(workers change their process group, not their session), and the parent, which never imports Ray,
+finds them by scanning ``/proc`` for the session, for descendants of the pids the driver reported,
+and for command lines naming the run's private Ray temp directory. Three independent nets, because
+a leftover raylet holds the object store's shared memory until it dies.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterable
+
+# Command-line fragments of the processes a Ray node runs (for diagnostics and for the tests'
+# "nothing left behind" check; the kill path never matches by name alone).
+RAY_PROCESS_MARKERS = (
+    "raylet", "gcs_server", "ray::", "default_worker.py", "log_monitor.py", "monitor.py",
+    "dashboard.py", "dashboard/agent.py", "runtime_env/agent", "setup_worker.py",
+)
+
+
+def _stat(pid: int) -> tuple[int, int, int] | None:
+    """(ppid, session id, start time in clock ticks) of ``pid``, or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    rest = data[data.rindex(b")") + 2:].split()  # the name may hold spaces and parentheses
+    return int(rest[1]), int(rest[3]), int(rest[19])
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _pids() -> list[int]:
+    return [int(n) for n in os.listdir("/proc") if n.isdigit()]
+
+
+def start_ticks(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot): guards against a reused pid."""
+    st = _stat(pid)
+    return None if st is None else st[2]
+
+
+def cluster_processes(session: int | None, not_before: int | None, known: Iterable[int] = (),
+                      temp_dir: str | None = None) -> set[int]:
+    """Live pids that belong to the cluster: same session, descendants of ``known``, or naming ``temp_dir``.
+
+    ``not_before`` (start ticks of the driver) excludes older processes that merely reuse a number.
+    """
+    me = os.getpid()
+    table: dict[int, tuple[int, int, int]] = {}
+    for pid in _pids():
+        st = _stat(pid)
+        if st is not None:
+            table[pid] = st
+    found: set[int] = set()
+    for pid, (_, sid, ticks) in table.items():
+        if pid == me or (not_before is not None and ticks < not_before) or _is_zombie(pid):
+            continue
+        if (session is not None and sid == session) or (temp_dir and temp_dir in _cmdline(pid)):
+            found.add(pid)
+    roots = {p for p in known if p in table} | found
+    changed = True
+    while changed:  # descendants of anything found so far
+        changed = False
+        for pid, (ppid, _, ticks) in table.items():
+            if pid not in roots and ppid in roots and pid != me and (not_before is None or ticks >= not_before):
+                roots.add(pid)
+                changed = True
+    return {pid for pid in roots if not _is_zombie(pid)}  # a zombie holds no memory; its parent reaps it
+
+
+def kill(pids: Iterable[int], wait_s: float = 10.0) -> list[int]:
+    """SIGKILL every pid and wait until they are gone; returns those that were still alive."""
+    alive = []
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            alive.append(pid)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            pass
+    deadline = time.monotonic() + wait_s
+    pending = set(alive)
+    while pending and time.monotonic() < deadline:
+        for pid in list(pending):
+            st = _stat(pid)
+            if st is None or _is_zombie(pid):
+                pending.discard(pid)
+        if pending:
+            time.sleep(0.02)
+    return alive
+
+
+def stop_all(scan: Callable[[], set[int]], rounds: int = 10) -> tuple[list[int], list[int]]:
+    """Freeze, then kill, everything ``scan()`` finds, until a scan finds nothing: (killed, remaining).
+
+    A raylet that loses its driver starts new workers, so a single scan-then-kill can miss a process
+    forked in between. SIGSTOP first freezes every process found (a frozen raylet forks nothing), a
+    rescan catches what was forked before the freeze, and only then does everything get SIGKILL.
+    """
+    frozen: set[int] = set()
+    for _ in range(rounds):
+        new = scan() - frozen
+        if not new:
+            break
+        for pid in new:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except (ProcessLookupError, PermissionError):
+                pass
+        frozen |= new
+    killed = kill(frozen)
+    remaining = sorted(scan())
+    for _ in range(rounds):
+        if not remaining:
+            break
+        killed += kill(remaining)
+        remaining = sorted(scan())
+    return killed, remaining
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return True
+    return data[data.rindex(b")") + 2:].split()[0] in (b"Z", b"X")
+
+
+def ray_processes_on_machine(exclude: Iterable[int] = ()) -> list[tuple[int, str]]:
+    """Every live (non-zombie) process on the machine whose command line looks like Ray's."""
+    skip = set(exclude) | {os.getpid()}
+    out = []
+    for pid in _pids():
+        if pid in skip or _is_zombie(pid):
+            continue
+        cmd = _cmdline(pid)
+        if cmd and any(m in cmd for m in RAY_PROCESS_MARKERS) and "ray" in cmd:
+            out.append((pid, cmd[:200]))
+    return out
+
+
+def plasma_file(raylet_pid: int) -> str | None:
+    """``/proc/<raylet>/fd/<n>`` of the shared-memory file that backs the object store, if found.
+
+    Plasma creates the file in ``/dev/shm`` (or its fallback directory) and unlinks it at once, so it
+    is only reachable through the raylet's open descriptor.
+    """
+    fd_dir = f"/proc/{raylet_pid}/fd"
+    try:
+        names = os.listdir(fd_dir)
+    except OSError:
+        return None
+    for n in names:
+        try:
+            target = os.readlink(os.path.join(fd_dir, n))
+        except OSError:
+            continue
+        if "plasma" in os.path.basename(target):
+            return os.path.join(fd_dir, n)
+    return None
+
+
+def raylet_serving(socket_name: str) -> int | None:
+    """Pid of the raylet on this machine that serves ``socket_name`` (a cluster we joined)."""
+    for pid in _pids():
+        cmd = _cmdline(pid)
+        if "raylet" in cmd and f"--raylet_socket_name={socket_name}" in cmd:
+            return pid
+    return None

@@ -1,0 +1,20 @@
+"""Real verl, side by side: installed versions, codecs that run its DataProto, candidate patches.
+
+Nothing here imports verl in the calling process. verl is imported only inside fresh child
+processes (:mod:`picklescope.verl.loader`), one version per process, so a notebook kernel never pays
+its ~5 s / ~360 MiB import and two versions never mix.
+
+- :mod:`~picklescope.verl.envs`: ``picklescope verl install`` (one folder per version or checkout)
+- :mod:`~picklescope.verl.codec`: the ``verl-<version>:<mode>`` codecs
+- :mod:`~picklescope.verl.matrix`: what each real codec can carry (round trip per leaf kind)
+- :mod:`~picklescope.verl.blobs` / :mod:`~picklescope.verl.blobinfo`: reference blobs, ``inspect``
+- :mod:`~picklescope.verl.loader`: the child side (one verl on the path, patch, instrumentation)
+- :mod:`~picklescope.verl.confirm` (+ ``confirm_text``, ``stepview``): baseline vs candidate, side by side
+- :mod:`~picklescope.verl.emit`: a regression test for the verl repository, run both ways
+"""
+
+from __future__ import annotations
+
+from .envs import VerlEnv, cache_root, get_env, install_source, install_version, installed
+
+__all__ = ["VerlEnv", "cache_root", "get_env", "install_source", "install_version", "installed"]

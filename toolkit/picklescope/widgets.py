@@ -1,0 +1,276 @@
+"""The explorer: pick a codec, transport, workload, tracer, scale and budget, press run, watch.
+
+Every run goes through :func:`picklescope.run`, so the batch lives in two child processes and an
+out-of-memory kill (a budget, or the real OOM killer) ends a child, never the kernel. The run happens
+in a background thread so the kernel stays responsive; a second thread redraws the timeline about
+five times a second from what has streamed in (steps from the children's events, RSS from the
+parent's samples), updating the one :class:`plotly.graph_objects.FigureWidget` in place. Each
+finished run is appended to a comparison table, so switching codecs builds a side-by-side.
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+from typing import Any
+
+import ipywidgets as widgets
+
+from . import table
+from .codecs import CODECS
+from .errors import PicklescopeError
+from .live import LiveRun
+from .result import RunResult
+from .transports import TRANSPORTS
+from .units import fmt_bytes, parse_size
+from .workloads import available_workloads, load_workload
+
+REDRAW_S = 0.2
+DEFAULT_TRACER = "sampler"
+
+
+def tracer_names() -> list[str]:
+    """Every registered tracer, the always-on sampler first, then "all"."""
+    from .tracers import TRACERS
+
+    names = list(TRACERS.names())
+    return [DEFAULT_TRACER, *(n for n in names if n != DEFAULT_TRACER), "all"]
+
+
+def sync_figure(target: Any, source: Any) -> None:
+    """Make the FigureWidget ``target`` show ``source`` by updating it in place.
+
+    Traces keep their identity when the new figure has the same traces (names and types), so the
+    browser restyles instead of re-creating the plot; otherwise they are replaced.
+    """
+    same = [(t.type, t.name) for t in target.data] == [(t.type, t.name) for t in source.data]
+    if same:
+        with target.batch_update():
+            for old, new in zip(target.data, source.data):
+                old.update(new.to_plotly_json(), overwrite=True)
+            target.update_layout(source.layout.to_plotly_json(), overwrite=True)
+        return
+    target.data = ()
+    target.add_traces(list(source.data))
+    target.update_layout(source.layout.to_plotly_json(), overwrite=True)
+
+
+def results_html(results: list[RunResult], budgets: list[str]) -> str:
+    """The comparison table of every finished run, newest last, as an HTML table."""
+    if not results:
+        return "<i>No runs yet: press run.</i>"
+    rows = table.comparison_rows(results)
+    for i, (row, r, b) in enumerate(zip(rows, results, budgets), start=1):
+        row_head = {"#": i, "workload": f"{r.workload} x{r.scale:g}", "payload": fmt_bytes(r.payload_bytes),
+                    "budget": b, "tracer": r.tracer}
+        rows[i - 1] = {**row_head, **row}
+    cols = list(dict.fromkeys(k for row in rows for k in row))
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(row.get(c, '')))}</td>" for c in cols) + "</tr>" for row in rows
+    )
+    return f"<table class='picklescope-runs'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+class Explorer(widgets.VBox):
+    """Controls, a live timeline and a growing comparison table for isolated runs."""
+
+    def __init__(self, codec: str = "numpy", transport: str = "pickle5-oob", workload: str = "flowgrpo",
+                 scale: float = 0.1, budget: float = 0.0, tracer: str = DEFAULT_TRACER,
+                 plugins: list[str] | None = None) -> None:
+        import plotly.graph_objects as go
+
+        style = {"description_width": "110px"}
+        self.codec = widgets.Dropdown(options=CODECS.names(), value=codec, description="codec", style=style)
+        self.transport = widgets.Dropdown(options=TRANSPORTS.names(), value=transport, description="transport",
+                                          style=style)
+        self.workload = widgets.Dropdown(options=available_workloads(), value=workload, description="workload",
+                                         style=style)
+        self.tracer = widgets.Dropdown(options=tracer_names(), value=tracer, description="tracer", style=style)
+        self.scale = widgets.FloatLogSlider(value=scale, base=10, min=-3, max=0, step=0.05, description="scale",
+                                            readout_format=".3g", style=style)
+        self.budget = widgets.FloatSlider(value=budget, min=0.0, max=4.0, step=0.05, description="budget x payload",
+                                          readout_format=".2f", style=style,
+                                          tooltip="sender budget as a multiple of the payload; 0 = none")
+        self.button = widgets.Button(description="run", button_style="primary", icon="play")
+        self.clear_button = widgets.Button(description="clear table", icon="trash")
+        self.status = widgets.HTML("<i>ready</i>")
+        self.figure = go.FigureWidget()
+        self.table = widgets.HTML(results_html([], []))
+        self.results: list[RunResult] = []
+        self._budgets: list[str] = []
+        self.plugins = plugins  # codec files from %%picklescope_codec cells, loaded in every run's children
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.last_error: str | None = None
+        self.button.on_click(lambda _b: self.start())
+        self.clear_button.on_click(lambda _b: self.clear())
+        controls = [self.codec, self.transport, self.workload, self.tracer, self.scale, self.budget]
+        self._controls = [*controls, self.button, self.clear_button]
+        super().__init__([
+            widgets.HBox([widgets.VBox(controls[:3]), widgets.VBox(controls[3:])]),
+            widgets.HBox([self.button, self.clear_button, self.status]),
+            self.figure,
+            self.table,
+        ])
+
+    # -- running ---------------------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> threading.Thread | None:
+        """Start a run with the current settings in the background; None if one is already going."""
+        with self._lock:
+            if self.running:
+                self.status.value = "<b>a run is already going</b>: wait for it to finish"
+                return None
+            self.refresh_codecs()
+            settings = self.settings()
+            self._set_busy(True, settings)
+            self._thread = threading.Thread(target=self._run, args=(settings,), name="picklescope-explorer",
+                                            daemon=True)
+            self._thread.start()
+            return self._thread
+
+    def run_with(self, **settings: Any) -> threading.Thread | None:
+        """Set controls by name (``codec="numpy-legacy"``, ``budget=0.5``...) and press run."""
+        for name, value in settings.items():
+            control = getattr(self, name, None)
+            if not isinstance(control, widgets.ValueWidget) or control not in self._controls:
+                raise PicklescopeError(f"the explorer has no control {name!r}",
+                                       "use codec, transport, workload, tracer, scale or budget")
+            control.value = value
+        return self.start()
+
+    def refresh_codecs(self) -> None:
+        """Offer codecs registered since the explorer was made (a %%picklescope_codec cell)."""
+        names = CODECS.names()
+        if list(self.codec.options) != names:
+            value = self.codec.value
+            self.codec.options = names
+            self.codec.value = value if value in names else names[0]
+
+    def wait(self, timeout: float | None = None) -> RunResult | None:
+        """Block until the current run (if any) finishes; returns the newest finished result."""
+        t = self._thread
+        if t is not None:
+            t.join(timeout)
+        return self.results[-1] if self.results else None
+
+    def settings(self) -> dict[str, Any]:
+        return {"codec": self.codec.value, "transport": self.transport.value, "workload": self.workload.value,
+                "scale": float(self.scale.value), "budget": float(self.budget.value), "tracer": self.tracer.value}
+
+    def _run_kwargs(self, s: dict[str, Any]) -> dict[str, Any]:
+        """Keyword arguments for ``run`` beyond codec, transport, workload and scale."""
+        kw: dict[str, Any] = {}
+        if s["budget"] > 0:
+            kw["budget"] = f"{s['budget']:g}x"
+        if s["tracer"] != DEFAULT_TRACER:
+            kw["tracer"] = s["tracer"]
+        if self.plugins:
+            kw["plugins"] = list(self.plugins)
+        return kw
+
+    def _run(self, s: dict[str, Any]) -> None:
+        stop = threading.Event()
+        try:
+            spec = load_workload(s["workload"])
+            payload = spec.payload_bytes(s["scale"])
+            kw = self._run_kwargs(s)
+            budget = parse_size(kw["budget"]).resolve(payload) if "budget" in kw else None
+            live = LiveRun.for_run(s["codec"], s["transport"], spec.name, s["scale"], payload,
+                                   budgets={"sender": budget})
+            redraw = threading.Thread(target=self._redraw_loop, args=(live, stop, s), daemon=True)
+            redraw.start()
+            from .runner import run
+
+            result = run(s["codec"], s["transport"], s["workload"], s["scale"], on_event=live.on_event,
+                         on_sample=live.on_sample, **kw)
+            stop.set()
+            redraw.join()
+            self.results.append(result)
+            self._budgets.append(kw.get("budget", "none"))
+            self._draw(result)
+            self.table.value = results_html(self.results, self._budgets)
+            self.last_error = None
+            self.status.value = self._verdict(result)
+        except PicklescopeError as exc:
+            self.last_error = str(exc)
+            self.status.value = f"<b>cannot run</b>: {html.escape(str(exc))}"
+        except Exception as exc:  # noqa: BLE001 - a widget callback must report, not vanish into a log
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            self.status.value = f"<b>error</b>: {html.escape(self.last_error)}"
+        finally:
+            stop.set()
+            self._set_busy(False)
+
+    def _redraw_loop(self, live: LiveRun, stop: threading.Event, s: dict[str, Any]) -> None:
+        seen = -1
+        while not stop.wait(REDRAW_S):
+            if live.version == seen:
+                continue
+            seen = live.version
+            snap = live.snapshot()
+            try:
+                self._draw(snap)
+            except Exception:  # noqa: BLE001 - a partial frame that cannot be drawn waits for the next one
+                continue
+            self.status.value = self._progress(snap, s)
+
+    def _draw(self, result: RunResult) -> None:
+        from .figures import timeline_figure
+
+        sync_figure(self.figure, timeline_figure(result))
+
+    def _set_busy(self, busy: bool, s: dict[str, Any] | None = None) -> None:
+        for c in self._controls:
+            c.disabled = busy
+        self.button.description = "running..." if busy else "run"
+        self.button.icon = "spinner" if busy else "play"
+        if busy and s:
+            self.status.value = (f"<i>starting {html.escape(s['codec'])} over {html.escape(s['transport'])} on "
+                                 f"{html.escape(s['workload'])} x{s['scale']:g}</i>")
+
+    @staticmethod
+    def _progress(r: RunResult, s: dict[str, Any]) -> str:
+        parts = []
+        for side in r.sides.values():
+            running = [st.name for st in side.steps if st.peak_bytes is None]
+            rss = side.timeline.rss_bytes[-1] - side.baseline_bytes if side.timeline.rss_bytes and \
+                side.baseline_bytes is not None else None
+            where = f"in {running[-1]}" if running else ("done" if side.peak_bytes is not None else "setting up")
+            parts.append(f"{side.name} {where} ({fmt_bytes(rss)})" if rss is not None else f"{side.name} {where}")
+        return f"<i>running {html.escape(s['codec'])}: {html.escape('; '.join(parts))}</i>"
+
+    @staticmethod
+    def _verdict(r: RunResult) -> str:
+        peak = r.sender.peak_bytes
+        mult = f" = {peak / r.payload_bytes:.2f}x payload" if peak is not None and r.payload_bytes else ""
+        text = f"<b>{html.escape(r.outcome)}</b>: {html.escape(r.codec)} sender peak {fmt_bytes(peak)}{mult}"
+        if r.killed_side:
+            text += f"; killed on the {html.escape(r.killed_side)} in step {html.escape(str(r.killed_in_step))}"
+            death = getattr(r, "memory_at_death_bytes", None)
+            budget = r.sides[r.killed_side].budget_bytes
+            if death is not None:
+                text += f" at {fmt_bytes(death)} above its baseline"
+            if budget is not None:
+                text += f" (budget {fmt_bytes(budget)})"
+            text += "; the kernel is still running"
+        if r.error and r.outcome != "oom-killed":
+            text += f" ({html.escape(r.error)})"
+        return text
+
+    def clear(self) -> None:
+        """Forget finished runs (the figure keeps showing the last one)."""
+        if self.running:
+            return
+        self.results.clear()
+        self._budgets.clear()
+        self.table.value = results_html([], [])
+
+
+def explore(**settings: Any) -> Explorer:
+    """Create an :class:`Explorer` (display it as a cell's last expression)."""
+    return Explorer(**settings)
