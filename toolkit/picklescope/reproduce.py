@@ -12,6 +12,7 @@ from typing import Any
 
 from .budget import plan as plan_limits
 from .codecs import CODECS
+from .errors import PicklescopeError
 from .procmem import machine_memory
 from .result import RunResult
 from .runner import run
@@ -140,9 +141,14 @@ def investigate(
     if ray if ray is not None else ray_available():
         from .transports_ray.matrix import cluster_rows
 
-        rows, inv.extra["ray_cluster"] = cluster_rows(workload, scale, codecs, ray_address=ray_address,
-                                                      progress=progress, **run_kw)
-        inv.results.extend(rows)
+        try:
+            rows, inv.extra["ray_cluster"] = cluster_rows(workload, scale, codecs, ray_address=ray_address,
+                                                          progress=progress, **run_kw)
+            inv.results.extend(rows)
+        except PicklescopeError:
+            raise  # the user's own input (an unreachable --ray-address) is theirs to fix
+        except Exception as exc:  # noqa: BLE001 - a cluster that fails to start must not lose the rest
+            inv.extra["ray_cluster"] = {"error": f"{type(exc).__name__}: {exc}"}
     btransport = BUDGET_TRANSPORT if BUDGET_TRANSPORT in transports else transports[0]
     if trace:
         traced = LEGACY if LEGACY in codecs else codecs[0]

@@ -97,7 +97,8 @@ def traceback_frames(tb: str) -> list[Frame]:
 def culprit(frames: list[Frame]) -> Frame | None:
     """The innermost frame in the code under test (a codec, verl, the user's), not in a library."""
     for fr in frames:
-        stdlib = (fr.file.startswith(_STDLIB) and "site-packages" not in fr.file) or fr.file.startswith("<")
+        stdlib = (fr.file.startswith(_STDLIB) and "site-packages" not in fr.file) or fr.file == "<string>" \
+            or fr.file.startswith("<frozen")  # the forkserver's bootstrap, not code under test
         if not stdlib and not any(part in fr.file for part in _LIBRARY_PARTS):
             return fr
     return frames[0] if frames else None

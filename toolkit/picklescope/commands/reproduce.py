@@ -89,6 +89,9 @@ def main(args: argparse.Namespace) -> int:
     payload = inv.extra.get("payload_bytes") or 0
     print(f"workload {inv.workload} x{inv.scale:g}: payload {fmt_bytes(payload)}")
     print(table.render(table.comparison_rows(matrix_results(inv))))
+    ray_error = (inv.extra.get("ray_cluster") or {}).get("error")
+    if ray_error:
+        print(f"ray rows: not measured, the local Ray cluster did not start ({ray_error})")
     budgeted = budgeted_results(inv)
     if budgeted:
         print()
