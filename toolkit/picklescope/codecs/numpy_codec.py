@@ -101,6 +101,12 @@ class NumpyCodec(Codec):
     def before_views(self, b: Batch) -> None:
         """Hook for the legacy codec's discarded copy; the fixed codec does nothing here."""
 
+    receive_step = "frombuffer"
+
+    def leaf_from_numpy(self, spec: tuple) -> torch.Tensor:
+        """Rebuild one received leaf (the receiver's copy happens here; a subclass may skip it)."""
+        return _leaf_from_numpy(spec)
+
     def decode(self, b: Batch, state: Any) -> None:
         kind = describe_state(state)
         if kind != "numpy":
@@ -109,8 +115,8 @@ class NumpyCodec(Codec):
         if leaves is not None:
             from tensordict import TensorDict
 
-            with step("frombuffer"):
-                tensors = {key: _leaf_from_numpy(spec) for key, spec in leaves.items()}
+            with step(self.receive_step):
+                tensors = {key: self.leaf_from_numpy(spec) for key, spec in leaves.items()}
             b.batch = TensorDict(tensors, batch_size=batch_size, device=device)
         b.non_tensor_batch = non_tensor
         b.meta_info = meta

@@ -12,14 +12,10 @@ interchangeable with verl's numpy mode.
 from __future__ import annotations
 
 import warnings
-from typing import Any
 
 import numpy as np
 import torch
 
-from ..batch import Batch
-from ..steps import step
-from .base import ModeMismatch, describe_state
 from .numpy_codec import SENDER_GAPS, NumpyCodec, _dtype_from_name
 
 
@@ -46,16 +42,7 @@ class NumpyZeroCopyCodec(NumpyCodec):
     verl_equivalent = "not in verl: a receiver that skips the bytearray copy of numpy mode"
     unsupported = SENDER_GAPS  # numpy mode's sender and nested rebuild; from_numpy takes empty buffers
 
-    def decode(self, b: Batch, state: Any) -> None:
-        kind = describe_state(state)
-        if kind != "numpy":
-            raise ModeMismatch(kind, self.name)
-        _, leaves, batch_size, device, non_tensor, meta = state
-        if leaves is not None:
-            from tensordict import TensorDict
+    receive_step = "from_numpy"
 
-            with step("from_numpy"):
-                tensors = {key: _leaf_view(spec) for key, spec in leaves.items()}
-            b.batch = TensorDict(tensors, batch_size=batch_size, device=device)
-        b.non_tensor_batch = non_tensor
-        b.meta_info = meta
+    def leaf_from_numpy(self, spec: tuple) -> torch.Tensor:
+        return _leaf_view(spec)
