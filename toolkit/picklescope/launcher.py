@@ -65,3 +65,25 @@ def start(target: Any, args: tuple, name: str) -> tuple[ChildProcess, Any]:
     p.start()
     child_end.close()
     return p, parent_end
+
+
+def call_once(target: Any, args: tuple, name: str, timeout_s: float, join_s: float = 5.0) -> tuple[Any, int | None]:
+    """Run ``target(child_conn, *args)`` in a warm child and wait for its one answer.
+
+    Returns (the message, or None if the child died or ``timeout_s`` passed; the child's exit code).
+    The child is always gone when this returns: joined, or killed if it outlived ``join_s``.
+    """
+    proc, conn = start(target, args, name)
+    msg = None
+    try:
+        if conn.poll(timeout_s):
+            msg = conn.recv()
+    except (EOFError, OSError):
+        msg = None
+    finally:
+        proc.join(timeout=join_s)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=5)
+        conn.close()
+    return msg, proc.exitcode

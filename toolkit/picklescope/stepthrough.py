@@ -160,22 +160,12 @@ def stepthrough(
            "scale": scale, "transport": transport, "sys_path": list(sys_path), "env": dict(env or {}),
            "plugins": plugins, "expand": list(expand)}
     t0 = time.monotonic()
-    proc, conn = launcher.start(_child_main, (cfg,), "picklescope-stepthrough")
-    try:
-        msg = conn.recv() if conn.poll(timeout_s) else None
-    except (EOFError, OSError):
-        msg = None
-    finally:
-        proc.join(timeout=5)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(timeout=5)
-        conn.close()
+    msg, exitcode = launcher.call_once(_child_main, (cfg,), "picklescope-stepthrough", timeout_s)
     result.wall_s = time.monotonic() - t0
     if msg is None:
-        result.outcome = "timeout" if proc.exitcode is None or result.wall_s >= timeout_s else "error"
+        result.outcome = "timeout" if exitcode is None or result.wall_s >= timeout_s else "error"
         result.error = (f"no answer within {timeout_s:g} s" if result.outcome == "timeout"
-                        else f"the step-through process ended without a result (exit code {proc.exitcode})")
+                        else f"the step-through process ended without a result (exit code {exitcode})")
         return result
     result.rows = [LineRow(**r) for r in msg.get("rows", [])]
     result.baseline_bytes, result.peak_bytes = msg.get("baseline_bytes"), msg.get("peak_bytes")

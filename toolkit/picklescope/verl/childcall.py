@@ -38,21 +38,10 @@ def _entry(conn: Any, dotted: str, kwargs: dict[str, Any], env: dict[str, str]) 
 def call(dotted: str, timeout_s: float = 600.0, env: dict[str, str] | None = None, **kwargs: Any) -> Any:
     """Run ``dotted(**kwargs)`` in a warm child; return its result or raise its error here."""
     child_env = {CACHE_ENV: str(cache_root()), **(env or {})}
-    proc, conn = launcher.start(_entry, (dotted, kwargs, child_env), f"picklescope-{dotted.rsplit('.', 1)[-1]}")
-    msg: dict[str, Any] | None = None
-    try:
-        if conn.poll(timeout_s):
-            msg = conn.recv()
-    except (EOFError, OSError):
-        msg = None
-    finally:
-        proc.join(timeout=10)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(timeout=5)
-        conn.close()
+    msg, exitcode = launcher.call_once(_entry, (dotted, kwargs, child_env),
+                                       f"picklescope-{dotted.rsplit('.', 1)[-1]}", timeout_s, join_s=10)
     if msg is None:
-        raise PicklescopeError(f"the child running {dotted} ended without an answer (exit code {proc.exitcode})",
+        raise PicklescopeError(f"the child running {dotted} ended without an answer (exit code {exitcode})",
                                "run again with less data; the machine may be short of memory")
     if msg["type"] == "error":
         if msg["picklescope"]:
