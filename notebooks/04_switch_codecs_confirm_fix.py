@@ -47,7 +47,7 @@ explorer
 # The same from code: one run with the current settings, waiting for it to finish.
 explorer.run_with(codec="numpy")
 explorer.wait()
-print(explorer.status.value)
+explorer.summary()  # the status line: rendered here, plain text in a terminal
 
 # %% [markdown]
 # ## 2. A candidate `__getstate__`, written in a cell

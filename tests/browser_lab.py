@@ -47,6 +47,18 @@ def browser_unavailable() -> str | None:
     return None
 
 
+def require_browser() -> None:
+    """Skip with the reason on a user's machine without a browser; fail under CI (it installs one)."""
+    import pytest
+
+    why = browser_unavailable()
+    if why is None:
+        return
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI must run the browser check, but {why}")
+    pytest.skip(why)
+
+
 def free_port() -> int:
     """A TCP port on the loopback address that nothing listens on right now."""
     with socket.socket() as s:

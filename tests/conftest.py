@@ -6,6 +6,9 @@ import os
 
 import pytest
 
+# After the last test: no process and no temporary of the session may be left (fails the session).
+from picklescope.pytest_leftovers import pytest_sessionfinish, pytest_sessionstart  # noqa: F401
+
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 

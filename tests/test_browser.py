@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
-from browser_lab import browser_unavailable, chromium, lab_server, leftover_processes  # noqa: E402
+from browser_lab import chromium, lab_server, leftover_processes, require_browser  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
@@ -43,16 +43,6 @@ KERNEL_READY_S = 120
 RUN_ALL_S = 240
 RUN_S = 180
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
-
-
-def require_browser() -> None:
-    """Skip with the reason on a user's machine without a browser; fail under CI."""
-    why = browser_unavailable()
-    if why is None:
-        return
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"CI must run the browser test, but {why}")
-    pytest.skip(why)
 
 
 @pytest.fixture

@@ -55,7 +55,8 @@ def test_timeline_figure_draws_sides_steps_and_each_tracer(traced_tiny):
     rss = [t for t in fig.data if t.name == "RSS, sampled every ~1 ms"]
     assert len(rss) == 2 and {t.yaxis for t in rss} == {"y", "y2"}  # two rows, one per side
     n_steps = sum(len(s.steps) for s in traced_tiny.sides.values())
-    assert len([sh for sh in fig.layout.shapes if sh.type == "rect"]) == n_steps
+    steps = [sh for sh in fig.layout.shapes if sh.type == "rect" and sh.name != figures.SETUP_NAME]
+    assert len(steps) == n_steps
     labels = {a.text for a in fig.layout.annotations}
     assert "consolidate" in labels or any("consolidate" in (t.text or ()) for t in fig.data if t.text)
     assert not any(sh.type == "line" and sh.line.color == "#D62728" and sh.y0 == sh.y1

@@ -32,9 +32,11 @@ def _run(ip, cell: str):
 
 def test_cell_beyond_its_budget_is_oom_killed_and_the_kernel_lives_on(ip, capsys):
     kernel_pid = os.getpid()
-    # 32 MiB per step, pages touched (np.ones), 12 steps: far past a 96 MiB budget
-    r = _run(ip, "%%picklescope --budget 96MiB\nparts = []\nfor i in range(12):\n"
-                 "    parts.append(np.ones(32 * 2**20 // 8))\nprint('survived', len(parts))\n")
+    # 256 MiB per step, pages touched (np.ones): the first step crosses the 96 MiB budget a third of the
+    # way in, so the kill lands while line 3 is still allocating even when the sampler is late by
+    # tens of milliseconds on a loaded machine (with 32 MiB steps a late kill could show line 2)
+    r = _run(ip, "%%picklescope --budget 96MiB\nparts = []\nfor i in range(4):\n"
+                 "    parts.append(np.ones(256 * 2**20 // 8))\nprint('survived', len(parts))\n")
     assert r.outcome == "oom-killed"
     assert r.killed_side == "cell" and r.killed_in_step == "cell"
     assert r.enforcement == "watchdog"

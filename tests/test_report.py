@@ -172,6 +172,18 @@ def test_names_from_user_input_are_escaped(reproduced):
         r.codec = "<img src=x onerror=alert(1)>"
         r.workload = evil
         r.error = evil if r.error else None
+        # what a plugin codec's exception and a killed child's stack can carry
+        r.original_error = evil if r.original_error else None
+        r.stack_at_death = f"{evil}\n{r.stack_at_death}" if r.stack_at_death else None
+        if r.extra.get("killed_at"):
+            r.extra["killed_at"] = evil
+        for entry in (r.tracers or {}).values():
+            if isinstance(entry, dict):
+                entry["reason"] = evil
+                entry["notes"] = [evil]
+        for side in r.sides.values():
+            for st in side.steps:
+                st.name = evil
     html = render(inv)
     assert evil not in html and "<img src=x" not in html
     assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in html
@@ -197,13 +209,9 @@ def test_out_folder_with_other_files_is_refused_before_any_run(tmp_path):
 def test_report_draws_offline_in_a_browser(reproduced, tmp_path):
     """With every non-file request blocked, each figure draws (plotly.js is inline)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from browser_lab import browser_unavailable, chromium
+    from browser_lab import chromium, require_browser
 
-    why = browser_unavailable()
-    if why is not None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI must run the browser check, but {why}")
-        pytest.skip(why)
+    require_browser()
     _, _, html, out = reproduced
     n_figs = len(parse(html).figures)
     attempted: list[str] = []

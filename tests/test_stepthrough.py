@@ -119,8 +119,10 @@ def test_a_candidate_patch_file_is_stepped_through(user_code):
 
 
 def test_failures_are_reported_not_raised():
-    st = stepthrough(function="no_such_module_here:f", workload="tiny", scale=1)
-    assert st.outcome == "error" and "ModuleNotFoundError" in st.error and not st.rows
+    st = stepthrough(function="json:loads", workload="tiny", scale=1)  # resolves, then fails when called
+    assert st.outcome == "error" and "TypeError" in st.error
+    with pytest.raises(PicklescopeError, match="cannot be imported"):  # a target that does not resolve
+        stepthrough(function="no_such_module_here:f", workload="tiny", scale=1)
     with pytest.raises(PicklescopeError):
         stepthrough()
     with pytest.raises(PicklescopeError):

@@ -231,6 +231,10 @@ def test_the_script_rewrites_the_shipped_blobs_from_the_real_package(verl_envs, 
     assert fresh["written_by"]["verl_protocol_sha256"] == shipped["written_by"]["verl_protocol_sha256"]
     for a, b in zip(fresh["blobs"], shipped["blobs"]):
         assert (a["file"], a["mode"], a["expected"]) == (b["file"], b["mode"], b["expected"])
+    from picklescope.verl.blobs import check_trusted
+
+    for a in fresh["blobs"]:  # picklescope's own output: recorded, so loading it needs no --trust
+        assert check_trusted(tmp_path / a["file"]) == (tmp_path / a["file"]).resolve()
 
 
 def test_a_candidate_that_breaks_old_blobs_is_caught(verl_envs, tmp_path):

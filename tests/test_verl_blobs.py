@@ -49,7 +49,8 @@ def test_describe_other_blobs(tmp_path):
     assert info.kind == "torch-zip" and info.mode == "torch"
 
 
-def test_trust_policy(tmp_path):
+def test_trust_policy(tmp_path, monkeypatch):
+    monkeypatch.setenv("PICKLESCOPE_CACHE", str(tmp_path / "cache"))  # a ledger of our own
     shipped = BLOB_DIR / "verl-0.9.0-numpy.pkl"
     assert check_trusted(shipped) == shipped.resolve()
     copy = tmp_path / "copy.pkl"
@@ -57,11 +58,18 @@ def test_trust_policy(tmp_path):
     with pytest.raises(PicklescopeError, match="refusing to unpickle"):
         check_trusted(copy)
     assert check_trusted(copy, trust=True) == copy.resolve()
-    # a folder picklescope wrote: its manifest lists the file with the same checksum
+    # a manifest next to it tells what it should contain, but vouches for nothing: anyone can write one
     m = read_manifest()
     entry = next(b for b in m["blobs"] if b["file"] == "verl-0.9.0-numpy.pkl")
     (tmp_path / "manifest.json").write_text(json.dumps({**m, "blobs": [{**entry, "file": "copy.pkl"}]}))
-    assert manifest_entry(copy) is not None and check_trusted(copy) == copy.resolve()
+    assert manifest_entry(copy) is not None
+    with pytest.raises(PicklescopeError, match="refusing to unpickle"):
+        check_trusted(copy)
+    # a file picklescope wrote itself (recorded with its checksum) is trusted while it is unchanged
+    from picklescope.trust import record_written
+
+    record_written([copy])
+    assert check_trusted(copy) == copy.resolve()
     copy.write_bytes(shipped.read_bytes() + b"\x00")  # changed after it was written: no longer trusted
     with pytest.raises(PicklescopeError, match="refusing"):
         check_trusted(copy)

@@ -50,19 +50,37 @@ class Limits:
     """The resolved budgets of one run and how they are enforced."""
 
     budgets: dict[str, int | None]  # bytes above each side's baseline; None: no budget
-    specs: dict[str, str | None]  # as given ("0.5x", "700MiB")
+    specs: dict[str, str | None]  # as given ("0.5x", "700MiB", "total:2 GiB")
     enforcement: str = "watchdog"
     note: str = ""  # why this enforcement (e.g. why not the cgroup that was asked for)
     cgroups: dict[str, str] = field(default_factory=dict)  # side -> cgroup directory (cgroup mode)
     guard_floor_bytes: int = 0  # the machine guard fires below this much available memory
+    # whole-process limits (``total:2GiB``): turned into ``budgets`` once each side's baseline is known
+    totals: dict[str, int | None] = field(default_factory=dict)
 
     @property
     def any(self) -> bool:
-        return any(b is not None for b in self.budgets.values())
+        return any(b is not None for b in [*self.budgets.values(), *self.totals.values()])
 
     def child_cfg(self) -> dict[str, Any]:
         """What a child needs to apply its own limit (cgroup and address-space modes)."""
-        return {"enforcement": self.enforcement, "budgets": dict(self.budgets), "cgroups": dict(self.cgroups)}
+        return {"enforcement": self.enforcement, "budgets": dict(self.budgets), "cgroups": dict(self.cgroups),
+                "totals": dict(self.totals)}
+
+    def arm_total(self, side: str, baseline_bytes: int) -> int | None:
+        """Turn a whole-process limit into a budget above the measured baseline.
+
+        Returns the budget, or ``None`` when the limit is at or below the baseline: the side cannot
+        even hold its batch under it, so a run would only report an instant kill that says nothing
+        about the codec (:class:`BudgetBelowBaseline` explains).
+        """
+        total = self.totals.get(side)
+        if total is None:
+            return self.budgets.get(side)
+        if total <= baseline_bytes:
+            return None
+        self.budgets[side] = total - baseline_bytes
+        return self.budgets[side]
 
     def cleanup(self) -> dict[str, dict[str, int]]:
         """Remove the run's cgroups (their processes have exited); returns their OOM counters."""
@@ -74,11 +92,25 @@ class Limits:
         return counters
 
 
-def _resolve(spec: Any, payload: int, what: str) -> tuple[int | None, str | None]:
+class BudgetBelowBaseline(PicklescopeError):
+    """A whole-process limit under what the side holds before its first measured step."""
+
+    def __init__(self, side: str, total: int, baseline: int) -> None:
+        super().__init__(
+            f"{side} budget total:{fmt_bytes(total)} is below the {side}'s baseline of {fmt_bytes(baseline)} "
+            "(interpreter, torch and the built batch, measured in the child before any step)",
+            f"give a total above {fmt_bytes(baseline)}, or a budget above the baseline like 0.5x or 200MiB",
+        )
+
+
+def _resolve(spec: Any, payload: int, what: str) -> tuple[int | None, str | None, int | None]:
+    """(bytes above baseline, the spec as text, whole-process bytes) of one side's budget."""
     if spec is None:
-        return None, None
+        return None, None, None
     size = spec if isinstance(spec, Size) else parse_size(spec, what)
-    return max(1, size.resolve(payload)), str(size)
+    if size.total:
+        return None, str(size), size.resolve(payload)
+    return max(1, size.resolve(payload)), str(size), None
 
 
 def check_machine(budgets: dict[str, int | None], machine: dict[str, int] | None = None) -> None:
@@ -115,13 +147,14 @@ def plan(budget: Any = None, receiver_budget: Any = None, payload: int = 0,
     """
     if enforcement not in ENFORCEMENTS:
         raise PicklescopeError(f"unknown enforcement {enforcement!r}", f"known: {', '.join(ENFORCEMENTS)}")
-    sb, ss = _resolve(budget, payload, "--budget")
-    rb, rs = _resolve(receiver_budget, payload, "--receiver-budget")
+    sb, ss, st = _resolve(budget, payload, "--budget")
+    rb, rs, rt = _resolve(receiver_budget, payload, "--receiver-budget")
     budgets = {"sender": sb, "receiver": rb}
-    check_machine(budgets)
+    totals = {"sender": st, "receiver": rt}
+    check_machine({s: budgets[s] if budgets[s] is not None else totals[s] for s in SIDES})
     mem = procmem.machine_memory()
     limits = Limits(budgets, {"sender": ss, "receiver": rs}, "watchdog",
-                    guard_floor_bytes=machine_reserve(mem["total"]) // 2)
+                    guard_floor_bytes=machine_reserve(mem["total"]) // 2, totals=totals)
     if enforcement == "watchdog":
         limits.note = "the parent samples each side and kills it with SIGKILL when it crosses its budget"
     elif enforcement == "address-space":
@@ -167,6 +200,11 @@ def apply_in_child(cfg: dict[str, Any], side: str) -> None:
     """
     limits = cfg.get("limits") or {}
     b = (limits.get("budgets") or {}).get(side)
+    total = (limits.get("totals") or {}).get(side)
+    if total is not None:  # whole-process limit: what is left above this side's baseline (taken just now)
+        b = total - procmem.rss()
+        if b <= 0:
+            return  # the parent refuses the run (BudgetBelowBaseline) and kills this side
     if b is None:
         return
     mode = limits.get("enforcement")
@@ -196,7 +234,8 @@ def lift_in_child(cfg: dict[str, Any]) -> None:
 def add_budget_args(p: Any) -> None:
     """``--budget``, ``--receiver-budget`` and ``--enforcement`` for a command that runs cases."""
     p.add_argument("--budget", default=None,
-                   help="sender memory budget above its baseline: bytes (700MiB, 1.5GiB) or a payload multiple (1.5x)")
+                   help="sender memory budget above its baseline: bytes (700MiB, 1.5GiB) or a payload multiple "
+                        "(1.5x); total:2GiB limits the whole process, as a container limit does")
     p.add_argument("--receiver-budget", default=None, help="receiver memory budget, same forms as --budget")
     p.add_argument("--enforcement", default="watchdog", choices=ENFORCEMENTS,
                    help="who enforces budgets: watchdog (default, SIGKILL from the parent), cgroup (the kernel's OOM "

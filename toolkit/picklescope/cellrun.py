@@ -31,6 +31,7 @@ from typing import Any
 from . import launcher, procmem, steps, tracers, verdicts
 from .budget import Limits, check_machine, machine_reserve
 from .errors import PicklescopeError
+from .leftovers import temp_name
 from .result import RunResult, Side, Step
 from .sampler import Sampler
 from .tracers import DEFAULT_TRACER, ChildContext, ChildTracing
@@ -122,6 +123,7 @@ def _fold(result: RunResult, open_steps: list[Step], errors: list[dict[str, Any]
         result.extra["import_errors"] = ev.get("import_errors", [])
     elif kind == "baseline":
         side.baseline_bytes = ev["baseline_bytes"]
+        side.baseline_s = ev.get("t_s")
     elif kind == "step_start":
         st = Step(ev["name"], ev["t_s"], None, None, None, depth=ev["depth"])
         side.steps.append(st)
@@ -175,7 +177,7 @@ def run_cell(code: str, *, imports: list[str] | tuple[str, ...] = (), variables:
                        sides={SIDE: side}, tracer=",".join(names))
     if budget_bytes is not None:
         result.enforcement, result.enforcement_note = limits.enforcement, limits.note
-    run_dir = tempfile.mkdtemp(prefix="picklescope-cell-", dir=_SHM)
+    run_dir = tempfile.mkdtemp(prefix=temp_name("picklescope-cell-"), dir=_SHM)
     t0 = time.monotonic()
     cfg = {"code": code, "imports": list(imports), "variables": blob, "run_dir": run_dir, "t0": t0,
            "tracers": names}

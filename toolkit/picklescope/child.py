@@ -20,6 +20,7 @@ from . import procmem, steps
 from .batch import set_active_codec
 from .budget import apply_in_child, lift_in_child
 from .codecs import get_codec
+from .errors import PicklescopeError
 from .plugins import load_plugins
 from .tracers.child import ChildTracing
 from .transports import get_transport
@@ -36,8 +37,11 @@ def _arm_stack_dump(cfg: dict[str, Any], side: str) -> Any:
 
 
 def _error_event(side: str, exc: BaseException) -> dict[str, Any]:
-    return {"type": "error", "side": side, "exc_type": type(exc).__name__, "message": str(exc),
-            "traceback": traceback.format_exc(limit=30)}
+    ev = {"type": "error", "side": side, "exc_type": type(exc).__name__, "message": str(exc),
+          "traceback": traceback.format_exc(limit=30)}
+    if isinstance(exc, PicklescopeError):  # the user's input, found where it is used: the parent raises it
+        ev["bad_input"] = [exc.problem, exc.hint]
+    return ev
 
 
 def _held(meter: steps.Meter) -> tuple[int, int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import pkgutil
+import re
 import sys
 import traceback
 from collections.abc import Sequence
@@ -34,8 +35,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_NEGATIVE = re.compile(r"^-\.?[0-9]")
+
+
+def _join_negative_values(argv: list[str]) -> list[str]:
+    """``--budget -1MiB`` -> ``--budget=-1MiB``.
+
+    argparse takes any token that starts with '-' and is not a plain number for an option, so a
+    negative size would fail as "expected one argument" instead of reaching the check that says
+    what is wrong with it. No option of ours starts with a digit, so the join is unambiguous.
+    """
+    out: list[str] = []
+    for tok in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and _NEGATIVE.match(tok):
+            out[-1] = f"{out[-1]}={tok}"
+        else:
+            out.append(tok)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _join_negative_values(list(sys.argv[1:] if argv is None else argv))
     debug = "--debug" in argv
     try:
         parser = build_parser()

@@ -7,7 +7,8 @@ all call these, so a figure looks the same wherever it appears.
 
 - :func:`timeline_figure`: one row per side on a shared time axis, RSS above the baseline in MiB,
   shaded and labelled step bands, the exact peak of each step, a budget line when one is set, and
-  each tracer's own view as its own trace. A killed run draws what it has, up to the kill.
+  each tracer's own view as its own trace. A killed run draws what it has, up to the kill. The
+  y axis starts at the baseline: the set-up before it is shaded and greyed, not part of the range.
 - :func:`comparison_figure`: peak, held, cycle-held and time per codec, grouped by transport.
 - :func:`attribution_figure`: the allocations live at the peak, as a table or an icicle.
 - :func:`stepthrough_figure`: the line-by-line step-through as a table with bars.
@@ -15,6 +16,7 @@ all call these, so a figure looks the same wherever it appears.
 
 from __future__ import annotations
 
+import html
 import os
 import zlib
 from collections.abc import Sequence
@@ -23,14 +25,19 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from . import steplabels
 from .result import RunResult
 from .timeline import RunTimeline
+from .units import fmt_bytes
 
 MiB = 1024**2
 STEP_COLORS = ["#4C78A8", "#F58518", "#54A24B", "#B279A2", "#E45756", "#72B7B2", "#EECA3B", "#9D755D"]
 TRACER_STYLE = {"memray": ("#7F3C8D", "dash"), "memray-native": ("#7F3C8D", "dash"),
                 "tracemalloc": ("#E68310", "dot"), "torch-profiler": ("#11A579", "dashdot")}
 RSS_COLOR = "#222222"
+SETUP_COLOR = "#AAAAAA"
+SETUP_NAME = "setup (before baseline)"
+LABEL_ROW = 0.085  # height of one row of step labels, as a fraction of the subplot's height
 
 
 def _mib(n: int | float | None) -> float | None:
@@ -39,6 +46,15 @@ def _mib(n: int | float | None) -> float | None:
 
 def _step_color(name: str) -> str:
     return STEP_COLORS[zlib.crc32(name.encode()) % len(STEP_COLORS)]
+
+
+def plain(text: str) -> str:
+    """Text from the user (workload, codec and step names, source lines) shown as it is written.
+
+    plotly renders a subset of HTML in every label (``<b>``, ``<a href>``, ``<br>``) and decodes
+    entities; escaping makes ``if a<b>c`` or a plugin named ``<b>x</b>`` read literally.
+    """
+    return html.escape(str(text), quote=False)
 
 
 def _yref(row: int) -> str:
@@ -64,12 +80,8 @@ def timeline_figure(result: RunResult | RunTimeline, *, show_tracers: bool = Tru
         if side is None:
             continue
         end = side.end_s
-        _draw_bands(fig, side, i, end, min_width=0.02 * (x1 - x0))
-        fig.add_trace(go.Scatter(x=side.rss.t_s, y=[_mib(v) for v in side.rss.bytes], mode="lines",
-                                 line={"color": RSS_COLOR, "width": 1.5}, name="RSS, sampled every ~1 ms",
-                                 legendgroup="rss", showlegend=i == 1,
-                                 hovertemplate="%{x:.3f} s: %{y:.1f} MiB<extra>" + name + " RSS</extra>"),
-                      row=i, col=1)
+        label_rows = _draw_bands(fig, side, i, end, window=(x0, x1))
+        _draw_rss(fig, side, i, (x0, x1))
         _draw_step_peaks(fig, side, i, end)
         if show_tracers:
             for tracer, series in side.tracers.items():
@@ -83,18 +95,19 @@ def timeline_figure(result: RunResult | RunTimeline, *, show_tracers: bool = Tru
                               row=i, col=1)
         if side.budget_bytes:
             fig.add_hline(y=_mib(side.budget_bytes), line={"color": "#D62728", "dash": "dash", "width": 1.5},
-                          annotation_text=f"budget {_mib(side.budget_bytes):.0f} MiB",
+                          annotation_text=budget_text(side.budget_bytes, p),
                           annotation_position="top right", row=i, col=1, exclude_empty_subplots=False)
         if tl.killed_side == name:
             fig.add_vline(x=side.rss.end_s or end, line={"color": "#D62728", "width": 2},
                           annotation_text=f"killed in {tl.killed_in_step or 'an unknown step'}",
                           annotation_position="bottom right", row=i, col=1, exclude_empty_subplots=False)
-        fig.update_yaxes(title_text="MiB above baseline", range=_y_range(tl, side, x0, x1), row=i, col=1)
+        fig.update_yaxes(title_text="MiB above baseline", range=_y_range(tl, side, x0, x1, label_rows),
+                         row=i, col=1)
     fig.update_xaxes(range=[x0, x1])
     fig.update_xaxes(title_text="seconds since the run started (zoom out to see set-up)", row=len(names), col=1)
-    fig.update_layout(title={"text": tl.title, "font": {"size": 14}}, height=260 + 230 * len(names),
+    fig.update_layout(title={"text": plain(tl.title), "font": {"size": 14}}, height=260 + 230 * len(names),
                       template="plotly_white", hovermode="x unified",
-                      legend={"orientation": "h", "yanchor": "bottom", "y": -0.25 if len(names) < 2 else -0.15})
+                      legend={"orientation": "h", "yanchor": "top", "y": -0.2 if len(names) < 2 else -0.1})
     return fig
 
 
@@ -119,30 +132,96 @@ def _measured_range(tl: RunTimeline) -> tuple[float, float]:
     return lo - pad, hi + pad
 
 
-def _y_range(tl: RunTimeline, side: Any, x0: float, x1: float) -> list[float]:
-    """MiB range of everything drawn in the visible window, with room above for the step labels."""
-    values = [v for t, v in zip(side.rss.t_s, side.rss.bytes) if x0 <= t <= x1]
+def budget_text(budget_bytes: int, payload_bytes: int | None) -> str:
+    """The budget line's label: the size in a unit that fits it, and the payload multiple."""
+    text = f"budget {fmt_bytes(budget_bytes)}"
+    return text + (f" ({budget_bytes / payload_bytes:.2f}x payload)" if payload_bytes else "")
+
+
+def _y_range(tl: RunTimeline, side: Any, x0: float, x1: float, label_rows: int = 3) -> list[float]:
+    """MiB range of the measured phase in the visible window, with room above for the step labels.
+
+    Samples before the side's baseline (set-up: the child still importing, building the batch or
+    mapping the hand-off) sit hundreds of MiB below zero; letting them set the range would squash
+    the steps into a sliver, so the axis starts at the baseline (or the measured phase's minimum,
+    when it dips below) and the set-up curve is clipped at the bottom. ``label_rows`` rows of step
+    labels get their own space above the highest value.
+    """
+    since = side.baseline_s if side.baseline_s is not None else float("-inf")
+    values = [v for t, v in zip(side.rss.t_s, side.rss.bytes) if x0 <= t <= x1 and t >= since]
     for series in side.tracers.values():
-        values += [v for t, v in zip(series.t_s, series.bytes) if x0 <= t <= x1]
+        values += [v for t, v in zip(series.t_s, series.bytes) if x0 <= t <= x1 and t >= since]
     values += [b.peak_bytes for b in side.bands if b.peak_bytes is not None]
     if side.budget_bytes:
         values.append(side.budget_bytes)
     lo, hi = (min(values), max(values)) if values else (0, MiB)
     lo_m, hi_m = min(0.0, lo / MiB), max(hi / MiB, 1.0)
-    return [lo_m - 0.05 * (hi_m - lo_m), hi_m + 0.35 * (hi_m - lo_m)]
+    span = hi_m - lo_m
+    labels = LABEL_ROW * label_rows + 0.02 if label_rows else 0.0
+    head = max(0.12, 1.05 * labels / (1.0 - labels))  # the labels' share of the axis, above the data
+    return [lo_m - 0.05 * span, hi_m + head * span]
 
 
-def _draw_bands(fig: go.Figure, side: Any, row: int, end: float, min_width: float) -> None:
+def _setup_cut(side: Any) -> int:
+    """Index of the first RSS sample taken at or after the baseline (0 when its time is unknown)."""
+    if side.baseline_s is None:
+        return 0
+    return next((k for k, t in enumerate(side.rss.t_s) if t >= side.baseline_s), len(side.rss.t_s))
+
+
+def _draw_rss(fig: go.Figure, side: Any, row: int, window: tuple[float, float]) -> None:
+    """The sampled RSS in black, its set-up part (before the baseline) shaded and drawn over in grey.
+
+    The set-up is named so that a curve climbing from far below zero reads as the child starting
+    up rather than as memory the steps gave back; it never sets the y range (see :func:`_y_range`).
+    The black trace keeps every sample, so the figure's data is the run's timeline as sampled.
+    """
+    t_s, ys = side.rss.t_s, [_mib(v) for v in side.rss.bytes]
+    fig.add_trace(go.Scatter(x=t_s, y=ys, mode="lines", line={"color": RSS_COLOR, "width": 1.5},
+                             name="RSS, sampled every ~1 ms", legendgroup="rss", showlegend=row == 1,
+                             hovertemplate="%{x:.3f} s: %{y:.1f} MiB<extra>" + side.name + " RSS</extra>"),
+                  row=row, col=1)
+    cut = _setup_cut(side)
+    if cut == 0:
+        return
+    fig.add_vrect(x0=t_s[0], x1=side.baseline_s, fillcolor=SETUP_COLOR, opacity=0.12, line_width=0,
+                  layer="below", name=SETUP_NAME, row=row, col=1, exclude_empty_subplots=False)
+    fig.add_trace(go.Scatter(x=t_s[:cut], y=ys[:cut], mode="lines", name=SETUP_NAME,
+                             line={"color": SETUP_COLOR, "width": 2.5}, legendgroup="setup", hoverinfo="skip",
+                             showlegend=not any(tr.name == SETUP_NAME for tr in fig.data)),
+                  row=row, col=1)
+    x0, x1 = window
+    if side.baseline_s - max(x0, t_s[0]) >= steplabels.text_width(SETUP_NAME, x1 - x0):
+        fig.add_annotation(x=side.baseline_s, y=0.02, xref=f"x{row if row > 1 else ''}", yref=_yref(row),
+                           text=SETUP_NAME, showarrow=False, xanchor="right", yanchor="bottom",
+                           font={"size": 10, "color": "#777777"})
+
+
+def _draw_bands(fig: go.Figure, side: Any, row: int, end: float, min_width: float = 0.0,
+                window: tuple[float, float] | None = None) -> int:
+    """Shade each step and label it; returns how many rows of labels it used.
+
+    Labels are laid out by :func:`picklescope.steplabels.place` so that short consecutive steps
+    (``pickle.dumps`` then ``handoff``) do not print over each other. Bands narrower than
+    ``min_width`` are not labelled (their names are in the hover of their exact-peak lines).
+    """
+    labels = []
     for band in side.bands:
         x1 = band.until(end)
         fig.add_vrect(x0=band.start_s, x1=max(x1, band.start_s + 1e-4), fillcolor=_step_color(band.name),
                       opacity=0.10 + 0.06 * min(band.depth, 3), line_width=0, layer="below", row=row, col=1,
                       exclude_empty_subplots=False)
-        if x1 - band.start_s < min_width:
-            continue  # too narrow to label; its name is in the hover of its exact-peak line
-        fig.add_annotation(x=(band.start_s + x1) / 2, y=1.0 - 0.09 * band.depth, xref=f"x{row if row > 1 else ''}",
-                           yref=_yref(row), text=band.name + (" (unfinished)" if band.end_s is None else ""),
-                           showarrow=False, font={"size": 10, "color": _step_color(band.name)}, yanchor="top")
+        if x1 - band.start_s >= min_width:
+            labels.append(steplabels.Label(band.name + (" (unfinished)" if band.end_s is None else ""),
+                                           band.start_s, x1, band.depth, key=band.name))
+    if window is None:
+        window = (min((lab.start for lab in labels), default=0.0), max((lab.end for lab in labels), default=1.0))
+    placed = steplabels.place(labels, *window)
+    for p in placed:
+        fig.add_annotation(x=p.x, y=1.0 - LABEL_ROW * p.row, xref=f"x{row if row > 1 else ''}", yref=_yref(row),
+                           text=plain(p.label.text), showarrow=False, yanchor="top",
+                           font={"size": 10, "color": _step_color(p.label.key)})
+    return steplabels.rows_used(placed)
 
 
 def _draw_step_peaks(fig: go.Figure, side: Any, row: int, end: float) -> None:
@@ -155,7 +234,7 @@ def _draw_step_peaks(fig: go.Figure, side: Any, row: int, end: float) -> None:
         x1 = band.until(end)
         xs += [band.start_s, x1, None]
         ys += [_mib(band.peak_bytes)] * 2 + [None]
-        text += [band.name] * 2 + [None]
+        text += [plain(band.name)] * 2 + [None]
     if xs:
         fig.add_trace(go.Scatter(x=xs, y=ys, text=text, mode="lines", name="exact step peak (VmHWM)",
                                  line={"color": "#D62728", "width": 1, "dash": "dot"}, legendgroup="exact",
@@ -183,7 +262,7 @@ def comparison_figure(results: Sequence[RunResult | dict[str, Any]]) -> go.Figur
             y = values if is_time else [_mib(v) for v in values]
             custom = [f"{v / r.payload_bytes:.2f}x payload" if (v is not None and not is_time and r.payload_bytes)
                       else r.outcome for v, r in zip(values, mine)]
-            fig.add_trace(go.Bar(x=[r.codec for r in mine], y=y, name=transport, legendgroup=transport,
+            fig.add_trace(go.Bar(x=[plain(r.codec) for r in mine], y=y, name=plain(transport), legendgroup=transport,
                                  showlegend=ci == 1, marker_color=STEP_COLORS[ti % len(STEP_COLORS)],
                                  customdata=custom,
                                  hovertemplate="%{x}: %{y:.2f}" + ("" if is_time else " MiB") +
@@ -253,7 +332,7 @@ def stepthrough_figure(rows: Any, *, payload_bytes: int | None = None) -> go.Fig
         payload_bytes = payload_bytes or rows.payload_bytes
         rows = rows.rows
     items = [r if isinstance(r, dict) else vars(r) for r in rows]
-    labels = [f"{os.path.basename(r['filename'])}:{r['lineno']}  {'· ' * r['depth']}{r['source'][:60]}"
+    labels = [plain(f"{os.path.basename(r['filename'])}:{r['lineno']}  {'· ' * r['depth']}{r['source'][:60]}")
               for r in items]
     labels = [f"{lab} [{i}]" if labels.count(lab) > 1 else lab for i, lab in enumerate(labels)]
     fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.02, column_widths=[0.6, 0.4],

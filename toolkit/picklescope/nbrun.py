@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import PicklescopeError
+from .leftovers import temp_name
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 KERNEL_NAME = "python3"
@@ -70,7 +71,7 @@ def execute(source: str | Path, out_ipynb: str | Path, parameters: dict[str, Any
     import papermill
 
     out = Path(out_ipynb)
-    with tempfile.TemporaryDirectory(prefix="picklescope-nb-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=temp_name("picklescope-nb-")) as tmp:
         src = Path(source)
         if src.suffix != ".ipynb":
             src = to_ipynb(src, Path(tmp) / (src.stem + ".ipynb"))

@@ -48,6 +48,7 @@ class Side:
     name: str
     pid: int | None = None
     baseline_bytes: int | None = None
+    baseline_s: float | None = None  # run time the baseline was taken: before it, set-up (not measured)
     peak_bytes: int | None = None  # exact (VmHWM) above baseline over the measured phase
     held_bytes: int | None = None  # still resident when the side finished
     cycle_held_bytes: int | None = None  # of which gc.collect() then freed (reference cycles)

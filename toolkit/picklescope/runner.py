@@ -19,6 +19,7 @@ from . import launcher, procmem, tracers, verdicts
 from .budget import plan as plan_limits
 from .codecs import get_codec
 from .errors import PicklescopeError
+from .leftovers import sweep_orphans, temp_name
 from .result import RunResult, Side, Step
 from .sampler import Sampler
 from .transports import get_transport
@@ -47,8 +48,9 @@ def _check_fits(payload: int) -> None:
 class _Run:
     """Bookkeeping of one run while its events arrive."""
 
-    def __init__(self, result: RunResult, on_event: EventHook | None) -> None:
+    def __init__(self, result: RunResult, on_event: EventHook | None, limits: Any = None) -> None:
         self.result = result
+        self.limits = limits
         self.on_event = on_event
         self.open_steps: dict[str, list[Step]] = {"sender": [], "receiver": []}
         self.done: dict[str, bool] = {"sender": False, "receiver": False}
@@ -63,6 +65,9 @@ class _Run:
             self.manifest = ev.pop("manifest")
         elif kind == "baseline":
             side.baseline_bytes = ev["baseline_bytes"]
+            side.baseline_s = ev.get("t_s")
+            if self.limits is not None and self.limits.totals.get(ev["side"]) is not None:
+                side.budget_bytes = self.limits.arm_total(ev["side"], ev["baseline_bytes"])
         elif kind == "step_start":
             st = Step(ev["name"], ev["t_s"], None, None, None, depth=ev["depth"])
             side.steps.append(st)
@@ -139,6 +144,9 @@ def run(
         get_codec(receiver_codec)
     get_transport(transport)
     check_scale(scale)
+    if not (isinstance(timeout_s, (int, float)) and timeout_s > 0 and timeout_s == timeout_s):
+        raise PicklescopeError(f"timeout_s {timeout_s!r} must be a positive number of seconds",
+                               f"use e.g. timeout_s=300 (default {DEFAULT_TIMEOUT_S:g})")
     spec = load_workload(workload)
     payload = spec.payload_bytes(scale)
     _check_fits(payload)
@@ -156,8 +164,9 @@ def run(
         side.budget_bytes = limits.budgets[name]
     if limits.any:
         result.enforcement, result.enforcement_note = limits.enforcement, limits.note
-    state = _Run(result, on_event)
-    run_dir = tempfile.mkdtemp(prefix="picklescope-", dir=SHM_DIR)
+    state = _Run(result, on_event, limits)
+    sweep_orphans()  # what a parent killed with SIGKILL could not remove (its pid is in the name)
+    run_dir = tempfile.mkdtemp(prefix=temp_name("picklescope-"), dir=SHM_DIR)  # creator pid: see leftovers.py
     result.extra["run_dir"] = run_dir  # removed when the run ends; kept here so tests can check
     t0 = time.monotonic()
     cfg = {"codec": codec, "transport": transport, "workload": spec.source or spec.name, "scale": scale,
@@ -171,8 +180,11 @@ def run(
     state.on_event = collector.hook(state.on_event)
     own_run = getattr(get_transport(transport), "run_sides", None)
     if own_run is not None:  # Ray, TransferQueue: the transport starts its receiver (an actor) and cleans up
-        return own_run(state, cfg, timeout_s=timeout_s, sample_interval_s=sample_interval_s, on_sample=on_sample,
-                       options=transport_options or {}, guard=guard, limits=limits)
+        ray_result = own_run(state, cfg, timeout_s=timeout_s, sample_interval_s=sample_interval_s,
+                             on_sample=on_sample, options=transport_options or {}, guard=guard, limits=limits)
+        guard.check_refused()
+        _raise_bad_setup(state)
+        return ray_result
 
     sampler = Sampler(t0, sample_interval_s)
     if on_sample:  # live views (the notebook explorer) see each RSS sample as it is taken
@@ -189,6 +201,10 @@ def run(
                 sampler.add(name, procs[name].pid)
             guard.add(name, procs[name].pid)
         _drive(state, procs, conns, t0 + timeout_s)
+    except BaseException:  # Ctrl-C (or a failure of ours): end the children now, not after their grace
+        for p in procs.values():
+            p.kill()
+        raise
     finally:
         sampler.stop()
         for name in procs:
@@ -209,6 +225,8 @@ def run(
         collector.collect(result, run_dir, t0, sampler.timelines)  # before the capture files go
         result.extra["sampler_priority"] = sampler.priority  # realtime / raised / normal: see sampler.py
         shutil.rmtree(run_dir, ignore_errors=True)
+    guard.check_refused()  # a whole-process limit under the side's baseline: bad input, nothing measured
+    _raise_bad_setup(state)
     for name, tl in sampler.timelines.items():
         result.sides[name].timeline = tl
     _finish(state)
@@ -255,6 +273,15 @@ def _drive(state: _Run, procs: dict[str, Any], conns: dict[str, Any], deadline: 
                     pass
                 if not state.done[name]:
                     return
+
+
+def _raise_bad_setup(state: _Run) -> None:
+    """A child that refused the user's input while setting up (a verl that does not import, a plugin
+    that fails in the child) raises the same one-line error here, after the run's processes are gone:
+    nothing was measured, so there is no result to return."""
+    for ev in state.errors:
+        if ev.get("phase") == "setup" and ev.get("bad_input"):
+            raise PicklescopeError(*ev["bad_input"])
 
 
 def _finish(state: _Run) -> None:

@@ -167,6 +167,8 @@ def stepthrough(
         result.error = (f"no answer within {timeout_s:g} s" if result.outcome == "timeout"
                         else f"the step-through process ended without a result (exit code {exitcode})")
         return result
+    if msg.get("bad_input"):
+        raise PicklescopeError(*msg["bad_input"])
     result.rows = [LineRow(**r) for r in msg.get("rows", [])]
     result.baseline_bytes, result.peak_bytes = msg.get("baseline_bytes"), msg.get("peak_bytes")
     result.target = msg.get("target") or result.target
@@ -193,11 +195,22 @@ def _resolve(function: str) -> tuple[Any, Any]:
     if module_name.endswith(".py") or os.path.isfile(module_name):
         owner: Any = load_plugin(module_name)
     else:
-        owner = importlib.import_module(module_name)
+        try:
+            owner = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise PicklescopeError(
+                f"function {function!r} does not resolve: module {module_name!r} cannot be imported ({exc})",
+                "check the spelling, add its folder with --path, or install the package in this environment",
+            ) from None
     parts = qualname.split(".")
-    for part in parts[:-1]:
-        owner = getattr(owner, part)
-    return owner, getattr(owner, parts[-1])
+    where = module_name
+    for part in parts:
+        if not hasattr(owner, part):
+            raise PicklescopeError(f"function {function!r} does not resolve: {where} has no attribute {part!r}",
+                                   "give module:Class.method as it is spelled in the source")
+        where = f"{where}.{part}" if where != module_name else f"{module_name}:{part}"
+        owner, last = getattr(owner, part), owner
+    return last, owner
 
 
 def _instance(cls: type, b: Any) -> Any:
@@ -288,6 +301,9 @@ def _child_main(conn: Any, cfg: dict[str, Any]) -> None:
         del b
         gc.collect()
         _trim_heap()
+    except PicklescopeError as exc:  # the user's input (a function that does not resolve): the parent raises it
+        conn.send({"target": target, "bad_input": [exc.problem, exc.hint]})
+        return
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, never raised
         conn.send({"target": target, "error": f"setup failed: {type(exc).__name__}: {exc}",
                    "traceback": traceback.format_exc(limit=20)})

@@ -57,6 +57,7 @@ class SideTimeline:
 
     name: str
     baseline_bytes: int | None = None
+    baseline_s: float | None = None  # when the baseline was taken; samples before it are set-up
     rss: Series = field(default_factory=Series)  # sampled RSS minus the baseline
     bands: list[Band] = field(default_factory=list)
     peak_bytes: int | None = None
@@ -100,9 +101,10 @@ class RunTimeline:
             base = side.baseline_bytes
             rss = Series(list(side.timeline.t_s), [v - base for v in side.timeline.rss_bytes]) if base is not None \
                 else Series()
-            st = SideTimeline(name=name, baseline_bytes=base, rss=rss, peak_bytes=side.peak_bytes,
-                              held_bytes=side.held_bytes, cycle_held_bytes=side.cycle_held_bytes,
-                              budget_bytes=side.budget_bytes, exit_code=side.exit_code)
+            st = SideTimeline(name=name, baseline_bytes=base, baseline_s=side.baseline_s, rss=rss,
+                              peak_bytes=side.peak_bytes, held_bytes=side.held_bytes,
+                              cycle_held_bytes=side.cycle_held_bytes, budget_bytes=side.budget_bytes,
+                              exit_code=side.exit_code)
             st.bands = [Band(s.name, s.start_s, s.end_s, s.depth, s.peak_bytes, s.added_bytes, s.error)
                         for s in side.steps]
             for tracer, entry in r.tracers.items():

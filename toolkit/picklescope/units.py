@@ -2,7 +2,8 @@
 
 Budgets are given either as absolute sizes (``700MiB``, ``1.5GiB``) or as a multiple of the batch
 payload (``1.5x``), because the question an engineer asks is "how many copies of the batch does this
-codec need", not a byte count that changes with every workload.
+codec need", not a byte count that changes with every workload. ``total:2GiB`` counts the whole
+process instead (interpreter, torch and the batch included), the way a container limit does.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class Size:
 
     bytes: int | None = None
     multiple: float | None = None
+    total: bool = False  # the whole process's RSS, not the growth above its baseline
 
     def resolve(self, payload_bytes: int) -> int:
         """Bytes for a run whose batch payload is ``payload_bytes``."""
@@ -41,19 +43,30 @@ class Size:
         return self.bytes
 
     def __str__(self) -> str:
-        return f"{self.multiple:g}x" if self.multiple is not None else fmt_bytes(self.bytes or 0)
+        if self.multiple is not None:
+            return f"{self.multiple:g}x"
+        return ("total:" if self.total else "") + fmt_bytes(self.bytes or 0)
 
 
 def parse_size(text: str | int | float | Size, what: str = "size") -> Size:
-    """Parse ``700MiB``, ``1.5GiB``, ``123456`` or ``1.5x``; anything else is a clear error."""
+    """Parse ``700MiB``, ``1.5GiB``, ``123456``, ``1.5x`` or ``total:2GiB``; anything else is a clear error."""
     if isinstance(text, Size):
         return text
+    if isinstance(text, str) and text.strip().lower().startswith("total:"):
+        inner = parse_size(text.strip()[6:], what)
+        if inner.multiple is not None:
+            raise PicklescopeError(f"{what} {text!r} mixes total: with a payload multiple",
+                                   "give the whole process's limit in bytes, like total:2GiB")
+        return Size(bytes=inner.bytes, total=True)
     if isinstance(text, bool):
         raise PicklescopeError(f"{what} {text!r} is not a size", "give bytes like 700MiB or a multiple like 1.5x")
     if isinstance(text, (int, float)):
         value, unit = float(text), ""
     else:
         raw = str(text).strip()
+        if raw.startswith("-") and len(raw) > 1 and (raw[1].isdigit() or raw[1] == "."):
+            raise PicklescopeError(f"{what} {text!r} is negative",
+                                   "give a positive size like 700MiB or a multiple like 0.5x")
         if raw.lower().endswith("x"):
             try:
                 mult = float(raw[:-1])

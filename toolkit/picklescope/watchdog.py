@@ -71,6 +71,7 @@ class Watchdog:
         self.t0 = t0
         self.enforce = limits.enforcement == "watchdog"
         self.kills: dict[str, Kill] = {}
+        self.refused: dict[str, tuple[int, int]] = {}  # side -> (total limit, baseline): see check_refused
         self.pids: dict[str, int] = {}
         self.baselines: dict[str, int] = {}
         self.last_rss: dict[str, int] = {}
@@ -103,6 +104,13 @@ class Watchdog:
         """Arm on a side's baseline; kill on an exact step peak over the budget."""
         side, kind = ev.get("side"), ev.get("type")
         if kind == "baseline":
+            total = self.limits.totals.get(side)
+            if total is not None and self.limits.arm_total(side, ev["baseline_bytes"]) is None:
+                self.refused[side] = (total, ev["baseline_bytes"])  # not a kill: nothing was measured
+                try:
+                    os.kill(self.pids[side], signal.SIGKILL)
+                except (KeyError, ProcessLookupError):
+                    pass
             self.baselines[side] = ev["baseline_bytes"]
             return
         budget = self._budget(side)
@@ -159,6 +167,16 @@ class Watchdog:
                 kill.stack = f.read() or None
         except OSError:
             pass
+
+    def check_refused(self) -> None:
+        """Raise :class:`~picklescope.budget.BudgetBelowBaseline` if a whole-process limit was refused.
+
+        Called by the runner after the run's processes are gone, so refusing leaves nothing behind.
+        """
+        from .budget import BudgetBelowBaseline
+
+        for side, (total, baseline) in self.refused.items():
+            raise BudgetBelowBaseline(side, total, baseline)
 
     def close(self) -> None:
         for fd in self._status.values():

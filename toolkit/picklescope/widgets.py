@@ -21,6 +21,7 @@ from .codecs import CODECS
 from .errors import PicklescopeError
 from .live import LiveRun
 from .result import RunResult
+from .richtext import HtmlText
 from .transports import TRANSPORTS
 from .units import fmt_bytes, parse_size
 from .workloads import available_workloads, load_workload
@@ -261,6 +262,14 @@ class Explorer(widgets.VBox):
         if r.error and r.outcome != "oom-killed":
             text += f" ({html.escape(r.error)})"
         return text
+
+    def summary(self) -> HtmlText:
+        """The status line (the last verdict, or why a run could not start) for a cell to show.
+
+        The status widget holds HTML; as a cell's value this renders in Jupyter and prints as plain
+        text in a terminal, where printing ``status.value`` would show the tags.
+        """
+        return HtmlText(self.status.value)
 
     def clear(self) -> None:
         """Forget finished runs (the figure keeps showing the last one)."""

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from ..batch import Batch
+from ..safeload import load_tensordict_archive
 from ..steps import step
 from .base import Codec, ModeMismatch, Unsupported, describe_state
 
@@ -57,8 +58,8 @@ class TorchCodec(Codec):
         data, non_tensor, meta = state
         if data is not None:
             with step("torch.load"):
-                # The archive holds a TensorDict object, which weights_only loading refuses; these
-                # bytes come from the run's own sender, never from a file the user handed us.
-                b.batch = torch.load(io.BytesIO(data), weights_only=False)
+                # weights_only=True, allowing tensordict's rebuild functions for this call only
+                # (verl itself passes weights_only=False; the bytes and the memory are the same)
+                b.batch = load_tensordict_archive(data)
         b.non_tensor_batch = non_tensor
         b.meta_info = meta

@@ -16,13 +16,29 @@ def register(sub: Any) -> None:
     """Not a command: shared helpers only."""
 
 
+def seconds(text: str) -> float:
+    """argparse type of ``--timeout``: a positive, finite number of seconds."""
+    import math
+
+    from ..errors import PicklescopeError
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise PicklescopeError(f"--timeout {text!r} is not a number of seconds", "use e.g. --timeout 300") from None
+    if not (math.isfinite(value) and value > 0):
+        raise PicklescopeError(f"--timeout {text!r} must be a positive number of seconds",
+                               "use e.g. --timeout 300 (the default is generous: 900)")
+    return value
+
+
 def add_run_args(p: argparse.ArgumentParser, codec: bool = True) -> None:
     if codec:
         p.add_argument("--codec", default="numpy", help="codec (see 'picklescope list'); default numpy")
     p.add_argument("--transport", default="pickle5-oob", help="transport; default pickle5-oob")
     p.add_argument("--workload", default=DEFAULT_WORKLOAD, help=f"preset name or YAML path; default {DEFAULT_WORKLOAD}")
     p.add_argument("--scale", type=float, default=None, help="factor on the batch dimension; default 0.25")
-    p.add_argument("--timeout", type=float, default=None, help="wall-clock limit per run in seconds")
+    p.add_argument("--timeout", type=seconds, default=None, help="wall-clock limit per run in seconds")
     p.add_argument("--tracer", default=None,
                    help="sampler (default, always on), memray, memray-native, tracemalloc, torch-profiler, "
                         "several joined by commas, or all")

@@ -22,10 +22,17 @@ def register(sub: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..verl.blobinfo import describe_blob, mode_hint
+    from ..errors import PicklescopeError
+    from ..verl.blobinfo import describe_blob, mode_hint, require_pickle
     from ..verl.blobs import load_blob, manifest_entry
 
-    info = describe_blob(args.blob)
+    info = describe_blob(args.blob)  # reads only; nothing is written next to the blob
+    if info.kind != "torch-zip":  # a bare torch.save archive is identified, but is no pickle to load
+        require_pickle(info)
+    elif args.codec:
+        raise PicklescopeError(f"{args.blob} is a bare torch.save archive, not a pickled DataProto or Batch, so "
+                               "--as cannot load it", "drop --as to identify it; load it with "
+                               "torch.load(path, weights_only=True)")
     entry = manifest_entry(args.blob) if info.kind == "pickle" else None
     if args.json:
         loaded = load_blob(args.blob, args.codec, trust=args.trust) if args.codec else None

@@ -26,7 +26,7 @@ from ..reproduce import (
 )
 from ..units import fmt_bytes, parse_size
 from ..workloads import DEFAULT_WORKLOAD, load_workload
-from .common import run_kwargs
+from .common import run_kwargs, seconds
 
 ORDER = 1
 DEFAULT_OUT = os.path.join("out", "reproduce")
@@ -45,7 +45,7 @@ def register(sub: Any) -> None:
     p.add_argument("--no-headroom", action="store_true", help="skip the headroom search (faster)")
     p.add_argument("--no-trace", action="store_true",
                    help="skip the run with every tracer attached (the report's attribution and tracker sections)")
-    p.add_argument("--timeout", type=float, default=None, help="wall-clock limit per run in seconds")
+    p.add_argument("--timeout", type=seconds, default=None, help="wall-clock limit per run in seconds")
     p.add_argument("--no-ray", action="store_true", help="skip the rows over the ray transport (added when Ray "
                                                           "is installed)")
     p.add_argument("--ray-address", dest="ray_cluster", default=None,

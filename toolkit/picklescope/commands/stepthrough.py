@@ -15,7 +15,7 @@ from .. import table
 from ..errors import PicklescopeError
 from ..stepthrough import StepThrough, stepthrough
 from ..units import fmt_bytes
-from .common import print_json
+from .common import print_json, seconds
 
 ORDER = 20
 QUIET_ADDED = 0.01  # nested lines adding less than this share of the payload ...
@@ -41,7 +41,7 @@ def register(sub: Any) -> None:
     p.add_argument("--plugin", action="append", default=[], help="plugin file or module with codecs (repeatable)")
     p.add_argument("--expand", action="append", default=[], help="also trace functions of this package (repeatable)")
     p.add_argument("--all", action="store_true", help="show every line, also quiet nested ones")
-    p.add_argument("--timeout", type=float, default=None, help="wall-clock limit in seconds")
+    p.add_argument("--timeout", type=seconds, default=None, help="wall-clock limit in seconds")
     p.add_argument("--json", action="store_true", help="print the step-through as one JSON object")
     p.set_defaults(func=main)
 

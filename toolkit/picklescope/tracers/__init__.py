@@ -55,7 +55,8 @@ def get_tracer(name: str) -> type[Tracer]:
 def parse_tracers(spec: str | Sequence[str] | None) -> list[str]:
     """Tracer names for a run: ``"memray"``, ``"memray,tracemalloc"``, ``"all"``, ``"none"`` or a list.
 
-    The sampler comes first and is always included, except with ``"none"``.
+    The sampler comes first and is always included, except with ``"none"``. A tracer named
+    explicitly must be available here; ``"all"`` takes the available ones and reports the rest.
     """
     if spec is None:
         spec = DEFAULT_TRACER
@@ -69,6 +70,11 @@ def parse_tracers(spec: str | Sequence[str] | None) -> list[str]:
             continue
         if p not in TRACERS:
             raise UnknownNameError("tracer", p, TRACERS.names() + list(KEYWORDS))
+        ok, reason = TRACERS.get(p).availability()
+        if not ok:  # asked for by name: refuse; under "all" it is listed as unavailable instead
+            raise PicklescopeError(f"tracer {p!r} is not available here: {reason}",
+                                   "install it, or drop it from --tracer ('all' runs every tracer that is "
+                                   "available and lists the others)")
         if p not in names:
             names.append(p)
     if "memray" in names and "memray-native" in names:

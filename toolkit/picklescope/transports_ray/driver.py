@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 import sys
 from typing import Any
 
-from .. import steps
+from .. import launcher, steps
 from ..batch import set_active_codec
 from ..child import _arm_stack_dump, _error_event, _held
 from ..codecs import get_codec
@@ -117,6 +118,10 @@ def _restore_priority(niceness: int) -> None:
 def driver_main(conn: Any, cfg: dict[str, Any]) -> None:
     """Run the sender side; always ends the Ray session it started."""
     os.setsid()
+    # If our parent dies (SIGKILL, closed terminal), end through the finally below, which stops the
+    # cluster, rather than by the launcher's default SIGKILL, which would orphan every Ray process.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    launcher.die_with_parent(signal.SIGTERM)
     _arm_stack_dump(cfg, SIDE)
     for key, value in (cfg.get("env") or {}).get(SIDE, {}).items():
         os.environ[key] = value
@@ -131,6 +136,10 @@ def driver_main(conn: Any, cfg: dict[str, Any]) -> None:
                 ray.shutdown()
             except Exception:  # noqa: BLE001 - the parent kills whatever is left
                 pass
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _run(conn: Any, cfg: dict[str, Any]) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..figures import RSS_COLOR, _draw_bands, _draw_step_peaks, _measured_range, _y_range
+from ..figures import _draw_bands, _draw_rss, _draw_step_peaks, _measured_range, _y_range
 from ..result import RunResult
 from ..timeline import RunTimeline
 
@@ -68,14 +68,11 @@ def ray_timeline_figure(result: RunResult) -> go.Figure:
         if side is None:
             continue
         end = side.end_s
-        _draw_bands(fig, side, row, end, min_width=0.02 * (x1 - x0))
-        fig.add_trace(go.Scatter(x=side.rss.t_s, y=[v / MiB for v in side.rss.bytes], mode="lines",
-                                 line={"color": RSS_COLOR, "width": 1.5}, name="RSS, sampled every ~1 ms",
-                                 legendgroup="rss", showlegend=row == 1,
-                                 hovertemplate="%{x:.3f} s: %{y:.1f} MiB<extra>" + side_name + "</extra>"),
-                      row=row, col=1)
+        label_rows = _draw_bands(fig, side, row, end, window=(x0, x1))
+        _draw_rss(fig, side, row, (x0, x1))  # the set-up before the baseline greyed, off the y range
         _draw_step_peaks(fig, side, row, end)
-        fig.update_yaxes(title_text="MiB above baseline", range=_y_range(tl, side, x0, x1), row=row, col=1)
+        fig.update_yaxes(title_text="MiB above baseline", range=_y_range(tl, side, x0, x1, label_rows),
+                         row=row, col=1)
     fig.update_xaxes(range=[x0, x1])
     fig.update_xaxes(title_text="seconds since the run started (zoom out to see the cluster start)", row=3, col=1)
     fig.update_layout(title={"text": tl.title, "font": {"size": 14}}, height=820, template="plotly_white",

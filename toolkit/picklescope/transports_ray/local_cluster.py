@@ -19,6 +19,7 @@ import tempfile
 import time
 from typing import Any
 
+from ..leftovers import temp_name
 from . import cluster
 
 STARTUP_TIMEOUT_S = 240.0
@@ -55,7 +56,7 @@ class LocalCluster:
         raise AssertionError("unreachable")
 
     def _start_once(self) -> LocalCluster:
-        self.temp_dir = tempfile.mkdtemp(prefix="psrayc-", dir="/tmp")
+        self.temp_dir = tempfile.mkdtemp(prefix=temp_name("psrayc-"), dir="/tmp")
         port = _free_port()
         env = dict(os.environ)
         env.setdefault("RAY_AUTH_MODE", "disabled")

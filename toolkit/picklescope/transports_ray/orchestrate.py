@@ -21,6 +21,7 @@ from typing import Any
 
 from .. import launcher, verdicts
 from ..errors import PicklescopeError
+from ..leftovers import temp_name
 from ..procmem import StatmReader
 from ..result import RunResult
 from ..runner import _finish, _Run
@@ -225,7 +226,7 @@ def run_sides(state: _Run, cfg: dict[str, Any], *, ray_path: str, timeout_s: flo
     t0 = cfg["t0"]
     remote = bool(run.address)
     listener = _Listener(cfg["run_dir"], remote)
-    ray_tmp = None if remote else tempfile.mkdtemp(prefix="psray-", dir="/tmp")
+    ray_tmp = None if remote else tempfile.mkdtemp(prefix=temp_name("psray-"), dir="/tmp")
     from .events import machine_id
 
     cfg = {**cfg, "ray_path": ray_path, "ray_address": run.address, "ray_temp_dir": ray_tmp,

@@ -19,6 +19,10 @@ from ..errors import PicklescopeError
 from ..result import RunResult
 from ..transports import Prepared, Transport
 
+RAY_MISSING = "the ray package is not installed"
+RAY_INSTALL = ("install it with pip install 'ray==2.60.0' (the version pyproject.toml pins; "
+               "or pip install 'picklescope[ray]')")
+
 
 class TransportUnavailable(PicklescopeError):
     """The transport's software or platform is missing on this machine; the message says which."""
@@ -41,10 +45,14 @@ class ProcessTransport(Transport):
             return "needs Linux /proc to sample the sides and find the cluster's processes"
         return None
 
+    def hint_for(self, reason: str) -> str:
+        """The way out of ``reason`` (what to install, and how)."""
+        return self.install_hint
+
     def check(self) -> None:
         reason = self.availability()
         if reason:
-            raise TransportUnavailable(self.name, reason, self.install_hint)
+            raise TransportUnavailable(self.name, reason, self.hint_for(reason))
 
     @property
     def summary(self) -> str:
@@ -68,20 +76,35 @@ class RayTransport(ProcessTransport):
     """A local Ray cluster of the run's own (or the one at ``ray_address``), driver to actor."""
 
     ray_path: ClassVar[str] = "put"
-    install_hint = "pip install 'picklescope[ray]' (ray==2.60.0)"
+    install_hint = RAY_INSTALL
 
     def availability(self) -> str | None:
-        if importlib.util.find_spec("ray") is None:
-            return "the ray package is not installed"
+        try:
+            found = importlib.util.find_spec("ray") is not None
+        except (ImportError, ValueError):  # a broken or half-removed install
+            found = False
+        if not found:
+            return RAY_MISSING
         return super().availability()
 
+    def hint_for(self, reason: str) -> str:
+        return RAY_INSTALL if reason == RAY_MISSING else self.install_hint
+
     def run_sides(self, state: Any, cfg: dict[str, Any], **kw: Any) -> RunResult:
-        """Run the driver and the actor (see :mod:`.orchestrate`); ``options`` may hold ``ray_address``."""
+        """Run the driver and the actor (see :mod:`.orchestrate`); ``options`` may hold ``ray_address``.
+
+        Ray's presence and the address are checked here, in the parent, before any child starts:
+        ``ray.init`` given an address where no cluster answers would retry for minutes.
+        """
+        from .address import check as check_address
         from .orchestrate import run_sides
 
         try:
             self.check()
-        except TransportUnavailable:
+            address = (kw.get("options") or {}).get("ray_address")
+            if address:
+                check_address(str(address))
+        except PicklescopeError:
             shutil.rmtree(cfg["run_dir"], ignore_errors=True)  # the runner made it; nothing else started
             raise
         return run_sides(state, cfg, ray_path=self.ray_path, **kw)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import io
 import pickletools
+import re
 import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -48,6 +49,10 @@ class BlobInfo:
     numpy_arrays: int = 0  # numpy arrays rebuilt, tensor leaves and non_tensor object arrays alike
     out_of_band_buffers: int = 0
     globals: list[str] = field(default_factory=list)
+    problem: str | None = None  # empty | not-pickle | truncated | None (a whole pickle, or a zip)
+    problem_at: int | None = None  # byte offset of the opcode where reading stopped
+    problem_detail: str = ""
+    needs_bytes: int | None = None  # truncated: the stream needs at least this many bytes in all
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -61,13 +66,58 @@ def _is_torch_archive(data: bytes) -> bool:
         return False
 
 
+_RAN_OUT = ("exhausted before seeing STOP", "not enough data", "no newline found")
+_NEED = re.compile(r"expected (\d+) bytes in a .*, but only (\d+) remain")
+_UNKNOWN = re.compile(r"at position (\d+), opcode (b'.*') unknown")
+
+
+def _classify(info: BlobInfo, data: bytes, at: int, exc: ValueError) -> None:
+    """Word why ``pickletools`` stopped at byte ``at``: the file ends too soon, or it is no pickle at all."""
+    msg = str(exc)
+    info.problem_at = at
+    need = _NEED.search(msg)
+    ran_out = bool(need) or any(m in msg for m in _RAN_OUT)
+    if not data:
+        info.problem, info.problem_detail = "empty", "the file is empty (0 bytes)"
+    elif ran_out and data[:1] == b"\x80":  # PROTO: it began as a pickle of protocol 2 or later
+        info.problem = "truncated"
+        if need:
+            info.needs_bytes = len(data) + int(need.group(1)) - int(need.group(2))
+        op = pickletools.code2op.get(chr(data[at])) if at < len(data) else None
+        info.problem_detail = (f"inside the {op.name} opcode at byte {at}" if op
+                               else "right after its last whole opcode")
+    else:
+        unknown = _UNKNOWN.search(msg)
+        if unknown:
+            info.problem_at = int(unknown.group(1))
+            info.problem_detail = f"opcode {unknown.group(2)} at byte {info.problem_at} is no pickle opcode"
+            if data[:1] != b"\x80":
+                info.problem_detail += f"; the file starts with {data[:12]!r}"
+        elif ran_out:
+            info.problem_detail = (f"it does not start with a pickle's PROTO opcode and ends at byte {len(data)} "
+                                   "without a STOP opcode")
+        else:
+            info.problem_detail = f"opcode {data[at:at + 1]!r} at byte {at}: {msg}"
+        info.problem = "not-pickle"
+    info.writer = f"not a pickle stream ({info.problem_detail})" if info.problem != "truncated" else \
+        f"a truncated pickle stream ({info.problem_detail})"
+
+
 def describe_blob(path: str | Path) -> BlobInfo:
-    """Identify the writer of ``path`` from its bytes alone (safe on any file)."""
+    """Identify the writer of ``path`` from its bytes alone (safe on any file).
+
+    A file that is not a whole pickle stream comes back with ``problem`` set (see
+    :func:`require_pickle`); a path that cannot be read raises :class:`PicklescopeError`.
+    """
     p = Path(path)
+    if p.is_dir():
+        raise PicklescopeError(f"{p} is a directory, not a blob", "give the path of a file inside it")
     try:
         data = p.read_bytes()
+    except FileNotFoundError:
+        raise PicklescopeError(f"blob {p} does not exist", "check the path") from None
     except OSError as exc:
-        raise PicklescopeError(f"cannot read blob {p}: {exc.strerror}", "check the path") from None
+        raise PicklescopeError(f"cannot read blob {p}: {exc.strerror}", "check the path and its permissions") from None
     info = BlobInfo(str(p), len(data), hashlib.sha256(data).hexdigest(), "unknown")
     if data.startswith(ZIP_MAGIC):
         info.kind = "torch-zip" if _is_torch_archive(data) else "zip"
@@ -80,8 +130,11 @@ def describe_blob(path: str | Path) -> BlobInfo:
     last: Any = None
     seen: list[tuple[str, str]] = []  # each global once, in order
     uses: list[tuple[str, str]] = []  # every use (memo gets included)
+    stream = io.BytesIO(data)
+    at = 0  # where the opcode being read starts
     try:
-        for op, arg, _pos in pickletools.genops(data):
+        for op, arg, _pos in pickletools.genops(stream):
+            at = stream.tell()
             name = op.name
             if name == "PROTO":
                 info.pickle_protocol = arg
@@ -115,7 +168,7 @@ def describe_blob(path: str | Path) -> BlobInfo:
             else:
                 last = None
     except (ValueError, IndexError) as exc:
-        info.writer = f"not a pickle stream ({exc})"
+        _classify(info, data, at, ValueError(str(exc)))
         return info
     info.kind = "pickle"
     info.globals = list(dict.fromkeys(f"{m}.{q}" for m, q in seen))
@@ -137,6 +190,28 @@ def describe_blob(path: str | Path) -> BlobInfo:
     else:
         info.writer = f"a pickle of {info.container}; no verl serialization mode recognised"
     return info
+
+
+def require_pickle(info: BlobInfo) -> None:
+    """Raise a one-line :class:`PicklescopeError` unless ``info`` describes a whole pickle stream."""
+    path = info.path
+    if info.problem == "truncated":
+        end = (f"byte {info.bytes} of at least {info.needs_bytes}" if info.needs_bytes
+               else f"byte {info.bytes} (the end of the file)")
+        raise PicklescopeError(
+            f"{path} is truncated: the pickle stream ends at {end}, {info.problem_detail}, before its STOP opcode "
+            "(an interrupted copy or download?)",
+            "copy or download it again and compare its size and sha256 with the original's")
+    if info.problem == "empty":
+        raise PicklescopeError(f"{path} is empty (0 bytes), not a pickle stream (an interrupted copy or download?)",
+                               "copy or download it again")
+    if info.problem == "not-pickle":
+        raise PicklescopeError(f"{path} is not a pickle stream ({info.problem_detail})",
+                               "give a blob written by pickle.dump or DataProto.save_to_disk "
+                               f"('file {path}' may tell what it is)")
+    if info.kind == "zip":
+        raise PicklescopeError(f"{path} is a zip file, not a pickle stream",
+                               "give a blob written by pickle.dump or DataProto.save_to_disk")
 
 
 def mode_hint(mode: str | None) -> str:

@@ -7,8 +7,10 @@ installed wheel), with a manifest recording the versions that wrote them, each f
 the exact contents expected back (:func:`contents_record`: shapes, dtypes, sha256 of every leaf's bytes).
 
 A blob is a pickle: unpickling runs code. So a blob is only loaded from the project's own ``data/``
-folder, from a folder picklescope wrote itself (its manifest lists the file with the same checksum),
-or when the caller passes ``trust=True`` (``--trust``). Loading happens in a child process, with the
+folder, from files picklescope wrote itself (recorded with their checksum, see
+:mod:`picklescope.trust`), or when the caller passes ``trust=True`` (``--trust``). A manifest next to
+a blob only says what the blob should contain; it vouches for nothing, since whoever hands over a
+blob can hand over a manifest too. Loading happens in a child process, with the
 real (possibly patched) verl of the chosen environment; the ``DataProto`` in the stream is captured
 and its state handed to the codec's real ``__setstate__``, so a wrong mode raises
 :class:`~picklescope.codecs.base.ModeMismatch` with the variable to set.
@@ -24,6 +26,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from .. import trust as _trust
 from ..errors import PicklescopeError
 from ..workloads import DATA_DIR
 from . import childcall
@@ -48,7 +51,10 @@ def read_manifest(folder: str | Path = BLOB_DIR) -> dict[str, Any]:
 
 
 def manifest_entry(path: str | Path) -> dict[str, Any] | None:
-    """The manifest entry picklescope wrote for this file (same name, same checksum), if any."""
+    """The manifest entry listing this file (same name, same checksum), if any: what it should load as.
+
+    Not a reason to trust the file (see :func:`check_trusted`).
+    """
     p = Path(path).resolve()
     try:
         m = json.loads((p.parent / MANIFEST).read_text())
@@ -61,16 +67,8 @@ def manifest_entry(path: str | Path) -> dict[str, Any] | None:
 
 
 def check_trusted(path: str | Path, trust: bool = False) -> Path:
-    """``path`` resolved, if it may be unpickled; otherwise a PicklescopeError that says why."""
-    p = Path(path).expanduser().resolve()
-    if not p.is_file():
-        raise PicklescopeError(f"blob {path} does not exist", "check the path")
-    if trust or p.is_relative_to(DATA_DIR.resolve()) or manifest_entry(p) is not None:
-        return p
-    raise PicklescopeError(
-        f"refusing to unpickle {p}: a blob is a pickle and loading it runs its code; only the project's "
-        "data/ folder and folders picklescope wrote (with a matching manifest) are trusted",
-        "pass --trust if you know who wrote it ('picklescope inspect' identifies it without loading)")
+    """``path`` resolved if it may be unpickled, else a PicklescopeError saying why (:mod:`picklescope.trust`)."""
+    return _trust.check_trusted(path, trust, what="blob")
 
 
 def _tensor_record(t: Any) -> dict[str, Any]:
@@ -250,19 +248,34 @@ def write_reference_blobs(label: str = "0.9.0", out_dir: str | Path = BLOB_DIR, 
     m = childcall.call("picklescope.verl.blobs.write_in_child", label=label, out_dir=str(out),
                        spec=str(Path(spec).resolve()))
     (out / MANIFEST).write_text(json.dumps(m, indent=1) + "\n")
+    if not out.is_relative_to(DATA_DIR.resolve()):  # data/ is trusted as a folder already
+        _trust.record_written([out / b["file"] for b in m["blobs"]])
     return out / MANIFEST
 
 
-def check_reference_blobs(label: str, patch: str | None = None, folder: str | Path = BLOB_DIR) -> list[dict[str, Any]]:
-    """Load every reference blob with verl ``label`` (and ``patch``) in one child; one row per blob."""
-    read_manifest(folder)
+def check_reference_blobs(label: str, patch: str | None = None, folder: str | Path = BLOB_DIR, *,
+                          trust: bool = False) -> list[dict[str, Any]]:
+    """Load every reference blob with verl ``label`` (and ``patch``) in one child; one row per blob.
+
+    Each blob the manifest lists must pass :func:`check_trusted` first (``folder`` may be any folder).
+    """
+    m = read_manifest(folder)
+    for blob in m.get("blobs", []):
+        check_trusted(Path(folder) / str(blob.get("file")), trust)
     return childcall.call("picklescope.verl.blobs.check_in_child", label=label, patch=patch,
                           folder=str(Path(folder).resolve()))
 
 
 def load_blob(path: str | Path, codec_name: str, *, trust: bool = False) -> dict[str, Any]:
-    """Load a blob with a codec in a child (after the trust check); compares with its manifest entry."""
+    """Load a blob with a codec in a child (after the trust check); compares with its manifest entry.
+
+    A file that is not a whole pickle stream (empty, truncated, something else) is refused first,
+    with the same one-line error as ``picklescope inspect``.
+    """
+    from .blobinfo import describe_blob, require_pickle
+
     p = check_trusted(path, trust)
+    require_pickle(describe_blob(p))
     entry = manifest_entry(p)
     return childcall.call("picklescope.verl.blobs.load_in_child", path=str(p), codec_name=codec_name,
                           expected=entry["expected"] if entry else None)

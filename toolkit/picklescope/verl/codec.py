@@ -14,6 +14,10 @@ Gaps are measured, not declared (``unsupported`` is empty): when the real code r
 finds the leaf that makes it fail by retrying leaf by leaf and raises
 :class:`~picklescope.errors.UnsupportedCase` naming that leaf and verl's own error; a state written
 in the other mode raises :class:`~picklescope.codecs.base.ModeMismatch` with the fix.
+
+In torch mode verl's ``__setstate__`` calls ``torch.load(..., weights_only=False)`` itself. That is
+left alone on purpose: it is the behaviour under measurement. It only ever reads bytes the same run's
+sender produced, or a blob that passed :func:`picklescope.trust.check_trusted` (docs/safe_loading.md).
 """
 
 from __future__ import annotations

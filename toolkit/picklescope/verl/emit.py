@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import PicklescopeError
+from ..leftovers import temp_name
 from . import envs
 from .codec import PATCH_ENV, split_name
 from .confirm import ConfirmReport
@@ -184,7 +185,7 @@ def run_emitted(path: str | os.PathLike, label: str, patch: str | None = None, t
     """Run the emitted test with pytest against verl ``label`` (and ``patch``) in a fresh interpreter."""
     env_dir = envs.get_env(label)
     src = Path(path).resolve()
-    with tempfile.TemporaryDirectory(prefix="picklescope-emitted-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=temp_name("picklescope-emitted-")) as tmp:
         ini = Path(tmp) / "pytest.ini"
         ini.write_text("[pytest]\n")
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PICKLESCOPE_VERL", "PYTEST_"))}

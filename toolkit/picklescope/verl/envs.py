@@ -151,6 +151,21 @@ def _quarantine_strays(staging: Path, env_dir: Path) -> tuple[str, ...]:
     return tuple(moved)
 
 
+def _pip_failure(version: str, output: str) -> PicklescopeError:
+    """pip's failure as one line: the versions that exist when the index has none by that number."""
+    import re
+
+    errors = [ln.strip() for ln in output.splitlines() if ln.strip().startswith("ERROR:")]
+    found = re.search(r"\(from versions: ([^)]*)\)", output)
+    if found is not None:
+        versions = found.group(1).strip() or "none"
+        return PicklescopeError(f"verl {version} is not on the package index (it has: {versions})",
+                                "pick one of those versions, e.g. 'picklescope verl install 0.9.0 0.9.1'")
+    reason = " | ".join(errors[-2:]) or " | ".join(output.strip().splitlines()[-2:]) or "no output"
+    return PicklescopeError(f"pip could not install verl=={version}: {reason}",
+                            "check that the package index is reachable (pip config, proxy) and retry")
+
+
 def install_version(version: str, *, force: bool = False, index_url: str | None = None) -> VerlEnv:
     """``pip install --no-deps --target`` one verl version into its own folder (skipped if present)."""
     _check_version(version)
@@ -170,9 +185,7 @@ def install_version(version: str, *, force: bool = False, index_url: str | None 
     seconds = time.monotonic() - t0
     if proc.returncode != 0:
         shutil.rmtree(staging, ignore_errors=True)
-        tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
-        raise PicklescopeError(f"pip could not install verl=={version}: {tail}",
-                               "check the version exists on PyPI and that the index is reachable")
+        raise _pip_failure(version, proc.stderr or proc.stdout or "")
     if not (staging / "verl" / "protocol.py").is_file():
         shutil.rmtree(staging, ignore_errors=True)
         raise PicklescopeError(f"verl=={version} installed no verl/protocol.py",

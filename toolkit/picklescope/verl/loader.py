@@ -132,6 +132,21 @@ def instrument_consolidate() -> str:
     return f"{owner.__module__}.{owner.__qualname__}.consolidate"
 
 
+def _not_importable(env: VerlEnv, exc: Exception) -> PicklescopeError:
+    """Why ``verl.protocol`` of ``env`` did not import, and what to do about it.
+
+    picklescope installs verl with ``--no-deps`` (its dependencies would replace torch and Ray), so
+    an older or newer verl may need a package this environment lacks: name it.
+    """
+    missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+    problem = f"verl {env.label} ({env.site}) cannot be imported: {type(exc).__name__}: {exc}"
+    if missing and not str(missing).startswith("verl"):
+        return PicklescopeError(problem, f"it needs {missing!r}, which is not installed here: pip install it "
+                                "into this environment, or use another verl version (picklescope verl list)")
+    return PicklescopeError(problem, f"see 'picklescope verl check {env.label}'; reinstall with "
+                            f"'picklescope verl install --force {env.version}' or use another version")
+
+
 def load(env: VerlEnv, patch: str | None = None) -> Loaded:
     """Import ``verl.protocol`` from ``env`` (and apply ``patch``); one verl per process."""
     global _loaded
@@ -150,7 +165,10 @@ def load(env: VerlEnv, patch: str | None = None) -> Loaded:
     sys.path.insert(0, str(env.site))
     importlib.invalidate_caches()
     t0 = time.monotonic()
-    protocol = importlib.import_module("verl.protocol")
+    try:
+        protocol = importlib.import_module("verl.protocol")
+    except Exception as exc:  # noqa: BLE001 - any import failure of the user's verl is reported as such
+        raise _not_importable(env, exc) from exc
     import_s = time.monotonic() - t0
     verl = sys.modules["verl"]
     if not _under(protocol.__file__, str(env.site)):

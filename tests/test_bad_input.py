@@ -1,0 +1,60 @@
+"""The bad-input catalogue (``tests/bad_input_cases.py``): one line naming cause and fix, exit 2,
+no traceback, nothing of the user's changed; and the docs page lists exactly these cases."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from picklescope.cli import main
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
+from bad_input_cases import CASES, ROOT, error_line, materialize, prepare_needs, run_case  # noqa: E402
+
+
+def _snapshot(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and ".cache" not in p.parts}
+
+
+def test_catalogue_is_big_and_distinct():
+    ids = [c.id for c in CASES]
+    assert len(ids) == len(set(ids))
+    assert len(CASES) >= 25
+    assert {c.surface for c in CASES} == {"CLI", "API"}
+    assert len({(c.argv, c.what) for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_bad_input(case, tmp_path):
+    materialize(case, tmp_path)
+    prepare_needs(case, tmp_path)
+    before = _snapshot(tmp_path)
+    code, text = run_case(case, tmp_path)
+    assert code == 2, f"exit {code}: {text[-2000:]}"
+    assert "Traceback" not in text, text
+    msg = text.strip() if case.call is not None else error_line(text)
+    assert msg.count("\n") == 0 and msg, f"want exactly one error line, got: {text!r}"
+    low = msg.lower()
+    for frag in case.cause + case.way_out:
+        assert frag.lower() in low, f"{frag!r} missing from: {msg}"
+    assert _snapshot(tmp_path) == before, "the case changed the user's folder"
+
+
+def test_debug_shows_the_traceback(capsys):
+    assert main(["--debug", "run", "--codec", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "unknown codec 'nope'" in err
+
+
+def test_docs_page_lists_every_case():
+    page = (ROOT / "docs" / "bad_input.md").read_text()
+    listed = re.findall(r"^\| `([^`]+)` \|", page, flags=re.MULTILINE)
+    assert listed == [c.id for c in CASES], "re-run: python tests/bad_input_cases.py"
+    for line in page.splitlines():
+        if line.startswith("| `"):
+            assert line.rstrip().endswith("|") and "picklescope: error:" in line or "API" in line, line

@@ -1,0 +1,220 @@
+"""Ctrl-C (or a kill) in the parent in the middle of a run leaves no process and no run directory.
+
+Each case starts a real parent process (a script using the Python API, or the CLI), waits until the
+run's children exist and the sender is inside its measured step (a plugin codec that sleeps there),
+interrupts the parent, and then checks every process that existed at that moment and the run's
+directory (the parent is pointed at a private directory for its runs, so nothing else can be in it).
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from picklescope.transports_ray import ray_available
+
+PLUGIN = textwrap.dedent('''
+    import time
+    from picklescope.codecs import CODECS, Codec, register_codec
+
+    class Asleep(Codec):
+        name = "test-asleep"
+        def encode(self, b):
+            time.sleep(300)
+        def decode(self, b, state):
+            pass
+
+    if "test-asleep" not in CODECS:
+        register_codec(Asleep())
+''')
+
+API_PARENT = textwrap.dedent('''
+    import sys
+    import picklescope as ps
+    from picklescope import runner
+
+    runner.SHM_DIR = sys.argv[2]  # the run directory goes where the test can see all of it
+
+    def hook(ev):
+        if ev.get("type") == "step_start" and ev.get("side") == "sender":
+            print("MEASURING", flush=True)
+
+    try:
+        ps.run(sys.argv[3], sys.argv[4], "tiny", 1.0, plugins=[sys.argv[1]], on_event=hook, timeout_s=600)
+    except KeyboardInterrupt:
+        print("KEYBOARDINTERRUPT", flush=True)
+        raise
+    print("RETURNED", flush=True)
+''')
+
+CLI_PARENT = textwrap.dedent('''
+    import functools, sys
+    from picklescope import runner
+    import picklescope.commands.run as command
+
+    runner.SHM_DIR = sys.argv[2]
+    command.run = functools.partial(command.run, plugins=[sys.argv[1]])  # the CLI has no --plugin
+    from picklescope.cli import main
+
+    sys.exit(main(["run", "--codec", "test-asleep", "--transport", "pickle", "--workload", "tiny", "--scale", "1"]))
+''')
+
+
+@pytest.fixture
+def files(tmp_path):
+    (tmp_path / "plugin.py").write_text(PLUGIN)
+    (tmp_path / "api_parent.py").write_text(API_PARENT)
+    (tmp_path / "cli_parent.py").write_text(CLI_PARENT)
+    (tmp_path / "runs").mkdir()
+    return tmp_path
+
+
+def wait_for_line(p: subprocess.Popen, needle: str, timeout_s: float) -> str:
+    """Read the parent's stdout until ``needle`` (a guard against a parent that never gets there)."""
+    sel = selectors.DefaultSelector()
+    sel.register(p.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout_s
+    seen = ""
+    while time.monotonic() < deadline:
+        if sel.select(timeout=1.0):
+            line = p.stdout.readline()
+            if not line:
+                break
+            seen += line
+            if needle in line:
+                return seen
+    p.kill()
+    raise AssertionError(f"the parent never printed {needle!r}; it printed {seen!r}, stderr {p.stderr.read()!r}")
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    return psutil.Process(pid).children(recursive=True)
+
+
+def alive(procs: list[psutil.Process], wait_s: float = 15.0) -> list[str]:
+    """Those of ``procs`` still running after up to ``wait_s`` (a zombie counts as gone)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = []
+        for q in procs:
+            try:
+                if q.is_running() and q.status() != psutil.STATUS_ZOMBIE:
+                    left.append(f"{q.pid} {' '.join(q.cmdline())[:100]}")
+            except psutil.NoSuchProcess:
+                continue
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
+
+
+def kill_all(procs: list[psutil.Process]) -> None:
+    for q in procs:
+        try:
+            q.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def start_api(files, codec: str = "test-asleep", transport: str = "pickle") -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(files / "api_parent.py"), str(files / "plugin.py"),
+                             str(files / "runs"), codec, transport],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def test_ctrl_c_in_the_api_parent_propagates_and_ends_every_child(files):
+    p = start_api(files)
+    wait_for_line(p, "MEASURING", 240)
+    procs = descendants(p.pid)
+    measured = [q for q in procs if q.ppid() != p.pid]  # the forkserver's children: sender and receiver
+    assert len(measured) == 2, procs
+    try:
+        os.kill(p.pid, signal.SIGINT)
+        out, err = p.communicate(timeout=120)
+        assert "KEYBOARDINTERRUPT" in out and "RETURNED" not in out
+        assert err.rstrip().endswith("KeyboardInterrupt") and p.returncode == -signal.SIGINT
+        assert alive(procs) == []  # sender, receiver, forkserver, resource tracker
+        assert os.listdir(files / "runs") == []
+    finally:
+        kill_all(procs)
+
+
+def test_ctrl_c_in_the_terminal_exits_130_with_one_line(files):
+    """Ctrl-C in a terminal reaches the whole foreground process group: the parent and its children."""
+    p = subprocess.Popen([sys.executable, str(files / "cli_parent.py"), str(files / "plugin.py"), str(files / "runs")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 240
+    procs: list[psutil.Process] = []
+    while time.monotonic() < deadline and p.poll() is None:  # wait until the sender and receiver exist
+        procs = descendants(p.pid)
+        if len([q for q in procs if q.ppid() != p.pid]) == 2 and os.listdir(files / "runs"):
+            break
+        time.sleep(0.1)
+    assert p.poll() is None, p.communicate()
+    time.sleep(1.0)  # into the sender's sleeping step (either phase must end the same way)
+    procs = descendants(p.pid)
+    try:
+        os.killpg(p.pid, signal.SIGINT)
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 130, err
+        assert err.strip() == "picklescope: interrupted"
+        assert alive(procs) == []
+        assert os.listdir(files / "runs") == []
+    finally:
+        kill_all(procs)
+
+
+def test_killed_parent_takes_its_children_along(files):
+    """SIGKILL leaves the parent no chance to clean up: the forkserver ends, and its children with it."""
+    p = start_api(files)
+    wait_for_line(p, "MEASURING", 240)
+    procs = descendants(p.pid)
+    assert len([q for q in procs if q.ppid() != p.pid]) == 2, procs
+    try:
+        p.kill()
+        p.communicate(timeout=60)
+        assert alive(procs) == []  # without die_with_parent the sender would sleep on for minutes
+    finally:
+        kill_all(procs)
+    # the run directory cannot be removed by a parent that was SIGKILLed; it is named after that
+    # parent, so the leftover check (and a person) can tell whose it was
+    left = os.listdir(files / "runs")
+    assert [n.split("-")[1] for n in left] == [str(p.pid)]
+
+
+@pytest.mark.skipif(not ray_available(), reason="ray is not installed (pip install 'picklescope[ray]')")
+def test_ctrl_c_during_a_ray_run_ends_the_cluster(files):
+    """Interrupted once the run's own cluster is up: the driver, every Ray process and the temp dirs go."""
+    script = files / "api_parent.py"
+    script.write_text(API_PARENT.replace('ev.get("type") == "step_start" and ev.get("side") == "sender"',
+                                         'ev.get("type") == "ray_info"'))
+    p = start_api(files, codec="numpy", transport="ray")
+    wait_for_line(p, "MEASURING", 240)
+    procs = descendants(p.pid)
+    drivers = [q for q in procs if os.getsid(q.pid) == q.pid]
+    assert len(drivers) == 1, procs
+    ray_procs = [q for q in psutil.process_iter() if q.pid != drivers[0].pid and _sid(q.pid) == drivers[0].pid]
+    assert any("raylet" in " ".join(q.cmdline()) for q in ray_procs), ray_procs
+    try:
+        os.kill(p.pid, signal.SIGINT)
+        out, _ = p.communicate(timeout=180)
+        assert "KEYBOARDINTERRUPT" in out and p.returncode == -signal.SIGINT
+        assert alive(procs + ray_procs) == []
+        assert os.listdir(files / "runs") == []
+        assert [n for n in os.listdir("/tmp") if n.startswith(f"psray-{p.pid}-")] == []  # Ray's temp dir
+    finally:
+        kill_all(procs + ray_procs)
+
+
+def _sid(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
