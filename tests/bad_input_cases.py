@@ -43,6 +43,8 @@ class Case:
 BAD_YAML_FIELD = "name: bad\nbatch_size: 8\ntensors:\n  obs: {shape: [N, 64], dtype: float33}\n"
 BAD_YAML_SYNTAX = "name: bad\nbatch_size: 8\ntensors:\n  obs: {shape: [N, 64], dtype: float32\n"
 BAD_YAML_BATCH = "name: bad\nbatch_size: -3\ntensors:\n  obs: {shape: [N, 64], dtype: float32}\n"
+BAD_YAML_EXTRA = "name: bad\nbatch_size: 8\ntensors:\n  obs: {shape: [N, 5], dtype: float32, colour: red}\n"
+BAD_YAML_SHAPE = "name: bad\nbatch_size: 8\ntensors:\n  obs: {shape: [N, -5], dtype: float32}\n"
 SYNTAX_ERROR_PY = "def __getstate__(self):\n    return (\n"
 NO_FUNCTION_PY = "x = 1\n"
 BROKEN_VERL = "import not_a_real_dependency_xyz\n"
@@ -82,6 +84,8 @@ CASES: list[Case] = [
          argv=("run", "--tracer", "valgrind")),
     Case("unknown-workload", "run --workload nope", ("unknown workload 'nope'",), ("flowgrpo", "tiny", ".yaml"),
          argv=("run", "--workload", "nope")),
+    Case("unknown-receiver-codec", "run --receiver-codec nope", ("unknown codec 'nope'",), ("numpy-legacy",),
+         argv=("run", "--receiver-codec", "nope")),
     Case("unknown-codec-api", "picklescope.run(codec='nope')", ("unknown codec 'nope'",), ("numpy-legacy",),
          call=_api_run(codec="nope")),
     Case("unknown-verl-mode", "run --codec verl-0.9.0:bogus", ("unknown codec 'verl-0.9.0:bogus'",),
@@ -99,6 +103,11 @@ CASES: list[Case] = [
     Case("workload-bad-batch", "workload YAML with batch_size -3 (API)", ("batch_size", "line 2", "positive"),
          ("fix that field",), call=_api("picklescope.workloads.load_workload", "{tmp}/bad.yaml"),
          files={"bad.yaml": BAD_YAML_BATCH}),
+    Case("workload-unknown-field", "workload YAML with a misspelt field 'colour' on line 4",
+         ("tensors.obs.colour", "line 4", "unknown field"), ("fix that field",),
+         argv=("run", "--workload", "{tmp}/bad.yaml"), files={"bad.yaml": BAD_YAML_EXTRA}),
+    Case("workload-negative-shape", "workload YAML with shape [N, -5]", ("tensors.obs.shape", "-5"),
+         ("integers >= 0",), argv=("run", "--workload", "{tmp}/bad.yaml"), files={"bad.yaml": BAD_YAML_SHAPE}),
     Case("workload-missing", "run --workload missing.yaml", ("missing.yaml", "does not exist"),
          ("check the path", "preset"), argv=("run", "--workload", "{tmp}/missing.yaml")),
     # -- scale ---------------------------------------------------------------------------------
@@ -129,6 +138,8 @@ CASES: list[Case] = [
     Case("budget-without-sampling", "picklescope.run(budget='1x', tracer='none')",
          ("turns off the sampling a budget is enforced with",), ("drop --tracer none",),
          call=_api_run(budget="1x", tracer="none")),
+    Case("budget-infinite", "run --budget 1e400MiB", ("too large to be a size",), ("700MiB",),
+         argv=("run", "--budget", "1e400MiB")),
     Case("timeout-zero", "run --timeout 0", ("--timeout '0' must be a positive number of seconds",),
          ("--timeout 300",), argv=("run", "--timeout", "0")),
     Case("timeout-api", "picklescope.run(timeout_s=-5)", ("timeout_s -5 must be a positive",), ("timeout_s=300",),
@@ -162,6 +173,8 @@ CASES: list[Case] = [
          argv=("run", "--transport", "ray", "--workload", "tiny", "--ray-address", "127.0.0.1:1")),
     Case("ray-bad-address", "run --transport ray --ray-address nothost", ("nothost",), ("host:port",),
          argv=("run", "--transport", "ray", "--workload", "tiny", "--ray-address", "nothost")),
+    Case("ray-bad-port", "run --transport ray --ray-address 127.0.0.1:99999", ("port '99999'",),
+         ("1 to 65535",), argv=("run", "--transport", "ray", "--workload", "tiny", "--ray-address", "127.0.0.1:99999")),
     Case("ray-not-installed", "run --transport ray where Ray is not installed", ("ray",), ("pip install",),
          argv=("run", "--transport", "ray", "--workload", "tiny"), hide=("ray",)),
     # -- blobs ---------------------------------------------------------------------------------
@@ -182,6 +195,11 @@ CASES: list[Case] = [
     Case("out-not-empty", "reproduce --out notes/ (holds the user's file)", ("already holds other files", "mine.txt"),
          ("--force",), argv=("reproduce", "--workload", "tiny", "--out", "{tmp}/notes"),
          files={"notes/mine.txt": USER_NOTE}),
+    Case("out-is-a-file", "reproduce --out notes.txt (a file)", ("exists and is not a folder",),
+         ("folder path",), argv=("reproduce", "--workload", "tiny", "--out", "{tmp}/notes.txt"),
+         files={"notes.txt": USER_NOTE}),
+    Case("out-unwritable", "reproduce --out /proc/1/picklescope-out (cannot be created)", ("/proc/1/picklescope-out",),
+         ("permissions",), argv=("reproduce", "--workload", "tiny", "--out", "/proc/1/picklescope-out")),
     Case("postmortem-out-not-empty", "postmortem --out notes/", ("is not empty", "mine.txt"), ("--force",),
          argv=("postmortem", "--workload", "tiny", "--out", "{tmp}/notes"), files={"notes/mine.txt": USER_NOTE}),
     # -- patches, plugins, functions -----------------------------------------------------------
@@ -193,6 +211,9 @@ CASES: list[Case] = [
          ("defines neither __getstate__ nor __setstate__",), ("def __getstate__(self)",),
          argv=("confirm", "--baseline", "verl-0.9.0:numpy", "--candidate", "{tmp}/empty.py"),
          files={"empty.py": NO_FUNCTION_PY}),
+    Case("confirm-baseline-not-verl", "confirm --baseline numpy (a built-in codec)",
+         ("'numpy' is not a verl codec name",), ("verl-0.9.0:numpy",),
+         argv=("confirm", "--baseline", "numpy", "--candidate", "{tmp}/empty.py"), files={"empty.py": NO_FUNCTION_PY}),
     Case("candidate-missing", "confirm --candidate missing.py", ("missing.py does not exist",), (".py patch",),
          argv=("confirm", "--baseline", "verl-0.9.0:numpy", "--candidate", "{tmp}/missing.py")),
     Case("plugin-syntax-error", "picklescope.run(plugins=['plug.py']) with a syntax error",
@@ -210,6 +231,11 @@ CASES: list[Case] = [
          ("verl.protocol:DataProto.__getstate__",), argv=("stepthrough", "--function", "verl.protocol.DataProto")),
     Case("function-api", "picklescope.stepthrough(function='json:nothing')", ("has no attribute 'nothing'",),
          ("module:Class.method",), call=_api("picklescope.stepthrough.stepthrough", "json:nothing", workload="tiny")),
+    Case("stepthrough-unknown-method", "stepthrough --codec numpy --method __reduce__",
+         ("unknown method '__reduce__'",), ("__getstate__",), argv=("stepthrough", "--codec", "numpy", "--method",
+                                                                    "__reduce__")),
+    Case("stepthrough-bad-env", "stepthrough --codec numpy --env NOEQUALS", ("'NOEQUALS' is not KEY=VALUE",),
+         ("VERL_DATAPROTO_SERIALIZATION_METHOD=numpy",), argv=("stepthrough", "--codec", "numpy", "--env", "NOEQUALS")),
     Case("capabilities-unknown", "capabilities --codec nope", ("unknown codec 'nope'",), ("numpy",),
          argv=("capabilities", "--codec", "nope")),
 ]

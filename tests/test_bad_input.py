@@ -58,3 +58,14 @@ def test_docs_page_lists_every_case():
     for line in page.splitlines():
         if line.startswith("| `"):
             assert line.rstrip().endswith("|") and "picklescope: error:" in line or "API" in line, line
+
+
+def test_output_piped_into_head_ends_without_a_traceback():
+    """``picklescope run --json | head -c 10``: the reader goes away mid-write; no BrokenPipeError traceback
+    (before the fix: a traceback from json.dump and exit 1)."""
+    import subprocess
+
+    p = subprocess.run(f"{sys.executable} -m picklescope run --workload tiny --json | head -c 10",
+                       shell=True, capture_output=True, text=True, timeout=300)
+    assert p.stdout == '{"codec": '[:10], p.stdout
+    assert "Traceback" not in p.stderr and "BrokenPipe" not in p.stderr, p.stderr

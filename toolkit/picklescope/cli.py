@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import re
 import sys
@@ -72,6 +73,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("picklescope: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # output piped into 'head' and closed: not an error of ours or the user's
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except OSError:
+            pass
+        return 141
+    except OSError as exc:  # a path the user gave that cannot be read or written (permissions, a full disk)
+        if debug:
+            traceback.print_exc()
+        where = f" {exc.filename!r}" if exc.filename else ""
+        print(f"picklescope: error: cannot use{where}: {exc.strerror or exc}: check the path, its permissions "
+              "and free space (--debug shows where it happened)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -76,6 +76,8 @@ def parse_size(text: str | int | float | Size, what: str = "size") -> Size:
                 ) from None
             if not mult > 0:
                 raise PicklescopeError(f"{what} {text!r} must be above zero", "give a multiple like 1.5x")
+            if mult == float("inf"):
+                raise PicklescopeError(f"{what} {text!r} is too large to be a multiple", "give a multiple like 1.5x")
             return Size(multiple=mult)
         m = _SIZE.match(raw)
         if not m or m.group(2).lower() not in _UNITS:
@@ -85,6 +87,8 @@ def parse_size(text: str | int | float | Size, what: str = "size") -> Size:
         value, unit = float(m.group(1)), m.group(2).lower()
     if not value > 0:
         raise PicklescopeError(f"{what} {text!r} must be above zero", "give a positive size like 700MiB")
+    if value == float("inf"):
+        raise PicklescopeError(f"{what} {text!r} is too large to be a size", "give a size like 700MiB or 1.5x")
     return Size(bytes=int(value * _UNITS[unit]))
 
 
