@@ -146,8 +146,8 @@ def test_ctrl_c_in_the_api_parent_propagates_and_ends_every_child(files):
         kill_all(procs)
 
 
-def test_ctrl_c_in_the_terminal_exits_130_with_one_line(files):
-    """Ctrl-C in a terminal reaches the whole foreground process group: the parent and its children."""
+def start_cli_in_a_run(files) -> tuple[subprocess.Popen, list[psutil.Process]]:
+    """The CLI in its own session, returned once its sender and receiver exist and the sender sleeps."""
     p = subprocess.Popen([sys.executable, str(files / "cli_parent.py"), str(files / "plugin.py"), str(files / "runs")],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 240
@@ -160,6 +160,12 @@ def test_ctrl_c_in_the_terminal_exits_130_with_one_line(files):
     assert p.poll() is None, p.communicate()
     time.sleep(1.0)  # into the sender's sleeping step (either phase must end the same way)
     procs = descendants(p.pid)
+    return p, procs
+
+
+def test_ctrl_c_in_the_terminal_exits_130_with_one_line(files):
+    """Ctrl-C in a terminal reaches the whole foreground process group: the parent and its children."""
+    p, procs = start_cli_in_a_run(files)
     try:
         os.killpg(p.pid, signal.SIGINT)
         out, err = p.communicate(timeout=120)
@@ -218,3 +224,19 @@ def _sid(pid: int) -> int | None:
         return os.getsid(pid)
     except OSError:
         return None
+
+
+def test_sigterm_to_the_cli_ends_the_run_like_ctrl_c(files):
+    """SIGTERM to the parent alone (a job scheduler, ``timeout``, ``kill PID``): exit 143 with one line,
+    every child gone and the run directory removed (before: the default action killed the parent on
+    the spot and its hand-off folder stayed behind)."""
+    p, procs = start_cli_in_a_run(files)
+    try:
+        os.kill(p.pid, signal.SIGTERM)
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 143, err
+        assert err.strip() == "picklescope: terminated"
+        assert alive(procs) == []
+        assert os.listdir(files / "runs") == []
+    finally:
+        kill_all(procs)

@@ -12,7 +12,9 @@ import importlib
 import os
 import pkgutil
 import re
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Sequence
 
@@ -55,9 +57,28 @@ def _join_negative_values(argv: list[str]) -> list[str]:
     return out
 
 
+class Terminated(BaseException):
+    """SIGTERM (a job scheduler, ``timeout``, ``kill``) turned into an exception, so the run in progress
+    ends its children and removes its hand-off files the same way Ctrl-C does."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = _join_negative_values(list(sys.argv[1:] if argv is None else argv))
     debug = "--debug" in argv
+    installed = threading.current_thread() is threading.main_thread()  # signals only go to the main thread
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if installed else None
+    try:
+        return _main(argv, debug)
+    finally:
+        if installed:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+def _main(argv: list[str], debug: bool) -> int:
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
@@ -73,6 +94,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("picklescope: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("picklescope: terminated", file=sys.stderr)
+        return 143
     except BrokenPipeError:  # output piped into 'head' and closed: not an error of ours or the user's
         try:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
