@@ -147,6 +147,9 @@ def run(
     if not (isinstance(timeout_s, (int, float)) and timeout_s > 0 and timeout_s == timeout_s):
         raise PicklescopeError(f"timeout_s {timeout_s!r} must be a positive number of seconds",
                                f"use e.g. timeout_s=300 (default {DEFAULT_TIMEOUT_S:g})")
+    own_check = getattr(get_transport(transport), "check_options", None)
+    if own_check is not None:  # Ray: installed? does a cluster answer at ray_address? before anything starts
+        own_check(transport_options or {})
     spec = load_workload(workload)
     payload = spec.payload_bytes(scale)
     _check_fits(payload)

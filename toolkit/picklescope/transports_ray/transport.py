@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 from typing import Any, ClassVar
 
 from ..errors import PicklescopeError
@@ -54,6 +53,10 @@ class ProcessTransport(Transport):
         if reason:
             raise TransportUnavailable(self.name, reason, self.hint_for(reason))
 
+    def check_options(self, options: dict[str, Any]) -> None:
+        """Refuse what cannot run, before the runner creates anything (the default: availability)."""
+        self.check()
+
     @property
     def summary(self) -> str:
         reason = self.availability()
@@ -90,23 +93,20 @@ class RayTransport(ProcessTransport):
     def hint_for(self, reason: str) -> str:
         return RAY_INSTALL if reason == RAY_MISSING else self.install_hint
 
-    def run_sides(self, state: Any, cfg: dict[str, Any], **kw: Any) -> RunResult:
-        """Run the driver and the actor (see :mod:`.orchestrate`); ``options`` may hold ``ray_address``.
-
-        Ray's presence and the address are checked here, in the parent, before any child starts:
-        ``ray.init`` given an address where no cluster answers would retry for minutes.
-        """
+    def check_options(self, options: dict[str, Any]) -> None:
+        """Ray's presence and ``ray_address``, checked by the runner before anything of the run exists:
+        ``ray.init`` given an address where no cluster answers would retry for minutes."""
         from .address import check as check_address
+
+        self.check()
+        address = options.get("ray_address")
+        if address:
+            check_address(str(address))
+
+    def run_sides(self, state: Any, cfg: dict[str, Any], **kw: Any) -> RunResult:
+        """Run the driver and the actor (see :mod:`.orchestrate`); ``options`` may hold ``ray_address``."""
         from .orchestrate import run_sides
 
-        try:
-            self.check()
-            address = (kw.get("options") or {}).get("ray_address")
-            if address:
-                check_address(str(address))
-        except PicklescopeError:
-            shutil.rmtree(cfg["run_dir"], ignore_errors=True)  # the runner made it; nothing else started
-            raise
         return run_sides(state, cfg, ray_path=self.ray_path, **kw)
 
 
