@@ -229,3 +229,14 @@ def test_cgroup_enforcement_is_used_or_explained():
         assert r.enforcement == "cgroup" and r.extra["cgroup"]["oom_kill"] >= 1
         assert [n for n in os.listdir(base) if n.startswith(f"picklescope-{os.getpid()}-")] == []
     assert measured_processes() == []
+
+
+def test_total_budget_is_armed_above_the_measured_baseline():
+    """``total:2GiB`` counts the whole process: the side's budget becomes 2 GiB minus its own baseline."""
+    import picklescope as ps
+
+    r = ps.run("numpy-legacy", "pickle5-oob", "tiny", 1.0, budget="total:2GiB")
+    s = r.sides["sender"]
+    assert r.outcome == "ok", r.error
+    assert s.baseline_bytes and s.budget_bytes == 2 * 2**30 - s.baseline_bytes
+    assert r.sides["receiver"].budget_bytes is None

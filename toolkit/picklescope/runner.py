@@ -48,9 +48,8 @@ def _check_fits(payload: int) -> None:
 class _Run:
     """Bookkeeping of one run while its events arrive."""
 
-    def __init__(self, result: RunResult, on_event: EventHook | None, limits: Any = None) -> None:
+    def __init__(self, result: RunResult, on_event: EventHook | None) -> None:
         self.result = result
-        self.limits = limits
         self.on_event = on_event
         self.open_steps: dict[str, list[Step]] = {"sender": [], "receiver": []}
         self.done: dict[str, bool] = {"sender": False, "receiver": False}
@@ -66,8 +65,6 @@ class _Run:
         elif kind == "baseline":
             side.baseline_bytes = ev["baseline_bytes"]
             side.baseline_s = ev.get("t_s")
-            if self.limits is not None and self.limits.totals.get(ev["side"]) is not None:
-                side.budget_bytes = self.limits.arm_total(ev["side"], ev["baseline_bytes"])
         elif kind == "step_start":
             st = Step(ev["name"], ev["t_s"], None, None, None, depth=ev["depth"])
             side.steps.append(st)
@@ -167,7 +164,7 @@ def run(
         side.budget_bytes = limits.budgets[name]
     if limits.any:
         result.enforcement, result.enforcement_note = limits.enforcement, limits.note
-    state = _Run(result, on_event, limits)
+    state = _Run(result, on_event)
     sweep_orphans()  # what a parent killed with SIGKILL could not remove (its pid is in the name)
     run_dir = tempfile.mkdtemp(prefix=temp_name("picklescope-"), dir=SHM_DIR)  # creator pid: see leftovers.py
     result.extra["run_dir"] = run_dir  # removed when the run ends; kept here so tests can check
@@ -187,6 +184,7 @@ def run(
                              on_sample=on_sample, options=transport_options or {}, guard=guard, limits=limits)
         guard.check_refused()
         _raise_bad_setup(state)
+        _armed_budgets(ray_result, limits)
         return ray_result
 
     sampler = Sampler(t0, sample_interval_s)
@@ -230,6 +228,7 @@ def run(
         shutil.rmtree(run_dir, ignore_errors=True)
     guard.check_refused()  # a whole-process limit under the side's baseline: bad input, nothing measured
     _raise_bad_setup(state)
+    _armed_budgets(result, limits)
     for name, tl in sampler.timelines.items():
         result.sides[name].timeline = tl
     _finish(state)
@@ -276,6 +275,14 @@ def _drive(state: _Run, procs: dict[str, Any], conns: dict[str, Any], deadline: 
                     pass
                 if not state.done[name]:
                     return
+
+
+def _armed_budgets(result: RunResult, limits: Any) -> None:
+    """Each side's budget as enforced: a ``total:`` limit became bytes above the baseline only when the
+    watchdog saw that side's baseline (:meth:`~picklescope.budget.Limits.arm_total`)."""
+    for name, side in result.sides.items():
+        if limits.budgets.get(name) is not None:
+            side.budget_bytes = limits.budgets[name]
 
 
 def _raise_bad_setup(state: _Run) -> None:
