@@ -203,12 +203,11 @@ def _resolve(function: str) -> tuple[Any, Any]:
                 "check the spelling, add its folder with --path, or install the package in this environment",
             ) from None
     parts = qualname.split(".")
-    where = module_name
-    for part in parts:
+    for i, part in enumerate(parts):
         if not hasattr(owner, part):
+            where = f"{module_name}:{'.'.join(parts[:i])}" if i else module_name
             raise PicklescopeError(f"function {function!r} does not resolve: {where} has no attribute {part!r}",
                                    "give module:Class.method as it is spelled in the source")
-        where = f"{where}.{part}" if where != module_name else f"{module_name}:{part}"
         owner, last = getattr(owner, part), owner
     return last, owner
 
