@@ -36,7 +36,8 @@ def ledger_path() -> Path:
     return cache_root() / LEDGER
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: str | os.PathLike) -> str:
+    """The file's sha256, read in 1 MiB chunks (blobs may be large); every file checksum in the toolkit."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -58,7 +59,7 @@ def record_written(paths: list[str | Path]) -> Path:
     files = {k: v for k, v in _read_ledger().items() if os.path.isfile(k)}  # forget files that are gone
     for p in paths:
         rp = Path(p).resolve()
-        files[str(rp)] = _sha256(rp)
+        files[str(rp)] = file_sha256(rp)
     target = ledger_path()
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".ledger-", dir=target.parent)  # atomic: a reader never sees half a file
@@ -74,7 +75,7 @@ def why_trusted(path: str | Path) -> str | None:
     if p.is_relative_to(DATA_DIR.resolve()):
         return "inside the project's data/ folder"
     recorded = _read_ledger().get(str(p))
-    if recorded is not None and p.is_file() and _sha256(p) == recorded:
+    if recorded is not None and p.is_file() and file_sha256(p) == recorded:
         return "written by picklescope (recorded in its ledger with this sha256)"
     return None
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import hashlib
 import importlib
 import importlib.util
 import os
@@ -33,6 +32,7 @@ from typing import Any
 
 from ..errors import PicklescopeError
 from ..steps import step
+from ..trust import file_sha256
 from .envs import VerlEnv, verl_root
 
 MODE_ENV = "VERL_DATAPROTO_SERIALIZATION_METHOD"
@@ -87,10 +87,6 @@ def patch_functions(path: str | os.PathLike) -> list[str]:
         raise PicklescopeError(f"candidate patch {p} defines neither __getstate__ nor __setstate__ at top level",
                                "define def __getstate__(self): ... and/or def __setstate__(self, data): ...")
     return found
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def _apply_patch(data_proto: type, path: str) -> list[str]:
