@@ -47,6 +47,14 @@ def temp_name(prefix: str) -> str:
     return f"{prefix}{os.getpid()}-"
 
 
+def _remove(path: str) -> None:
+    """Remove a temporary, a folder with its contents or a single file (OSError if it cannot)."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
+
+
 def sweep_orphans() -> list[str]:
     """Remove temporaries whose creator process is gone (a parent killed with SIGKILL cannot clean up).
 
@@ -60,10 +68,7 @@ def sweep_orphans() -> list[str]:
         if pid is None or psutil.pid_exists(pid):
             continue
         try:
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path)
-            else:
-                os.unlink(path)
+            _remove(path)
             removed.append(path)
         except OSError:
             pass
@@ -255,10 +260,7 @@ def clean(report: Report) -> list[str]:
     for x in report.leftovers:
         if x.kind == "file":
             try:
-                if os.path.isdir(x.path) and not os.path.islink(x.path):
-                    shutil.rmtree(x.path)
-                else:
-                    os.unlink(x.path)
+                _remove(x.path)
             except OSError as exc:
                 failed.append(f"{x.path}: {exc}")
         elif x.pid is not None:
