@@ -71,9 +71,9 @@ _NEED = re.compile(r"expected (\d+) bytes in a .*, but only (\d+) remain")
 _UNKNOWN = re.compile(r"at position (\d+), opcode (b'.*') unknown")
 
 
-def _classify(info: BlobInfo, data: bytes, at: int, exc: ValueError) -> None:
-    """Word why ``pickletools`` stopped at byte ``at``: the file ends too soon, or it is no pickle at all."""
-    msg = str(exc)
+def _classify(info: BlobInfo, data: bytes, at: int, msg: str) -> None:
+    """Word why ``pickletools`` stopped at byte ``at`` (its message ``msg``): the file ends too soon, or it
+    is no pickle at all."""
     info.problem_at = at
     need = _NEED.search(msg)
     ran_out = bool(need) or any(m in msg for m in _RAN_OUT)
@@ -168,7 +168,7 @@ def describe_blob(path: str | Path) -> BlobInfo:
             else:
                 last = None
     except (ValueError, IndexError) as exc:
-        _classify(info, data, at, ValueError(str(exc)))
+        _classify(info, data, at, str(exc))
         return info
     info.kind = "pickle"
     info.globals = list(dict.fromkeys(f"{m}.{q}" for m, q in seen))

@@ -28,7 +28,6 @@ from typing import Any
 
 from .. import trust as _trust
 from ..errors import PicklescopeError
-from ..trust import file_sha256
 from ..workloads import DATA_DIR
 from . import childcall
 
@@ -59,7 +58,7 @@ def manifest_entry(path: str | Path) -> dict[str, Any] | None:
         return None
     if not str(m.get("generator", "")).startswith("picklescope"):
         return None
-    digest = file_sha256(p)
+    digest = _trust.file_sha256(p)
     return next((b for b in m.get("blobs", []) if b.get("file") == p.name and b.get("sha256") == digest), None)
 
 
@@ -186,7 +185,7 @@ def check_in_child(label: str, patch: str | None, folder: str) -> list[dict[str,
         path = os.path.join(folder, blob["file"])
         row = {"file": blob["file"], "mode": blob["mode"], "written_by": m["written_by"]["verl"],
                "ok": False, "problems": [], "error": None}
-        if file_sha256(path) != blob["sha256"]:
+        if _trust.file_sha256(path) != blob["sha256"]:
             row["error"] = "the file changed since it was written (sha256 differs from the manifest)"
             out.append(row)
             continue
@@ -223,7 +222,7 @@ def write_in_child(label: str, out_dir: str, spec: str) -> dict[str, Any]:
         dp = data_proto(batch=batch.batch, non_tensor_batch=batch.non_tensor_batch, meta_info=batch.meta_info)
         dp.save_to_disk(os.path.join(out_dir, name))
         path = os.path.join(out_dir, name)
-        blobs.append({"file": name, "mode": mode, "sha256": file_sha256(path), "bytes": os.path.getsize(path),
+        blobs.append({"file": name, "mode": mode, "sha256": _trust.file_sha256(path), "bytes": os.path.getsize(path),
                       "expected": expected})
     return {
         "generator": GENERATOR, "format": 1,
