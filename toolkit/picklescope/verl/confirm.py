@@ -106,13 +106,25 @@ def _env(role: Role) -> dict[str, str]:
     return env
 
 
-def _trace(role: Role, transport: str) -> dict[str, Any]:
+def _workload_arg(workload: str) -> str:
+    """What the children get: a preset name as is, a workload file as an absolute path.
+
+    A run's result carries only the workload's ``name`` (from inside the file), which no child can
+    load when the workload came from a file, so the step-through and the headroom runs get this.
+    """
+    path = Path(str(workload)).expanduser()
+    if str(workload).endswith((".yaml", ".yml")) or path.is_file():
+        return str(path.resolve())
+    return str(workload)
+
+
+def _trace(role: Role, transport: str, workload: str) -> dict[str, Any]:
     r = role.result
     files = [f for f in (role.verl_info.get("verl_file"), role.patch) if f]
-    return stepview.trace(role.codec, r.workload, r.scale, transport, _env(role), files)
+    return stepview.trace(role.codec, workload, r.scale, transport, _env(role), files)
 
 
-def _headroom(role: Role, transport: str, run_kw: dict[str, Any]) -> dict[str, Any]:
+def _headroom(role: Role, transport: str, workload: str, run_kw: dict[str, Any]) -> dict[str, Any]:
     try:
         from ..headroom import find_headroom
     except ImportError as exc:
@@ -121,7 +133,7 @@ def _headroom(role: Role, transport: str, run_kw: dict[str, Any]) -> dict[str, A
     if r.outcome != "ok" or r.sender.peak_bytes is None:
         return {"available": False, "reason": f"the run ended {r.outcome}"}
     env = _env(role)
-    h = find_headroom(role.codec, transport, r.workload, r.scale, peak_bytes=r.sender.peak_bytes,
+    h = find_headroom(role.codec, transport, workload, r.scale, peak_bytes=r.sender.peak_bytes,
                       env={"sender": env, "receiver": env}, **run_kw)
     return {"available": h.headroom_bytes is not None, "reason": h.error, **h.to_dict()}
 
@@ -132,12 +144,14 @@ def confirm(baseline: str, candidate: str, *, workload: str = "flowgrpo", scale:
     """Run ``baseline`` and ``candidate`` on the same case and judge the candidate."""
     label, _mode, _ = split_name(baseline)
     cand_codec, cand_label, patch = _candidate(baseline, candidate)
+    workload = _workload_arg(workload)  # the same file for every child: both runs, trace, headroom
     base = _run_role("baseline", baseline, label, None, workload, scale, transport, run_kw)
     cand = _run_role("candidate", cand_codec, cand_label, patch, workload, scale, transport, run_kw)
     rep = ConfirmReport(base, cand, base.result.workload, scale, transport, base.result.payload_bytes)
     for role in (base, cand):
-        role.trace = _trace(role, transport) if line_trace else {"available": False, "reason": "not requested"}
-        role.headroom = _headroom(role, transport, run_kw) if headroom else {"available": False,
+        role.trace = (_trace(role, transport, workload) if line_trace
+                      else {"available": False, "reason": "not requested"})
+        role.headroom = _headroom(role, transport, workload, run_kw) if headroom else {"available": False,
                                                                              "reason": "not requested"}
     if check_blobs:
         try:
