@@ -82,9 +82,10 @@ def find_headroom(
     measured (``reproduce`` passes it); otherwise one is run first. ``on_run`` is told before each run.
     """
 
-    from .workloads import load_workload
+    from .workloads import load_workload, require_tensor_payload
 
     payload = load_workload(workload).payload_bytes(scale)
+    require_tensor_payload(payload, "a headroom (a budget as a multiple of the payload)")
     res = max(1, math.ceil(resolution * payload))
     h = Headroom(codec, transport, load_workload(workload).name, scale, payload, res)
 

@@ -38,6 +38,10 @@ class Size:
     def resolve(self, payload_bytes: int) -> int:
         """Bytes for a run whose batch payload is ``payload_bytes``."""
         if self.multiple is not None:
+            if payload_bytes <= 0:
+                from .workloads import require_tensor_payload
+
+                require_tensor_payload(payload_bytes, f"a budget of {self.multiple:g}x")
             return int(round(self.multiple * payload_bytes))
         assert self.bytes is not None
         return self.bytes
