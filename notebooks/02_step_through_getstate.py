@@ -29,23 +29,32 @@ transport = "pickle5-oob"
 
 # %%
 # %load_ext picklescope
+import os
+
 import picklescope as ps
-from picklescope import stepper
+from picklescope import figures, stepper, table
 from picklescope.stepthrough import stepthrough
 
 # %% [markdown]
 # ## 1. Every codec, both directions, line by line
-# For each codec and method: the line that carries the largest cost (the deepest line within 90%
-# of the largest, since a caller's line includes what its callees allocated) and the exact peak.
+# For each codec and method: the costliest line and the exact peak of the whole call. A line's
+# **self** cost is what its own code allocated: its *inclusive* cost (everything that happened
+# while it ran, the functions it called included) minus what those functions added. Ranking by
+# self cost names the line that really allocates, never a wrapper such as `return self.encode(b)`
+# that only calls it.
 
 # %%
 throughs = {(c, m): stepthrough(codec=c, method=m, workload=workload, scale=scale, transport=transport)
             for c in codecs for m in ("__getstate__", "__setstate__")}
+summary = []
 for (c, m), st in throughs.items():
     top = st.culprit()
-    where = f"line {top.lineno}: {top.source.strip()}  +{top.added_bytes / st.payload_bytes:.2f}x payload" \
-        if top else "no line added memory"
-    print(f"{c:>13} {m:<13} {st.outcome:<6} peak {(st.peak_bytes or 0) / st.payload_bytes:5.2f}x | {where}")
+    summary.append({"codec": c, "method": m, "outcome": st.outcome,
+                    "peak (x payload)": f"{(st.peak_bytes or 0) / st.payload_bytes:.2f}x",
+                    "costliest line": f"{os.path.basename(top.filename)}:{top.lineno}  {top.source.strip()}"
+                    if top else "(no line added memory of its own)",
+                    "its own cost (x payload)": f"{top.self_bytes / st.payload_bytes:.2f}x" if top else "0.00x"})
+table.Table(summary)
 
 # %% [markdown]
 # The legacy codec's `__getstate__` in full: the `consolidate()` line adds about one payload and
@@ -54,7 +63,16 @@ for (c, m), st in throughs.items():
 
 # %%
 legacy_get = throughs[(codecs[0], "__getstate__")]
-stepper.show_stepthrough(legacy_get)
+fixed_get = throughs[(codecs[1], "__getstate__")]
+scale_bytes = figures.stepthrough_scale([legacy_get, fixed_get])  # one absolute scale for both figures
+stepper.show_stepthrough(legacy_get, scale_bytes=scale_bytes)
+
+# %% [markdown]
+# The fixed codec on the same scale: its bars are too small to see, and every line under 1% of
+# the payload is drawn grey, not red.
+
+# %%
+stepper.show_stepthrough(fixed_get, scale_bytes=scale_bytes)
 
 # %% [markdown]
 # The same from any expression that names a function: a codec's method, `Batch.__getstate__`, or a

@@ -110,13 +110,22 @@ def test_attribution_as_table_and_icicle(traced_tiny):
     assert "tracer='memray'" in empty.layout.annotations[0].text
 
 
-def test_stepthrough_figure_has_a_bar_per_line():
-    rows = [LineRow(0, 0, "f", "m", "/x/m.py", 3, "a = make()", 1, 0.01, 5 * MiB, 5 * MiB, 5 * MiB),
-            LineRow(1, 1, "g", "m", "/x/m.py", 9, "return copy(a)", 2, 0.02, MiB, 2 * MiB, 6 * MiB)]
+def test_stepthrough_figure_ranks_by_self_cost_and_draws_quiet_lines_neutral():
+    # line 9 is a wrapper: 6 MiB with its callee, 0 of its own; line 3 allocates 5 MiB itself;
+    # line 12 adds 8 KiB (under 1% of the payload): folded, never in the alarm colour
+    rows = [LineRow(0, 0, "f", "m", "/x/m.py", 9, "return wrap(a)", 1, 0.03, 6 * MiB, 6 * MiB, 6 * MiB, 0, 0),
+            LineRow(1, 1, "g", "m", "/x/m.py", 3, "a = make()", 1, 0.01, 5 * MiB, 5 * MiB, 5 * MiB,
+                    5 * MiB, 5 * MiB, 0),
+            LineRow(2, 1, "g", "m", "/x/m.py", 12, "b = tiny()", 2, 0.02, 8192, 8192, 5 * MiB, 8192, 8192, 0)]
     st = StepThrough("m:f", "__getstate__", "tiny", 1.0, 5 * MiB, rows=rows)
     fig = figures.stepthrough_figure(st)
-    added, took = fig.data
-    assert list(added.x) == [5.0, 1.0] and list(took.x) == [10.0, 20.0]
-    assert added.y[0].startswith("m.py:3") and "· return copy(a)" in added.y[1]
-    assert list(added.text) == ["1.00x", "0.20x"]
-    assert len(figures.stepthrough_figure(rows).data[0].x) == 2
+    inclusive, own, took = fig.data
+    assert own.y[0].startswith("m.py:3") and "· a = make()" in own.y[0]
+    assert own.x[0] == 5.0 and own.marker.color[0] == figures.ALARM_COLOR and list(own.text)[0] == "1.00x"
+    assert own.y[-1].startswith("2 quiet lines") and own.marker.color[-1] == figures.QUIET_COLOR
+    assert figures.ALARM_COLOR not in list(own.marker.color)[1:]
+    assert inclusive.x[0] == 5.0 and took.x[0] == 10.0
+    # two figures side by side share one absolute scale
+    scale = figures.stepthrough_scale([st, StepThrough("m:h", "__getstate__", "tiny", 1.0, 5 * MiB, rows=rows[2:])])
+    small = figures.stepthrough_figure(rows[2:], payload_bytes=5 * MiB, scale_bytes=scale)
+    assert tuple(small.layout.xaxis.range) == (0, 6 * 1.05)

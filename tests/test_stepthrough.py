@@ -139,6 +139,56 @@ def test_cli_prints_the_table_and_names_the_line():
                         "--workload", "flowgrpo", "--scale", "0.1"], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
     assert "x payload" in p.stdout and "consolidate()" in p.stdout
-    last = p.stdout.strip().splitlines()[-1]
-    assert last.startswith("largest: numpy_codec.py:") and "consolidate()" in last
+    lines = p.stdout.strip().splitlines()
+    last = lines[-1]
+    assert last.startswith("costliest line: numpy_codec.py:") and "consolidate()" in last
+    first_row = lines[lines.index(next(ln for ln in lines if ln.startswith("-----"))) + 1]
+    assert first_row.startswith("numpy_codec.py:") and "consolidate()" in first_row, first_row
     assert 0.95 < float(re.search(r"\(([0-9.]+)x payload\)", last).group(1)) < 1.1, last
+
+
+def test_torch_codec_names_the_lines_that_allocate_not_the_wrapper():
+    """Ranked by self cost: consolidate() and torch.save carry one payload each; the wrapper that
+    calls them (inclusive 2x) has no cost of its own and is folded with the quiet lines."""
+    p = subprocess.run([sys.executable, "-m", "picklescope", "stepthrough", "--codec", "torch", "--workload",
+                        "flowgrpo", "--scale", "0.1", "--json"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    costly = [r for r in d["rows"] if not r["quiet"]]
+    assert {r["source"] for r in costly} == {"td = td.consolidate()", "torch.save(td, buffer)"}, costly
+    for r in costly:
+        assert abs(r["self_bytes"] / d["payload_bytes"] - 1.0) < 0.1
+    wrapper = next(r for r in d["rows"] if r["source"] == "return self.encode(b)")
+    assert wrapper["quiet"] and wrapper["added_bytes"] > 1.8 * d["payload_bytes"]
+    assert wrapper["self_bytes"] < 0.01 * d["payload_bytes"]
+    assert d["culprit"]["source"] in {r["source"] for r in costly}
+    # the nesting stays visible: torch.save was called from the line that called save()
+    save = next(r for r in costly if "torch.save" in r["source"])
+    caller = next(r for r in d["rows"] if r["order"] == save["caller"])
+    assert "self.save(td)" in caller["source"]
+
+
+def test_ranked_puts_costly_lines_first_and_keeps_the_rest_in_order(legacy):
+    costly, quiet = legacy.ranked()
+    assert costly[0] is legacy.culprit() and "consolidate()" in costly[0].source
+    assert [r.order for r in quiet] == sorted(r.order for r in quiet)
+    assert all(r.self_bytes < 0.01 * legacy.payload_bytes for r in quiet)
+    path = [c.function for c in legacy.call_path(costly[0])]
+    assert path[0].endswith("getstate") and path[-1].endswith("encode"), path
+    # the JSON lists rows in the same ranked order
+    assert [r["order"] for r in legacy.to_dict()["rows"]] == [r.order for r in costly + quiet]
+
+
+def test_real_verl_getstate_puts_protocols_consolidate_line_first():
+    """verl 0.9.0's own DataProto.__getstate__ (downloaded from PyPI into the cache) in numpy mode."""
+    from picklescope.verl import envs
+
+    env = next((e for e in envs.installed() if e.label == "0.9.0"), None)
+    if env is None:
+        pytest.skip("verl 0.9.0 is not in the cache (picklescope verl install 0.9.0)")
+    st = stepthrough(function="verl.protocol:DataProto.__getstate__", workload="flowgrpo", scale=0.1,
+                     sys_path=[str(env.site)], env={"VERL_DATAPROTO_SERIALIZATION_METHOD": "numpy"})
+    assert st.outcome == "ok", st.error
+    costly, _quiet = st.ranked()
+    assert costly and costly[0].filename.endswith("protocol.py") and "consolidate()" in costly[0].source
+    assert abs(costly[0].self_bytes / st.payload_bytes - 1.0) < 0.1

@@ -323,30 +323,86 @@ def _icicle(rows: list[dict[str, Any]], frames: int = 6) -> go.Figure:
     return fig
 
 
-def stepthrough_figure(rows: Any, *, payload_bytes: int | None = None) -> go.Figure:
-    """Each executed line with bars for the memory it added and the time it took.
+QUIET_COLOR = "#BBBBBB"  # lines under 1% of the payload: drawn neutral, never in the alarm colour
+ALARM_COLOR = "#E45756"
+QUIET_SHARE = 0.01
 
-    ``rows`` is a :class:`~picklescope.stepthrough.StepThrough`, its ``rows``, or their dicts.
+
+def _row_dict(r: Any) -> dict[str, Any]:
+    d = dict(r) if isinstance(r, dict) else dict(vars(r))
+    d.setdefault("self_added_bytes", d.get("added_bytes", 0))
+    d.setdefault("self_retained_bytes", d.get("retained_bytes", 0))
+    d.setdefault("caller", -1)
+    d["self_bytes"] = max(d["self_added_bytes"], d["self_retained_bytes"], 0)
+    return d
+
+
+def stepthrough_scale(throughs: Sequence[Any]) -> int:
+    """One absolute scale (bytes) for step-throughs drawn side by side: the largest line of any."""
+    top = 0
+    for st in throughs:
+        for r in getattr(st, "rows", st):
+            d = _row_dict(r)
+            top = max(top, d["self_bytes"], d.get("added_bytes", 0))
+    return top
+
+
+def stepthrough_figure(rows: Any, *, payload_bytes: int | None = None, scale_bytes: int | None = None,
+                       title: str | None = None, max_quiet: int = 0) -> go.Figure:
+    """The lines of a step-through as bars, costly lines first.
+
+    ``rows`` is a :class:`~picklescope.stepthrough.StepThrough`, its ``rows``, or their dicts. Each
+    line's bar is its *self* cost (its own code's allocation), with the inclusive cost (callees
+    included) as a pale bar behind it; lines are ranked by self cost, ties by time, and indented
+    by call depth. Lines whose own cost is under 1% of the payload are folded into one neutral
+    bar (``max_quiet`` of them are listed first), so 8 KiB never looks as alarming as 47 MiB.
+    ``scale_bytes`` (see :func:`stepthrough_scale`) gives figures drawn side by side one x range.
     """
+    label = title
     if hasattr(rows, "rows"):
         payload_bytes = payload_bytes or rows.payload_bytes
+        label = label or f"{rows.target} {rows.method}"
         rows = rows.rows
-    items = [r if isinstance(r, dict) else vars(r) for r in rows]
+    items = [_row_dict(r) for r in rows]
+    limit = QUIET_SHARE * (payload_bytes or 0)
+    costly = sorted((r for r in items if r["self_bytes"] > 0 and r["self_bytes"] >= limit),
+                    key=lambda r: (-r["self_bytes"], -r["time_s"], r.get("order", 0)))
+    quiet = [r for r in items if r not in costly]
+    shown = costly + quiet[:max_quiet]
+    folded = quiet[max_quiet:]
     labels = [plain(f"{os.path.basename(r['filename'])}:{r['lineno']}  {'· ' * r['depth']}{r['source'][:60]}")
-              for r in items]
+              for r in shown]
     labels = [f"{lab} [{i}]" if labels.count(lab) > 1 else lab for i, lab in enumerate(labels)]
+    selfs = [_mib(r["self_bytes"]) for r in shown]
+    incl = [_mib(max(r.get("added_bytes", 0), 0)) for r in shown]
+    times = [r["time_s"] * 1000 for r in shown]
+    colors = [ALARM_COLOR if r in costly else QUIET_COLOR for r in shown]
+    if folded:
+        labels.append(f"{len(folded)} quiet lines, each under 1% of the payload by itself")
+        selfs.append(_mib(sum(r["self_bytes"] for r in folded)))
+        incl.append(0.0)
+        times.append(sum(r["time_s"] for r in folded if r["depth"] == 0) * 1000)
+        colors.append(QUIET_COLOR)
+        shown = shown + [{"hits": sum(r["hits"] for r in folded), "peak_bytes": 0}]
+    text = [f"{v * MiB / payload_bytes:.2f}x" if payload_bytes and c == ALARM_COLOR else ""
+            for v, c in zip(selfs, colors)]
     fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.02, column_widths=[0.6, 0.4],
-                        subplot_titles=["memory added (MiB)", "time (ms)"])
-    added = [_mib(r["added_bytes"]) for r in items]
-    text = [f"{r['added_bytes'] / payload_bytes:.2f}x" if payload_bytes else "" for r in items]
-    fig.add_trace(go.Bar(y=labels, x=added, orientation="h", marker_color="#E45756", text=text, name="added",
-                         textposition="auto", customdata=[[r["hits"], _mib(r["peak_bytes"])] for r in items],
-                         hovertemplate="%{y}<br>added %{x:.1f} MiB, hits %{customdata[0]}, "
+                        subplot_titles=["memory its own code added (MiB)", "time (ms)"])
+    fig.add_trace(go.Bar(y=labels, x=incl, orientation="h", marker_color="rgba(0,0,0,0.08)",
+                         name="with the functions it called", hovertemplate="%{y}<br>with the functions it called: "
+                         "%{x:.1f} MiB<extra></extra>"), row=1, col=1)
+    fig.add_trace(go.Bar(y=labels, x=selfs, orientation="h", marker_color=colors, text=text, name="its own code",
+                         textposition="auto", customdata=[[r.get("hits", 0), _mib(r.get("peak_bytes", 0))]
+                                                          for r in shown],
+                         hovertemplate="%{y}<br>its own code added %{x:.1f} MiB, ran %{customdata[0]} times, "
                                        "peak %{customdata[1]:.1f} MiB<extra></extra>"), row=1, col=1)
-    fig.add_trace(go.Bar(y=labels, x=[r["time_s"] * 1000 for r in items], orientation="h", name="time",
+    fig.add_trace(go.Bar(y=labels, x=times, orientation="h", name="time",
                          marker_color="#4C78A8", hovertemplate="%{y}<br>%{x:.2f} ms<extra></extra>"), row=1, col=2)
     fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(labels)), tickfont={"family": "monospace"},
                      row=1, col=1)
-    fig.update_layout(template="plotly_white", showlegend=False, height=140 + 22 * len(items),
-                      margin={"l": 10}, title={"text": "line by line", "font": {"size": 14}})
+    if scale_bytes:
+        fig.update_xaxes(range=[0, scale_bytes / MiB * 1.05], row=1, col=1)
+    fig.update_layout(template="plotly_white", showlegend=False, height=160 + 24 * len(labels), barmode="overlay",
+                      margin={"l": 10},
+                      title={"text": plain(label or "line by line") + ": costliest lines first", "font": {"size": 14}})
     return fig

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import html
+import os
 from typing import Any
 
 import ipywidgets as widgets
@@ -135,41 +136,48 @@ def target_spec(target: Any) -> dict[str, str]:
 
 
 def stepthrough_html(st: Any, limit: int = 40) -> str:
-    """The per-line table of a step-through: the costly lines first in execution order."""
+    """The per-line table of a step-through: costly lines first (by the memory their own code
+    added, ties by time), each with the lines that called it; quiet lines folded below."""
+    from .stepthrough import line_row
+    from .table import html_table
     from .units import fmt_bytes
 
     p = st.payload_bytes or 0
     culprit = st.culprit()
+    verb = {"ok": "finished", "error": "failed", "timeout": "ran out of time"}.get(st.outcome, st.outcome)
     head = (f"<p><b>{html.escape(st.target)}</b> {html.escape(st.method)} on {html.escape(st.workload)} "
-            f"x{st.scale:g} (payload {fmt_bytes(p)}): {html.escape(st.outcome)}, exact peak "
-            f"{fmt_bytes(st.peak_bytes)} above baseline")
+            f"x{st.scale:g} (payload {fmt_bytes(p)}) {html.escape(verb)}; the whole call rose "
+            f"{fmt_bytes(st.peak_bytes)} above where it started at its highest")
     if culprit is not None:
-        mult = f" ({culprit.added_bytes / p:.2f}x payload)" if p else ""
-        head += (f"; the costly line is {html.escape(culprit.function)} line {culprit.lineno}: "
-                 f"<code>{html.escape(culprit.source.strip())}</code> +{fmt_bytes(culprit.added_bytes)}{mult}")
-    head += "</p>"
+        mult = f" ({culprit.self_bytes / p:.2f}x payload)" if p else ""
+        head += (f". The costliest line is {html.escape(os.path.basename(culprit.filename))}:{culprit.lineno} in "
+                 f"{html.escape(culprit.function)}: <code>{html.escape(culprit.source.strip())}</code>, which "
+                 f"added {fmt_bytes(culprit.self_bytes)}{mult} by itself")
+    else:
+        head += ". No line added memory of its own"
+    head += ".</p>"
     if st.error:
         head += f"<pre>{html.escape(st.error)}</pre>"
-    rows = sorted(st.rows, key=lambda r: r.order)[:limit]
-    body = "".join(
-        f"<tr><td>{'&nbsp;' * 2 * r.depth}{html.escape(r.function)}</td><td>{r.lineno}</td>"
-        f"<td><code>{html.escape(r.source.strip())}</code></td><td>{r.hits}</td>"
-        f"<td>{fmt_bytes(r.added_bytes, signed=True)}</td>"
-        f"<td>{(r.added_bytes / p) if p else 0:.2f}x</td><td>{fmt_bytes(r.peak_bytes)}</td>"
-        f"<td>{r.time_s:.4f}</td></tr>" for r in rows)
-    more = f"<p class='note'>{len(st.rows) - limit} more lines not shown</p>" if len(st.rows) > limit else ""
-    return (head + "<table><thead><tr><th>function</th><th>line</th><th>source</th><th>hits</th><th>added</th>"
-            f"<th>x payload</th><th>peak</th><th>seconds</th></tr></thead><tbody>{body}</tbody></table>{more}")
+    costly, quiet = st.ranked()
+    rows = [line_row(st, r) for r in costly[:limit]]
+    quiet_rows = [line_row(st, r) for r in (costly[limit:] + quiet)]
+    return head + html_table(rows, caption="" if rows else "no line added 1% of the payload by itself",
+                             folded=quiet_rows,
+                             folded_label=f"{len(quiet_rows)} quiet lines, each under 1% of the payload by itself "
+                                          "(execution order; click to open)")
 
 
-def show_stepthrough(st: Any) -> None:
-    """Display a step-through: the per-line table, then the figure with a bar per line."""
+def show_stepthrough(st: Any, scale_bytes: int | None = None) -> None:
+    """Display a step-through: the per-line table, then the figure with a bar per costly line.
+
+    ``scale_bytes`` (:func:`picklescope.figures.stepthrough_scale`) puts several step-throughs
+    shown one after another on one absolute scale."""
     from IPython.display import display
 
     from .figures import stepthrough_figure
 
     display({"text/html": stepthrough_html(st), "text/plain": f"{st.target} {st.method}: {st.outcome}"}, raw=True)
-    display(stepthrough_figure(st))
+    display(stepthrough_figure(st, scale_bytes=scale_bytes))
 
 
 def stepthrough_target(target: Any, **options: Any) -> Any:

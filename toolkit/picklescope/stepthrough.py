@@ -14,11 +14,14 @@ Python API::
     st = stepthrough(codec="numpy", method="__setstate__")      # ... or its __setstate__
     st = stepthrough(function="verl.protocol:DataProto.__getstate__", sys_path=[verl_dir])
     st = stepthrough(function="my_patch.py:getstate")          # a plain function taking the batch
-    st.rows          # list[LineRow]: depth, function, filename, lineno, source, hits, time_s,
-                     #                added_bytes, retained_bytes, peak_bytes (above the baseline)
-    st.culprit()     # the line that carries the largest memory cost (the deepest one that does);
-                     # a line's cost is its largest single rise or, if more, what all its hits kept
-    st.to_dict()     # plain data; StepThrough.from_dict() reads it back
+    st.rows          # list[LineRow] in execution order: depth, function, filename, lineno, source,
+                     #   hits, time_s, added_bytes / retained_bytes / peak_bytes (inclusive: callees
+                     #   included), self_added_bytes / self_retained_bytes (the line's own code), caller
+    st.ranked()      # (costly, quiet): lines whose own code costs >= 1% of the payload, costliest
+                     #   first (ties: slower first), then the quiet ones in execution order
+    st.culprit()     # the line whose own code costs the most: the innermost line that allocates,
+                     #   never a wrapper that only calls it
+    st.to_dict()     # plain data, rows ranked as above; StepThrough.from_dict() reads it back
 
 How the target is called, in a fresh child process (from the warm forkserver), on the workload's
 batch (``workload``/``scale``, default flowgrpo x0.25):
@@ -58,10 +61,12 @@ from typing import Any
 
 from .errors import PicklescopeError
 from .linetrace import LineRow, LineTracer
+from .units import fmt_bytes as _fmt
 
 METHODS = {"__getstate__": "__getstate__", "getstate": "__getstate__",
            "__setstate__": "__setstate__", "setstate": "__setstate__"}
 DEFAULT_TIMEOUT_S = 900.0
+QUIET_SHARE = 0.01  # a line whose own code costs less than this share of the payload is quiet
 
 
 @dataclass
@@ -81,19 +86,45 @@ class StepThrough:
     traceback: str | None = None
     wall_s: float | None = None
 
-    def culprit(self, share: float = 0.9) -> LineRow | None:
-        """The line that carries the largest cost (:attr:`LineRow.cost_bytes`): among lines within
-        ``share`` of the largest, the deepest (a caller's line includes its callees' cost)."""
+    def culprit(self) -> LineRow | None:
+        """The line whose own code costs the most (:attr:`LineRow.self_bytes`; ties: the slower).
+
+        Ranking by self cost, not inclusive cost, is what keeps a wrapper (``return
+        self.encode(b)``, which includes everything ``encode`` does) from being named instead of
+        the line inside that really allocates."""
         if not self.rows:
             return None
-        top = max(r.cost_bytes for r in self.rows)
-        if top <= 0:
-            return None
-        near = [r for r in self.rows if r.cost_bytes >= share * top]
-        return max(near, key=lambda r: (r.depth, r.cost_bytes))
+        top = max(self.rows, key=lambda r: (r.self_bytes, r.time_s))
+        return top if top.self_bytes > 0 else None
+
+    def ranked(self, share: float = QUIET_SHARE) -> tuple[list[LineRow], list[LineRow]]:
+        """(costly, quiet): lines whose own code costs at least ``share`` of the payload, sorted by
+        self cost then time, and the rest in execution order (what a view folds below)."""
+        limit = share * (self.payload_bytes or 0)
+        costly = [r for r in self.rows if r.self_bytes > 0 and r.self_bytes >= limit]
+        costly.sort(key=lambda r: (-r.self_bytes, -r.time_s, r.order))
+        quiet = sorted((r for r in self.rows if r not in costly), key=lambda r: r.order)
+        return costly, quiet
+
+    def call_path(self, row: LineRow) -> list[LineRow]:
+        """The lines that led to ``row``'s function, outermost first (empty for the target's own lines)."""
+        by_order = {r.order: r for r in self.rows}
+        path: list[LineRow] = []
+        caller = row.caller
+        while caller >= 0 and caller in by_order and len(path) < 64:
+            path.append(by_order[caller])
+            caller = by_order[caller].caller
+        return list(reversed(path))
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Plain data; ``rows`` come ranked (costly lines first, quiet ones after, in execution
+        order), each with its ``self_bytes``, so a reader of the JSON sees the culprit first too."""
+        d = asdict(self)
+        costly, quiet = self.ranked()
+        d["rows"] = [dict(asdict(r), self_bytes=r.self_bytes, quiet=r in quiet) for r in costly + quiet]
+        c = self.culprit()
+        d["culprit"] = dict(asdict(c), self_bytes=c.self_bytes) if c is not None else None
+        return d
 
     def to_json(self, **kw: Any) -> str:
         return json.dumps(self.to_dict(), **kw)
@@ -103,8 +134,28 @@ class StepThrough:
         known = {f.name for f in fields(cls)}
         kw = {k: v for k, v in d.items() if k in known}
         row_fields = {f.name for f in fields(LineRow)}
-        kw["rows"] = [LineRow(**{k: v for k, v in r.items() if k in row_fields}) for r in d.get("rows", [])]
+        rows = [LineRow(**{k: v for k, v in r.items() if k in row_fields}) for r in d.get("rows", [])]
+        kw["rows"] = sorted(rows, key=lambda r: r.order)
         return cls(**kw)
+
+
+def where(row: LineRow) -> str:
+    """``file.py:LINE`` for a row."""
+    return f"{os.path.basename(row.filename)}:{row.lineno}"
+
+
+def _short(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 1] + "~"
+
+
+def line_row(st: StepThrough, r: LineRow) -> dict[str, Any]:
+    """One table row for a line: where, its code indented by call depth, the chain that called it."""
+    p = st.payload_bytes or 1
+    via = " > ".join(where(c) for c in st.call_path(r)) or "(the target)"
+    return {"line": where(r), "code": _short("  " * r.depth + r.source, 60), "called from": _short(via, 48),
+            "hits": r.hits, "seconds": f"{r.time_s:.4f}", "self": _fmt(r.self_bytes, signed=True),
+            "self x payload": f"{r.self_bytes / p:.3f}x", "inclusive": _fmt(r.added_bytes, signed=True),
+            "kept": _fmt(r.retained_bytes, signed=True), "peak": _fmt(r.peak_bytes)}
 
 
 def _method(method: str) -> str:

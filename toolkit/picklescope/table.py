@@ -1,7 +1,9 @@
-"""Plain-text tables for the terminal: rows of dicts in, aligned text out."""
+"""Tables of rows (dicts): aligned text for the terminal, HTML for a notebook (:class:`Table` does both)."""
 
 from __future__ import annotations
 
+import html
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,10 +12,14 @@ from .units import fmt_bytes
 
 
 def render(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) -> str:
-    """Align ``rows`` under their keys (or ``columns``), numbers right-aligned."""
+    """Align ``rows`` under their keys (or ``columns``), numbers right-aligned.
+
+    Without ``columns`` the columns are the union of every row's keys, in first-seen order, so a
+    key only some rows have (``sender headroom``) is never dropped because the first row lacks it.
+    """
     if not rows:
         return "(no rows)"
-    cols = list(columns or rows[0].keys())
+    cols = list(columns) if columns else columns_of(rows)
     cells = [[str(r.get(c, "")) for c in cols] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
 
@@ -25,6 +31,11 @@ def render(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None)
         return "  ".join(out).rstrip()
 
     return "\n".join([line(cols), line(["-" * w for w in widths])] + [line(r) for r in cells])
+
+
+def columns_of(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The union of the rows' keys, in the order they are first seen."""
+    return list(dict.fromkeys(k for r in rows for k in r))
 
 
 def _mult(n: int | None, payload: int) -> str:
@@ -75,3 +86,69 @@ def steps_rows(r: RunResult) -> list[dict[str, Any]]:
                 "error": st.error or "",
             })
     return rows
+
+
+_NUM_RE = re.compile(r"^[+-]?[\d.,]+(\s?(B|KiB|MiB|GiB|TiB|x|%|s|ms))?(\s\S+)?$")
+_CELL = "padding:2px 8px;border-bottom:1px solid #e5e5e5;vertical-align:top;white-space:nowrap"
+
+
+def _numeric(s: str) -> bool:
+    return bool(s) and (s[:1].isdigit() or (s[:1] in "+-" and s[1:2].isdigit())) and bool(_NUM_RE.match(s))
+
+
+def html_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None, *, caption: str = "",
+               folded: Sequence[dict[str, Any]] = (), folded_label: str = "") -> str:
+    """``rows`` as an HTML table a notebook renders: columns are the union of the rows' keys, numbers
+    right-aligned, no cell wraps mid-number; ``folded`` rows go in a collapsed ``<details>`` below.
+
+    Inline styles only, so it reads the same in JupyterLab, an exported notebook and the report.
+    """
+    esc = html.escape
+    if not rows and not folded:
+        return f"<p><i>{esc(caption or '(no rows)')}</i></p>"
+    cols = list(columns) if columns else columns_of(list(rows) + list(folded))
+
+    def body(rs: Sequence[dict[str, Any]]) -> str:
+        out = []
+        for r in rs:
+            cells = []
+            for c in cols:
+                v = r.get(c, "")
+                s = "" if v is None else str(v)
+                align = "right" if _numeric(s) else "left"
+                font = ";font-family:monospace" if c in ("code", "source", "line", "stack") else ""
+                cells.append(f"<td style='{_CELL};text-align:{align}{font}'>{esc(s)}</td>")
+            out.append("<tr>" + "".join(cells) + "</tr>")
+        return "".join(out)
+
+    head = "".join(f"<th style='{_CELL};text-align:left;background:#f3f3f3'>{esc(c)}</th>" for c in cols)
+    cap = f"<caption style='caption-side:top;text-align:left;padding:4px 0'>{esc(caption)}</caption>" if caption else ""
+    style = "border-collapse:collapse;font-size:13px;margin:4px 0"
+    table = f"<table style='{style}'>{cap}<thead><tr>{head}</tr></thead><tbody>{body(rows)}</tbody></table>"
+    if folded:
+        label = folded_label or f"{len(folded)} more rows"
+        table += (f"<details><summary>{esc(label)}</summary><table style='{style}'><thead><tr>{head}</tr>"
+                  f"</thead><tbody>{body(folded)}</tbody></table></details>")
+    return table
+
+
+class Table:
+    """Rows that display as an HTML table in a notebook and as aligned text anywhere else."""
+
+    def __init__(self, rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None, *, caption: str = "",
+                 folded: Sequence[dict[str, Any]] = (), folded_label: str = "") -> None:
+        self.rows, self.columns, self.caption = list(rows), columns, caption
+        self.folded, self.folded_label = list(folded), folded_label
+
+    def _repr_html_(self) -> str:
+        return html_table(self.rows, self.columns, caption=self.caption, folded=self.folded,
+                          folded_label=self.folded_label)
+
+    def __str__(self) -> str:
+        text = (self.caption + "\n" if self.caption else "") + render(self.rows, self.columns)
+        if self.folded:
+            text += f"\n({self.folded_label or f'{len(self.folded)} more rows'} folded)"
+        return text
+
+    def __repr__(self) -> str:
+        return str(self)

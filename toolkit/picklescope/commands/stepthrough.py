@@ -1,25 +1,24 @@
 """``picklescope stepthrough``: every line of a ``__getstate__`` / ``__setstate__`` with its exact memory cost.
 
-Columns: ``added`` is the largest rise of RSS during one execution of the line (callees included),
-``kept`` what the line's executions left resident in total, ``peak`` the highest RSS while it ran
-(above the start of the call). The last line names the line that costs the most.
+Costly lines come first, ranked by *self* cost (what the line's own code allocated: its inclusive
+rise minus what the traced functions it called added), ties by time; ``called from`` keeps the
+call nesting visible. Lines whose own code costs under 1% of the payload are folded below
+(``--all`` lists them). Columns: ``self`` the line's own cost, ``inclusive`` the largest rise of
+RSS during one execution of the line (callees included), ``kept`` what its executions left
+resident, ``peak`` the highest RSS while it ran (above the start of the call). The last line
+names the line that costs the most.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
 from .. import table
 from ..errors import PicklescopeError
-from ..stepthrough import StepThrough, stepthrough
+from ..stepthrough import StepThrough, line_row, stepthrough, where
 from ..units import fmt_bytes
 from .common import print_json, seconds
-
-ORDER = 20
-QUIET_ADDED = 0.01  # nested lines adding less than this share of the payload ...
-QUIET_TIME = 0.02  # ... and taking less than this share of the time are hidden unless --all
 
 
 def register(sub: Any) -> None:
@@ -40,32 +39,19 @@ def register(sub: Any) -> None:
                    help="environment variable for the child, e.g. VERL_DATAPROTO_SERIALIZATION_METHOD=numpy")
     p.add_argument("--plugin", action="append", default=[], help="plugin file or module with codecs (repeatable)")
     p.add_argument("--expand", action="append", default=[], help="also trace functions of this package (repeatable)")
-    p.add_argument("--all", action="store_true", help="show every line, also quiet nested ones")
+    p.add_argument("--all", action="store_true", help="list every line, also the quiet ones (under 1%% of the payload)")
     p.add_argument("--timeout", type=seconds, default=None, help="wall-clock limit in seconds")
     p.add_argument("--json", action="store_true", help="print the step-through as one JSON object")
     p.set_defaults(func=main)
 
 
-def _where(row: Any) -> str:
-    return f"{os.path.basename(row.filename)}:{row.lineno}"
-
-
 def rows_for_terminal(st: StepThrough, show_all: bool = False) -> tuple[list[dict[str, Any]], int]:
-    """Table rows (and how many quiet nested lines were hidden)."""
-    p = st.payload_bytes or 1
-    total_t = sum(r.time_s for r in st.rows if r.depth == 0) or 1.0
-    out, hidden = [], 0
-    for r in st.rows:
-        quiet = r.depth > 0 and r.cost_bytes < QUIET_ADDED * p and r.time_s < QUIET_TIME * total_t
-        if quiet and not show_all:
-            hidden += 1
-            continue
-        code = "  " * r.depth + r.source
-        out.append({"line": _where(r), "code": code if len(code) <= 72 else code[:71] + "~", "hits": r.hits,
-                    "seconds": f"{r.time_s:.4f}", "added": fmt_bytes(r.added_bytes, signed=True),
-                    "x payload": f"{r.added_bytes / p:.3f}x", "kept": fmt_bytes(r.retained_bytes, signed=True),
-                    "peak": fmt_bytes(r.peak_bytes)})
-    return out, hidden
+    """Table rows, costly lines first (and how many quiet lines were folded away)."""
+    costly, quiet = st.ranked()
+    out = [line_row(st, r) for r in costly]
+    if show_all:
+        return out + [line_row(st, r) for r in quiet], 0
+    return out, len(quiet)
 
 
 def summary(st: StepThrough) -> str:
@@ -73,12 +59,12 @@ def summary(st: StepThrough) -> str:
     c = st.culprit()
     p = st.payload_bytes or 1
     if c is None:
-        return "no line added memory"
-    what = (f"adds {fmt_bytes(c.added_bytes, signed=True)} ({c.added_bytes / p:.2f}x payload)"
-            if c.added_bytes >= c.retained_bytes else
-            f"keeps {fmt_bytes(c.retained_bytes, signed=True)} ({c.retained_bytes / p:.2f}x payload) "
+        return "no line added memory of its own"
+    what = (f"adds {fmt_bytes(c.self_added_bytes, signed=True)} ({c.self_added_bytes / p:.2f}x payload) by itself"
+            if c.self_added_bytes >= c.self_retained_bytes else
+            f"keeps {fmt_bytes(c.self_retained_bytes, signed=True)} ({c.self_retained_bytes / p:.2f}x payload) "
             f"over {c.hits} hits")
-    return f"largest: {_where(c)} in {c.function} {what}: {c.source}"
+    return f"costliest line: {where(c)} in {c.function} {what}: {c.source}"
 
 
 def main(args: argparse.Namespace) -> int:
@@ -104,9 +90,9 @@ def main(args: argparse.Namespace) -> int:
           f"{st.outcome}" + (f" - {st.error}" if st.error else ""))
     if st.rows:
         rows, hidden = rows_for_terminal(st, args.all)
-        print(table.render(rows))
+        print(table.render(rows) if rows else "(no line allocated 1% of the payload by itself)")
         if hidden:
-            print(f"({hidden} quiet nested lines hidden; --all shows them)")
+            print(f"({hidden} quiet lines, each under 1% of the payload by itself, folded; --all lists them)")
         print(f"exact peak of the call: {fmt_bytes(st.peak_bytes)} above its start")
         print(summary(st))
     if st.traceback and st.outcome != "ok":
