@@ -1,6 +1,6 @@
 """Property-based round trips: every generated batch is exact, or is one of the codec's declared gaps.
 
-Hypothesis builds random small batches (every dtype the issue lists, fp8 included; 0-dim, 0-size and
+Hypothesis builds random small batches (every dtype of ``CORE_DTYPES`` below, fp8 included; 0-dim, 0-size and
 one-element shapes; transposed, stepped, offset, expanded, column and lazy conj/neg views; jagged
 nested tensors built four ways and strided ones; sub-TensorDicts; None and empty batches; object
 arrays and nested meta_info) and sends each through every built-in codec and both in-process pickle

@@ -1,4 +1,8 @@
-"""Measured runs in real sender and receiver processes: the ratios BRIEF.md's table predicts.
+"""Measured runs in real sender and receiver processes: the ratios the codecs' code predicts.
+
+The replica codecs copy verl's ``DataProto.__getstate__`` behaviour before and after verl PR #7539
+(verl 0.9.1: the numpy branch runs before ``contiguous().consolidate()``), so each expected ratio is
+a count of payload copies read from that code (``codecs/numpy_codec.py``, ``codecs/torch_codec.py``).
 
 Checks are ratios to the payload measured in the same run, never times.
 """
@@ -46,7 +50,8 @@ def test_numpy_receiver_pays_its_bytearray_copy(flowgrpo_quarter):
 def test_transport_changes_the_cost_of_the_same_codec(flowgrpo_quarter):
     oob = flowgrpo_quarter[("numpy", "pickle5-oob")]
     inband = flowgrpo_quarter[("numpy", "pickle")]
-    # BRIEF: numpy 0.9.1 is +0.7 MiB over pickle5-oob but about 2x payload over protocol 4 (in-band copies)
+    # numpy (verl >= 0.9.1) makes no copy of its own: over pickle5-oob its arrays travel out of band (~0x
+    # payload), over protocol 4 pickle copies them in-band into the stream, then the bytes (~2x payload)
     assert abs(ratio(inband.sender.peak_bytes, inband) - 2.0) < 0.1
     assert ratio(inband.sender.peak_bytes - oob.sender.peak_bytes, oob) > 1.8
     legacy4 = flowgrpo_quarter[("numpy-legacy", "pickle")]

@@ -1,4 +1,4 @@
-"""Safe loading (issue 8, point 4): weights_only torch loads, trusted files only, clean errors, escaped HTML.
+"""Safe loading (docs/safe_loading.md): weights_only torch loads, trusted files only, clean errors, escaped HTML.
 
 - the torch codec's receiver loads its archive with ``torch.load(weights_only=True)``; the globals it
   allows are exactly those real archives name, for the call only, and anything else is refused

@@ -1,9 +1,9 @@
 """Real verl, side by side: the wheels installed at test time, their codecs, confirm, emitted tests.
 
 Every figure is measured here, on verl 0.9.0 (the bug) and 0.9.1 (the fix) downloaded from PyPI by
-``picklescope verl install``. The BRIEF's table (P = 200 MiB, fresh process per case, VmHWM) is the
-reference the real codecs must match within 3% of the payload. verl costs ~5 s to import in each
-child, so the expensive runs are shared through module-scoped fixtures.
+``picklescope verl install``. The real codecs' sender peaks must match, within 3% of the payload, the
+number of payload copies verl's own ``DataProto.__getstate__`` makes (``EXPECTED_SENDER_COPIES``). verl
+costs ~5 s to import in each child, so the expensive runs are shared through module-scoped fixtures.
 """
 
 from __future__ import annotations
@@ -17,10 +17,13 @@ from pathlib import Path
 
 import pytest
 
-WORKLOAD, SCALE, TRANSPORT = "seed-6400x20480", 0.4, "pickle5-oob"  # ~200 MiB, as in the BRIEF
+WORKLOAD, SCALE, TRANSPORT = "seed-6400x20480", 0.4, "pickle5-oob"  # ~200 MiB of payload
 MiB = 1 << 20
-# BRIEF.md, "Measured (P = 200 MiB ...)": sender peak above start, MiB
-BRIEF_PEAK_MIB = {"verl-0.9.0:numpy": 202, "verl-0.9.1:numpy": 0.7, "verl-0.9.0:torch": 602, "verl-0.9.1:torch": 602}
+# Sender peak above its baseline, in payloads: the copies verl's DataProto.__getstate__ makes over pickle5-oob.
+# numpy mode in 0.9.0 runs contiguous().consolidate() before its numpy branch (one copy; the arrays are views of
+# it, sent out of band); verl PR #7539 (in 0.9.1) checks the mode first (views of the leaves, no copy); torch
+# mode in both: consolidate's buffer, torch.save's bytes, and pickle's in-band copy of those bytes (three copies).
+EXPECTED_SENDER_COPIES = {"verl-0.9.0:numpy": 1, "verl-0.9.1:numpy": 0, "verl-0.9.0:torch": 3, "verl-0.9.1:torch": 3}
 TOLERANCE = 0.03  # of the payload
 
 NUMPY_FIRST = '''"""Candidate: check the numpy mode before consolidating."""
@@ -107,14 +110,14 @@ def test_install_keeps_each_version_in_its_own_folder_without_strays(verl_envs):
         assert (Path(env.root) / "stray" / "tests").is_dir()
 
 
-@pytest.mark.parametrize("codec", list(BRIEF_PEAK_MIB))
-def test_real_codecs_match_the_brief(real_runs, codec):
+@pytest.mark.parametrize("codec", list(EXPECTED_SENDER_COPIES))
+def test_real_codecs_make_the_copies_their_code_makes(real_runs, codec):
     r = real_runs[codec]
     assert r.outcome == "ok", r.error
     assert r.roundtrip["ok"], r.roundtrip
     ratio = r.sender.peak_bytes / r.payload_bytes
-    brief = BRIEF_PEAK_MIB[codec] * MiB / (200 * MiB)
-    assert abs(ratio - brief) <= TOLERANCE, f"{codec}: sender peak {ratio:.3f}x payload, BRIEF {brief:.3f}x"
+    expected = EXPECTED_SENDER_COPIES[codec]
+    assert abs(ratio - expected) <= TOLERANCE, f"{codec}: sender peak {ratio:.3f}x payload, expected {expected}x"
     label = codec.split(":")[0].removeprefix("verl-")
     for side in ("sender", "receiver"):  # each side records the verl it actually imported
         info = r.extra["codec_info"][side]
