@@ -21,7 +21,7 @@ from pathlib import Path
 from .errors import PicklescopeError, safe_text
 
 WORKLOAD_LIMIT = 4 * 1024**2
-DEFAULT_BLOB_LIMIT = 8 * 1024**3
+DEFAULT_BLOB_LIMIT = 1024**3  # inspect reads a blob whole: a bound on what the parent may hold
 BLOB_LIMIT_ENV = "PICKLESCOPE_MAX_BLOB_BYTES"
 
 _KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),

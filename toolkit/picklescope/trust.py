@@ -82,11 +82,12 @@ def why_trusted(path: str | Path) -> str | None:
 
 def check_trusted(path: str | Path, trust: bool = False, what: str = "blob") -> Path:
     """``path`` resolved, if it may be unpickled; otherwise a PicklescopeError naming the file, why, and ``--trust``."""
+    from .safefile import blob_limit, check_file
+
     p = Path(path).expanduser().resolve()
     if p.is_dir():
         raise PicklescopeError(f"{path} is a directory, not a {what}", "give the path of a file inside it")
-    if not p.is_file():
-        raise PicklescopeError(f"{what} {path} does not exist", "check the path")
+    check_file(p, what, blob_limit())  # not a FIFO, a device or a file over the blob limit
     if trust or why_trusted(p):
         return p
     raise PicklescopeError(

@@ -22,10 +22,12 @@ def register(sub: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..errors import PicklescopeError
+    from ..errors import PicklescopeError, safe_text
+    from ..safefile import blob_limit, check_file
     from ..verl.blobinfo import describe_blob, mode_hint, require_pickle
     from ..verl.blobs import load_blob, manifest_entry
 
+    check_file(args.blob, "blob", blob_limit())  # a FIFO, /dev/zero or a sparse giant is named, never read
     info = describe_blob(args.blob)  # reads only; nothing is written next to the blob
     if info.kind != "torch-zip":  # a bare torch.save archive is identified, but is no pickle to load
         require_pickle(info)
@@ -39,14 +41,14 @@ def main(args: argparse.Namespace) -> int:
         print_json({"blob": info.to_dict(), "manifest": entry and {k: v for k, v in entry.items() if k != "expected"},
                     "load": loaded})
         return 0
-    print(f"{info.path}: {info.bytes} bytes, {info.kind}"
+    print(f"{safe_text(info.path)}: {info.bytes} bytes, {info.kind}"
           + (f" (pickle protocol {info.pickle_protocol})" if info.pickle_protocol else ""))
-    print(f"written by: {info.writer}")
+    print(f"written by: {safe_text(info.writer)}")
     if info.mode:
         print(f"mode: {info.mode} -> {mode_hint(info.mode)}")
     if entry:
-        print(f"manifest: {entry['file']} listed with this checksum ({entry['mode']} mode)")
-    print(f"classes named: {', '.join(info.globals) or '(none)'}", flush=True)
+        print(f"manifest: {safe_text(entry['file'])} listed with this checksum ({entry['mode']} mode)")
+    print(f"classes named: {safe_text(', '.join(info.globals)) or '(none)'}", flush=True)
     if args.codec:  # identified first, so a failed load still leaves the identification on screen
         loaded = load_blob(args.blob, args.codec, trust=args.trust)
         ci = loaded.get("codec_info") or {}

@@ -44,7 +44,12 @@ def parse(address: str) -> tuple[str, int]:
         raise PicklescopeError(f"Ray address {address!r} is not host:port",
                                "give the GCS address as host:port, e.g. 127.0.0.1:6379 (what 'ray start --head' "
                                "prints), or drop --ray-address to start a local one")
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+    if len(host) > 253 or any(len(label) > 63 for label in host.split(".")) or not host.isprintable():
+        raise PicklescopeError(f"Ray address {address[:80]!r}{'...' if len(address) > 80 else ''} has a host name "
+                               "that cannot exist (more than 253 characters, a part longer than 63, or control "
+                               "characters)", "give the GCS address as host:port, e.g. 127.0.0.1:6379, or drop "
+                               "--ray-address to start a local one")
+    if not port_text.isdigit() or len(port_text) > 5 or not 0 < int(port_text) < 65536:
         raise PicklescopeError(f"Ray address {address!r} has port {port_text!r}, not a number from 1 to 65535",
                                "give the GCS address as host:port, e.g. 127.0.0.1:6379, or drop --ray-address "
                                "to start a local one")
@@ -58,7 +63,7 @@ def _resolve(host: str, port: int, timeout_s: float) -> list[tuple]:
     def lookup() -> None:
         try:
             box["infos"] = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: IDNA refuses the name (e.g. an empty label)
             box["error"] = exc
 
     t = threading.Thread(target=lookup, name="picklescope-ray-resolve", daemon=True)
