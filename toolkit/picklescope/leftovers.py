@@ -55,7 +55,7 @@ def _remove(path: str) -> None:
         os.unlink(path)
 
 
-def sweep_orphans() -> list[str]:
+def sweep_orphans(extra_roots: list[str] | None = None) -> list[str]:
     """Remove temporaries whose creator process is gone (a parent killed with SIGKILL cannot clean up).
 
     Called at the start of every run, so one killed parent costs one stale hand-off file until the
@@ -63,7 +63,8 @@ def sweep_orphans() -> list[str]:
     only when no process with that pid exists; returns what was removed.
     """
     removed = []
-    for path in sorted(_entries(temp_roots())[0]):
+    roots = temp_roots() + [r for r in extra_roots or () if r and os.path.isdir(r)]
+    for path in sorted(_entries(roots)[0]):
         pid = creator_pid(path)
         if pid is None or psutil.pid_exists(pid):
             continue

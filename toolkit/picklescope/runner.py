@@ -111,6 +111,7 @@ def run(
     enforcement: str = "watchdog",
     tracer: str | list[str] | None = "sampler",
     transport_options: dict[str, Any] | None = None,
+    handoff_dir: str | None = None,
 ) -> RunResult:
     """Serialize ``workload`` with ``codec`` over ``transport`` in two isolated processes.
 
@@ -131,6 +132,10 @@ def run(
 
     ``transport_options`` go to a transport that runs its own receiver (``ray``: ``ray_address`` to
     join an existing cluster, ``object_store_bytes``); see :mod:`picklescope.transports_ray`.
+
+    ``handoff_dir`` puts the run's hand-off file (and its other temporaries) in that folder instead of
+    ``/dev/shm``; a hand-off that does not fit the free space there is refused before any child starts
+    (see :func:`picklescope.transports.check_handoff_space`).
     """
     from .plugins import load_plugins
 
@@ -150,6 +155,11 @@ def run(
     spec = load_workload(workload)
     payload = spec.payload_bytes(scale)
     _check_fits(payload)
+    from .transports import check_handoff_space, handoff_root
+
+    handoff_base = handoff_root(handoff_dir)
+    if getattr(get_transport(transport), "run_sides", None) is None:  # Ray's object store is not our hand-off
+        check_handoff_space(handoff_base, payload, chosen=handoff_dir is not None)
     limits = plan_limits(budget, receiver_budget, payload, enforcement)
     tracer_names = tracers.parse_tracers(tracer)
     if not tracer_names and limits.any:
@@ -165,8 +175,8 @@ def run(
     if limits.any:
         result.enforcement, result.enforcement_note = limits.enforcement, limits.note
     state = _Run(result, on_event)
-    sweep_orphans()  # what a parent killed with SIGKILL could not remove (its pid is in the name)
-    run_dir = tempfile.mkdtemp(prefix=temp_name("picklescope-"), dir=SHM_DIR)  # creator pid: see leftovers.py
+    sweep_orphans([handoff_base] if handoff_base else None)  # what a parent killed with SIGKILL could not remove
+    run_dir = tempfile.mkdtemp(prefix=temp_name("picklescope-"), dir=handoff_base)  # creator pid: see leftovers.py
     result.extra["run_dir"] = run_dir  # removed when the run ends; kept here so tests can check
     t0 = time.monotonic()
     cfg = {"codec": codec, "transport": transport, "workload": spec.source or spec.name, "scale": scale,

@@ -13,13 +13,96 @@ from __future__ import annotations
 import mmap
 import os
 import pickle
+import tempfile
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from .errors import PicklescopeError, safe_text
 from .registry import Registry
 from .steps import step
 
 ALIGN = 64
+SHM = "/dev/shm"
+# For tests and for reasoning about a smaller machine: the free bytes the hand-off check believes /dev/shm
+# has, instead of what statvfs reports (e.g. 64MiB to act like Docker's default). A --handoff-dir is
+# always measured.
+FREE_BYTES_ENV = "PICKLESCOPE_SHM_FREE_BYTES"
+HANDOFF_SLACK = 1024**2  # the pickle stream's own bytes and the non-tensor data, beyond the payload
+
+
+def handoff_root(handoff_dir: str | os.PathLike | None = None) -> str | None:
+    """Where a run's hand-off goes: ``handoff_dir`` if given (it must be an existing, writable folder),
+    else ``/dev/shm`` (memory, like Ray's object store), else the temp directory (None)."""
+    if handoff_dir is None:
+        return SHM if os.path.isdir(SHM) else None
+    path = os.path.abspath(os.path.expanduser(os.fspath(handoff_dir)))
+    shown = safe_text(os.fspath(handoff_dir), 300)
+    if not os.path.isdir(path):
+        what = "does not exist" if not os.path.lexists(path) else "is not a folder"
+        raise PicklescopeError(f"--handoff-dir {shown} {what}", "give an existing folder on a disk with room for "
+                               "the hand-off (about the payload's size)")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise PicklescopeError(f"--handoff-dir {shown} is not writable by this user",
+                               "give a folder you can write to")
+    return path
+
+
+def free_bytes(directory: str) -> int:
+    """Bytes an unprivileged writer can still put in ``directory``'s filesystem (``statvfs``'s f_bavail).
+
+    For ``/dev/shm`` only, ``PICKLESCOPE_SHM_FREE_BYTES`` (bytes or a size like ``64MiB``) replaces the
+    reading, so a test can act out Docker's small ``/dev/shm`` without mounting one.
+    """
+    raw = os.environ.get(FREE_BYTES_ENV) if os.path.abspath(directory) == SHM else None
+    if raw:
+        from .units import parse_size
+
+        size = parse_size(raw, FREE_BYTES_ENV)
+        if size.bytes is None:
+            raise PicklescopeError(f"{FREE_BYTES_ENV}={safe_text(raw)!r} is a multiple, not a size", "give e.g. 64MiB")
+        return size.bytes
+    st = os.statvfs(directory)
+    return st.f_bavail * st.f_frsize
+
+
+def check_handoff_space(directory: str | None, payload: int, chosen: bool = False) -> None:
+    """Refuse a run whose hand-off cannot fit ``directory`` (one line: sizes, where, the ways out).
+
+    A full ``/dev/shm`` (Docker gives a container 64 MiB unless ``--shm-size`` says otherwise) would
+    otherwise end the sender with ``OSError: [Errno 28] No space left on device`` halfway through the
+    hand-off, with no word about which filesystem or what to do.
+    """
+    from .units import fmt_bytes
+
+    where = directory or tempfile.gettempdir()
+    need = payload + HANDOFF_SLACK
+    free = free_bytes(where)
+    if need <= free:
+        return
+    if chosen:
+        raise PicklescopeError(
+            f"the hand-off needs about {fmt_bytes(need)} but --handoff-dir {safe_text(where, 300)} has only "
+            f"{fmt_bytes(free)} free", "give a --handoff-dir on a disk with more free space, or a smaller --scale")
+    ways = ("pass --handoff-dir DIR to write it to a folder on disk instead (Python: handoff_dir=...), give the "
+            "machine more shared memory (Docker: --shm-size=2g; elsewhere remount /dev/shm larger), or use a "
+            "smaller --scale")
+    raise PicklescopeError(f"the hand-off needs about {fmt_bytes(need)} but {safe_text(where)} (shared memory) has "
+                           f"only {fmt_bytes(free)} free", ways)
+
+
+def _check_room(fd: int, path: str, nbytes: int) -> None:
+    """Exact check in the sender, once the stream's size is known (the parent's check used the payload)."""
+    from .units import fmt_bytes
+
+    st = os.fstatvfs(fd)
+    free = st.f_bavail * st.f_frsize
+    raw = os.environ.get(FREE_BYTES_ENV) if path.startswith(SHM + os.sep) else None
+    if raw and raw.isdigit():
+        free = min(free, int(raw))
+    if nbytes > free:
+        raise OSError(28, f"the hand-off needs {fmt_bytes(nbytes)} but its folder has only {fmt_bytes(free)} free "
+                      "(pass --handoff-dir DIR on a disk, or give the machine more shared memory, e.g. Docker "
+                      "--shm-size)")
 
 
 def _write_all(fd: int, data: memoryview) -> None:
@@ -67,6 +150,7 @@ class Transport:
         with step("handoff"):
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
+                _check_room(fd, path, len(data) + sum(b.raw().nbytes + ALIGN for b in buffers))
                 _write_all(fd, memoryview(data))
                 offset = len(data)
                 for buf in buffers:

@@ -45,6 +45,14 @@ def add_run_args(p: argparse.ArgumentParser, codec: bool = True) -> None:
     p.add_argument("--ray-address", default=None,
                    help="transports ray, ray-arg, transferqueue: join this Ray cluster (host:port) instead of "
                         "starting a local one for the run")
+    add_handoff_arg(p)
+
+
+def add_handoff_arg(p: argparse.ArgumentParser) -> None:
+    """``--handoff-dir``: where the sender writes the hand-off when ``/dev/shm`` is too small for it."""
+    p.add_argument("--handoff-dir", default=None, metavar="DIR",
+                   help="write the hand-off file to this folder (on disk) instead of /dev/shm, e.g. when "
+                        "/dev/shm is smaller than the payload (Docker's default is 64 MiB)")
 
 
 def run_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -53,6 +61,8 @@ def run_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         kw["timeout_s"] = args.timeout
     if getattr(args, "tracer", None) is not None:
         kw["tracer"] = args.tracer
+    if getattr(args, "handoff_dir", None):
+        kw["handoff_dir"] = args.handoff_dir
     if getattr(args, "ray_address", None):
         kw["transport_options"] = {"ray_address": args.ray_address}
     return kw

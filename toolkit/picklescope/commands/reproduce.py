@@ -26,7 +26,7 @@ from ..reproduce import (
 )
 from ..units import fmt_bytes, parse_size
 from ..workloads import DEFAULT_WORKLOAD, load_workload
-from .common import run_kwargs, seconds
+from .common import add_handoff_arg, run_kwargs, seconds
 
 ORDER = 1
 DEFAULT_OUT = os.path.join("out", "reproduce")
@@ -50,6 +50,7 @@ def register(sub: Any) -> None:
                                                           "is installed)")
     p.add_argument("--ray-address", dest="ray_cluster", default=None,
                    help="run the ray rows on this cluster (host:port) instead of a local one started for them")
+    add_handoff_arg(p)
     p.set_defaults(func=main)
 
 
