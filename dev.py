@@ -101,8 +101,13 @@ def main(argv: list[str]) -> int:
             return rc
         return subprocess.call([str(py), "-m", "pytest", *rest], env=env, cwd=ROOT)
     if cmd == "lab":
-        return subprocess.call([str(bindir / "jupyter"), "lab", "--notebook-dir", str(ROOT / "notebooks"), *rest],
-                               env=env, cwd=ROOT)
+        extra = []
+        if hasattr(os, "getuid") and os.getuid() == 0 and "--allow-root" not in rest:
+            # a container's default user is root; Jupyter refuses to start as root without this flag
+            print("dev.py: running as root (user id 0), so JupyterLab gets --allow-root", file=sys.stderr)
+            extra.append("--allow-root")
+        return subprocess.call([str(bindir / "jupyter"), "lab", "--notebook-dir", str(ROOT / "notebooks"), *extra,
+                                *rest], env=env, cwd=ROOT)
     print(f"dev.py: unknown command {cmd!r}: use reproduce, test, lab or picklescope", file=sys.stderr)
     return 2
 

@@ -1,6 +1,7 @@
 # ---
 # jupyter:
 #   jupytext:
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version,-jupytext.text_representation.format_version
 #     text_representation:
 #       extension: .py
 #       format_name: percent
@@ -13,16 +14,11 @@
 # %% [markdown]
 # # Postmortem: host memory spent serializing a training batch
 #
-# A parameterized postmortem. Run it from the command line to get a shareable, offline HTML file:
-#
-# ```
-# picklescope postmortem --workload flowgrpo --codecs torch,numpy-legacy,numpy --budget 0.5x --out postmortem/
-# ```
-#
-# which executes this notebook with papermill and exports it (plotly.js inlined, nothing fetched
-# from the network). It also writes the same investigation as `report.html`, the toolkit's report.
-# Every number below was measured while this notebook ran: each codec serialized the workload's
-# batch in a sender process and deserialized it in a receiver process, peaks read from the kernel.
+# Every number below was measured while this notebook ran. Each codec (a way of turning the batch
+# into bytes: `torch`, `numpy-legacy` = verl <= 0.9.0 numpy mode, `numpy` = verl >= 0.9.1) serialized
+# the workload's batch in a *sender* process and rebuilt it in a *receiver* process; each peak was
+# read from the Linux kernel (`VmHWM`, the exact high-water mark of resident memory). Words in
+# *italics* are defined in the [glossary](../docs/glossary.md).
 
 # %% tags=["parameters"]
 workload = "flowgrpo"  # a preset (picklescope list) or a path to a workload YAML
@@ -33,24 +29,29 @@ transport = "pickle5-oob"  # how the bytes travel (pickle5-oob is what Ray does)
 headroom = True  # also find each codec's smallest surviving sender budget (2 more runs per codec)
 trace = "all"  # tracers for one extra run of the legacy codec: what each tracker saw, who allocated (None: skip)
 ray = False  # also send each codec through a local Ray cluster (slow to start)
+out_dir = "out/postmortem"  # where report.html and results.json go (out/ is ignored by git)
 
 # %%
 # %load_ext picklescope
 import json
+import os
 import shlex
 
 from IPython.display import HTML, display
 
-from picklescope import envinfo, figures, report, table, tracers
+from picklescope import envinfo, figures, report, table
 from picklescope.reproduce import budgeted_results, investigate, matrix_results
+from picklescope.tracers import compare as trackers
+from picklescope.units import fmt_bytes
 
 command = shlex.join(["picklescope", "postmortem", "--workload", workload, "--codecs", ",".join(codecs),
                       "--budget", budget or "none", "--scale", f"{scale:g}", "--transport", transport,
                       "--tracer", trace or "none"] + ([] if headroom else ["--no-headroom"]) + (["--ray"] if ray else []))
 inv = investigate(workload, scale, budget, codecs=tuple(codecs), transports=(transport,), headroom=headroom,
                   trace=trace, ray=ray, command=command)
-report.write_report(inv, "report.html")
-with open("results.json", "w") as f:
+os.makedirs(out_dir, exist_ok=True)
+report.write_report(inv, os.path.join(out_dir, "report.html"))
+with open(os.path.join(out_dir, "results.json"), "w") as f:
     json.dump(inv.to_dict(), f)
 
 # %% [markdown]
@@ -58,53 +59,68 @@ with open("results.json", "w") as f:
 
 # %%
 display(HTML(f"<p style='font-size:1.15em'><b>{report.e(inv.extra['headline'])}</b></p>"))
-print(table.render(table.comparison_rows(budgeted_results(inv) + matrix_results(inv))))
+table.Table([{"parameter": "workload", "value": f"{workload} x{scale:g} (payload {fmt_bytes(inv.results[0].payload_bytes if inv.results else None)})"},
+             {"parameter": "codecs", "value": ", ".join(codecs)},
+             {"parameter": "sender budget", "value": budget or "none"},
+             {"parameter": "transport", "value": transport},
+             {"parameter": "trackers", "value": trace or "none"},
+             {"parameter": "through Ray", "value": "yes" if ray else "no"}])
 
 # %% [markdown]
-# ## Under the budget
-# Each budgeted run's timeline: both sides' memory, the named steps as bands, the budget as a line.
-# A killed side's curve stops at the kill.
+# ## Which codec survives the budget, and what does each cost?
+# One row per run. *Peak* is the highest memory above the process's starting point (its
+# *baseline*), also as a multiple of the *payload* (the batch's tensor bytes); *held* is what stayed
+# after the call, *cycle-held* what only `gc.collect()` freed.
+
+# %%
+table.Table(table.comparison_rows(budgeted_results(inv) + matrix_results(inv)))
+
+# %% [markdown]
+# ## What happened under the budget?
+# Each budgeted run's memory over time: both sides, the named steps as bands, the budget as a line.
+# A killed side's curve stops where it was killed.
 
 # %%
 for r in budgeted_results(inv):
-    print(f"{r.codec}: {r.outcome}" + (f" ({r.error})" if r.error else ""))
     display(figures.timeline_figure(r))
 
 # %% [markdown]
-# ## Side by side, without a budget
-# Exact peak, held and cycle-held memory (freed only by `gc.collect()`) and time per codec.
+# ## How do the codecs compare without a budget?
+# Exact peak, held and cycle-held memory and time per codec.
 
 # %%
 figures.comparison_figure(matrix_results(inv))
 
 # %% [markdown]
-# ## What each memory tracker saw, and who allocated the peak
-# One more run of the legacy codec with in-process tracers: each one's view next to the kernel's
-# exact figures (tracemalloc cannot see torch tensors; torch.profiler cannot see Python buffers),
-# then memray's allocations live at the peak with their stacks.
+# ## What did each memory tracker see, and who allocated the peak?
+# One more run of the legacy codec with in-process trackers. The table puts what each one saw in
+# each costly step next to the kernel's exact figure; a sentence follows for each blind spot.
 
 # %%
 traced = [r for r in inv.results if r.tracer not in ("sampler", "none")]
 for r in traced:
-    print("\n".join(tracers.report_lines(r)))
-    display(figures.timeline_figure(r, show_tracers=True))
+    display(table.Table(trackers.tracker_table(r), caption=f"{r.codec}: memory added per step, x payload"))
+    for sentence in trackers.blind_spots(r):
+        display(HTML(f"<p>{report.e(sentence)}</p>"))
     display(figures.attribution_figure(r))
 if not traced:
-    print("no traced run in this postmortem (trace=None)")
+    display(HTML("<p>No traced run in this postmortem (trace=None).</p>"))
 
 # %% [markdown]
-# ## Steps
+# ## Which step added the memory?
 # What each named step of each unbudgeted run added, as a multiple of the payload.
 
 # %%
 for r in matrix_results(inv):
-    print(f"\n{r.codec} over {r.transport}: {r.outcome}")
-    print(table.render(table.steps_rows(r)))
+    display(table.Table(table.steps_rows(r), caption=f"{r.codec} over {r.transport}: {r.outcome}"))
 
 # %% [markdown]
-# ## Environment and how to reproduce
+# ## Where was it measured, and how to run it again?
 
 # %%
 env = envinfo.collect()
-print({k: env[k] for k in ("python", "packages", "machine_memory_bytes", "cpus", "platform")})
-print(inv.extra.get("command"))
+table.Table([{"what": "python", "value": env["python"]}, {"what": "cpus", "value": env["cpus"]},
+             {"what": "memory", "value": fmt_bytes(env["machine_memory_bytes"])},
+             {"what": "platform", "value": env["platform"]},
+             {"what": "packages", "value": ", ".join(f"{k} {v}" for k, v in sorted(env["packages"].items()))},
+             {"what": "command", "value": inv.extra.get("command")}])

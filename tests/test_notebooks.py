@@ -37,6 +37,19 @@ def _stdout(nb) -> str:
     return "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []) if o.get("name") == "stdout")
 
 
+def _shown(nb) -> str:
+    """Everything a cell printed or displayed, as plain text."""
+    out = []
+    for c in nb.cells:
+        for o in c.get("outputs", []):
+            out.append(o.get("text", "") if o.get("name") == "stdout" else str(o.get("data", {}).get("text/plain", "")))
+    return "\n".join(out)
+
+
+def _html(nb) -> str:
+    return "\n".join(str(o.get("data", {}).get("text/html", "")) for c in nb.cells for o in c.get("outputs", []))
+
+
 def test_every_notebook_is_parameterized_and_tested():
     stems = sorted(p.stem for p in NOTEBOOKS.glob("*.py"))
     assert stems == sorted([*PARAMETERS, POSTMORTEM])
@@ -77,8 +90,13 @@ def test_notebook_executes_headless(stem, executed):
         assert "verdicts: {'numpy-legacy': 'oom-killed', 'numpy': 'ok'}" in out
         assert "numpy-legacy: oom-killed on the sender in step consolidate" in out
     elif stem == "02_step_through_getstate":
-        legacy = next(line for line in out.splitlines() if "numpy-legacy __getstate__" in line)
+        legacy = next(line for line in _shown(nb).splitlines() if "numpy-legacy" in line and "__getstate__" in line)
         assert "consolidate()" in legacy
+        # the legacy step-through's table: the consolidate line is the first row
+        page = _html(nb)
+        first_row = page[page.index("<tbody>", page.index("NumpyLegacyCodec")):]
+        first_row = first_row[:first_row.index("</tr>")]
+        assert "consolidate()" in first_row, first_row
         assert "step 3 of" in out  # the step reveal was clicked three times
     elif stem == "03_allocation_timelines":
         assert "in step consolidate (sender)" in out  # memray's largest row
@@ -107,8 +125,13 @@ def test_postmortem_html_is_offline_with_figures_inline(postmortem):
     assert '"name":"RSS, sampled every ~1 ms"' in html.replace(": ", ":")
     assert "numpy-legacy was OOM-killed on the sender in step consolidate" in html
     assert "Postmortem: host memory spent serializing a training batch" in html
+    # a document: verdict first, no code, no parameters cell (twice or once); the parameters as a table
+    assert "import json" not in html and "workload = " not in html
+    assert html.index("Verdict") < html.index("numpy-legacy was OOM-killed") < html.index("Which codec survives")
+    assert "sender budget" in html and "0.5x" in html
     nb = json.loads((postmortem / "postmortem.ipynb").read_text())
     assert nb["cells"][1]["metadata"]["tags"] == ["parameters"]
+    assert any("import json" in "".join(c["source"]) for c in nb["cells"])  # the notebook keeps its code
     assert (postmortem / "report.html").is_file() and (postmortem / "results.json").is_file()
 
 
@@ -185,3 +208,54 @@ def test_lab_serves_the_py_files_as_notebooks(tmp_path):
     cells = model["content"]["cells"]
     assert any(c["metadata"].get("tags") == ["parameters"] for c in cells)
     assert model["content"]["metadata"]["kernelspec"]["name"] == "python3"
+
+
+def test_saving_a_notebook_through_jupytext_writes_the_file_back_byte_for_byte(tmp_path):
+    """What Lab does on save: jupytext's contents manager turns the notebook model (here with an
+    output and Lab's own cell metadata added, as after running a cell) back into the .py."""
+    import shutil
+
+    from jupytext import TextFileContentsManager
+
+    for p in NOTEBOOKS.iterdir():
+        if p.is_file():
+            shutil.copy(p, tmp_path / p.name)
+    cm = TextFileContentsManager(root_dir=str(tmp_path))
+    for p in sorted(NOTEBOOKS.glob("*.py")):
+        model = cm.get(p.name, content=True, type="notebook")
+        for cell in model["content"].cells:
+            if cell.cell_type == "code":
+                cell.outputs = [{"output_type": "stream", "name": "stdout", "text": "ran\n"}]
+                cell.execution_count = 1
+                cell.metadata["execution"] = {"iopub.status.idle": "2026-01-01T00:00:00Z"}
+                cell.metadata["trusted"] = True
+        cm.save(model, p.name)
+        assert (tmp_path / p.name).read_bytes() == p.read_bytes(), p.name
+
+
+def test_notebooks_write_only_under_out(executed, tmp_path):
+    """A notebook's files go to the ignored out/ folder, never beside the tracked notebooks."""
+    for path in ("notebooks/out/report.html", "out/screenshots/x.png"):
+        assert subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO).returncode == 0, path
+    first = next(nb for nb in executed.values() if not isinstance(nb, Exception))
+    folder = Path(first.metadata.papermill.output_path).parent
+    strays = [p.relative_to(folder).as_posix() for p in folder.rglob("*")
+              if p.is_file() and p.suffix != ".ipynb" and p.relative_to(folder).parts[0] != "out"]
+    assert strays == []
+    # the postmortem template, run as in Lab (its parameters as written), puts its files in out/
+    nb = nbrun.execute(NOTEBOOKS / f"{POSTMORTEM}.py", tmp_path / "pm.ipynb",
+                       {"workload": "tiny", "scale": 1.0, "codecs": ["numpy"], "budget": None,
+                        "headroom": False, "trace": None}, timeout_s=600)
+    assert nb is not None
+    made = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
+    assert made == ["out/postmortem/report.html", "out/postmortem/results.json", "pm.ipynb"], made
+
+
+def test_lab_settings_turn_off_the_news_popup():
+    schema = json.loads((REPO / ".venv/share/jupyter/lab/schemas/@jupyterlab/apputils-extension/notification.json")
+                        .read_text())
+    settings = json.loads((REPO / "jupyter/overrides.d/picklescope.json").read_text())
+    news = settings["@jupyterlab/apputils-extension:notification"]
+    allowed = [c["const"] for c in schema["properties"]["fetchNews"]["oneOf"]]
+    assert news["fetchNews"] in allowed and news["fetchNews"] == "false"
+    assert news["checkForUpdates"] is False

@@ -280,8 +280,13 @@ def _side(r: RunResult, side: str, attr: str) -> Any:
 
 
 def attribution_figure(result: RunResult | RunTimeline, *, kind: str = "table", max_rows: int = 20) -> go.Figure:
-    """memray's allocations live at the peak: ``kind="table"`` (largest first) or ``"icicle"``."""
-    rows = result.attribution
+    """memray's allocations live at the peak: ``kind="table"`` (largest first) or ``"icicle"``.
+
+    Rows are those of :func:`picklescope.tracers.compare.attribution_rows`: at least 1% of the
+    payload each, the rest as "other", no allocation of the toolkit's own or outside the steps."""
+    from .tracers.compare import attribution_rows
+
+    rows = attribution_rows(result)  # type: ignore[arg-type]  # reads only attribution and payload_bytes
     payload = result.payload_bytes
     if not rows:
         fig = go.Figure()
@@ -294,7 +299,7 @@ def attribution_figure(result: RunResult | RunTimeline, *, kind: str = "table", 
     rows = rows[:max_rows]
     cells = [[f"{r['bytes'] / MiB:.1f}" for r in rows],
              [f"{r['bytes'] / payload:.2f}x" if payload else "-" for r in rows],
-             [r.get("side", "") for r in rows], [r.get("step") or "(outside steps)" for r in rows],
+             [r.get("side", "") for r in rows], [r.get("step") or "" for r in rows],
              ["<br>".join(r.get("stack", [])[:4]) for r in rows]]
     fig = go.Figure(go.Table(columnwidth=[60, 60, 70, 100, 420],
                              header={"values": ["MiB", "x payload", "side", "step", "stack (innermost first)"],
@@ -309,7 +314,7 @@ def _icicle(rows: list[dict[str, Any]], frames: int = 6) -> go.Figure:
     """peak -> side -> step -> the innermost ``frames`` frames (outer to inner), sized by bytes."""
     totals: dict[tuple[str, ...], int] = {}
     for r in rows:
-        path = ["live at the peak", r.get("side", "?"), r.get("step") or "(outside steps)"]
+        path = ["live at the peak", r.get("side") or "other", r.get("step") or "smaller allocations"]
         path += list(reversed(r.get("stack", [])[:frames]))
         for k in range(1, len(path) + 1):
             totals[tuple(path[:k])] = totals.get(tuple(path[:k]), 0) + int(r["bytes"])

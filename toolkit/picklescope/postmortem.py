@@ -6,6 +6,10 @@ validates the parameters, runs that notebook with papermill in a kernel on this 
 exports it with :mod:`picklescope.offline_html`, so the HTML opens offline with its figures. The
 notebook itself also writes the toolkit's report (``report.html``) and ``results.json`` from the same
 investigation, so the two views never disagree.
+
+The HTML is written for people who will read it, not run it: the verdict and the parameters come
+first, code cells are hidden (the ``.ipynb`` beside it keeps them and stays runnable), and the
+template's parameters cell and papermill's injected copy of it are left out of the document.
 """
 
 from __future__ import annotations
@@ -81,6 +85,7 @@ def render(workload: str, codecs: list[str] | tuple[str, ...], budget: str | Non
 
     params = parameters(workload, codecs, budget, scale=scale, transport=transport, headroom=headroom, trace=trace,
                         ray=ray)
+    params["out_dir"] = "."  # report.html and results.json beside the notebook, in the --out folder
     out = Path(out_dir)
     _check_out_dir(out, force)
     out.mkdir(parents=True, exist_ok=True)
@@ -92,5 +97,25 @@ def render(workload: str, codecs: list[str] | tuple[str, ...], budget: str | Non
             f"the postmortem notebook failed in cell {exc.exec_count}: {exc.ename}: {exc.evalue}",
             f"open {nb_path} to see the cell and its traceback",
         ) from None
-    export_html(nb, html_path)
+    export_html(as_document(nb), html_path)
     return Postmortem(nb_path, html_path, params)
+
+
+def as_document(nb: Any) -> Any:
+    """A copy of the executed notebook that reads as a document: parameter cells dropped (their
+    values are in the verdict's table) and every code cell's source hidden, outputs kept."""
+    import copy
+
+    doc = copy.deepcopy(nb)
+    cells = []
+    for cell in doc.cells:
+        tags = cell.get("metadata", {}).get("tags", [])
+        if cell.cell_type == "code" and ("parameters" in tags or "injected-parameters" in tags):
+            continue
+        if cell.cell_type == "code":
+            cell.metadata.setdefault("transient", {})["remove_source"] = True
+            if not cell.get("outputs"):
+                continue
+        cells.append(cell)
+    doc.cells = cells
+    return doc

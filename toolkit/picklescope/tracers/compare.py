@@ -83,10 +83,107 @@ def tracer_report(result: RunResult, rows: int = 5) -> str:
     """Text for the terminal: each tracer's view and notes, then the largest attribution rows."""
     lines = ["tracers:"] + ["  " + line for line in report_lines(result)]
     p = result.payload_bytes
-    if result.attribution:
-        lines.append(f"largest allocations live at the peak ({result.attribution[0].get('tracer', 'memray')}):")
-        for r in result.attribution[:rows]:
+    attributed = attribution_rows(result)
+    if attributed:
+        lines.append(f"largest allocations live at the peak ({attributed[0].get('tracer') or 'memray'}):")
+        for r in attributed[:rows]:
             ratio = f" ({r['bytes'] / p:.2f}x payload)" if p else ""
-            lines.append(f"  {fmt_bytes(r['bytes'])}{ratio} {r['side']} step {r['step'] or '(outside steps)'}")
+            where = f" {r['side']} in step {r['step']}" if r.get("step") else ""
+            lines.append(f"  {fmt_bytes(r['bytes'])}{ratio}{where}")
             lines += [f"      {frame}" for frame in r["stack"][:4]]
     return "\n".join(lines)
+
+
+# -- tables for reading ------------------------------------------------------------------------------
+# frames of the toolkit's own instrumentation (step markers, tracer plumbing, the child runner) and
+# of the profilers: an allocation made only there is the measurement's cost, not the serialization's
+OWN_FRAMES = ("picklescope/steps.py", "picklescope/tracers/", "picklescope/child.py", "picklescope/launcher.py",
+              "picklescope/verl/envs.py", "multiprocessing/", "torch/profiler/", "torch/autograd/profiler.py",
+              "memray/", "<frozen importlib")
+ATTRIBUTION_SHARE = 0.01  # allocations of at least this share of the payload get a row of their own
+COVER = 0.99  # without a payload: the largest rows that together cover this share of the bytes
+
+
+def _own(frame: str) -> bool:
+    return any(mark in frame for mark in OWN_FRAMES)
+
+
+def attribution_rows(result: RunResult) -> list[dict[str, Any]]:
+    """The allocations live at the peak worth reading: each of at least 1% of the payload (or,
+    without a payload, the largest covering 99% of the bytes), the rest summed as one "other" row.
+
+    Allocations made outside any step (imports, a profiler starting) or only by the toolkit's own
+    instrumentation are left out, and so are those frames inside a stack: what remains is the code
+    that serialized the batch.
+    """
+    p = result.payload_bytes
+    kept: list[dict[str, Any]] = []
+    for r in result.attribution or []:
+        stack = [f for f in r.get("stack", []) if not _own(f)]
+        if not r.get("step") or not stack:
+            continue
+        kept.append({**r, "stack": stack})
+    kept.sort(key=lambda r: -int(r["bytes"]))
+    total = sum(int(r["bytes"]) for r in kept)
+    if p:
+        big = [r for r in kept if r["bytes"] >= ATTRIBUTION_SHARE * p]
+    else:
+        big, covered = [], 0
+        for r in kept:
+            if covered >= COVER * total:
+                break
+            big.append(r)
+            covered += int(r["bytes"])
+    rest = kept[len(big):]
+    if rest:
+        big.append({"bytes": sum(int(r["bytes"]) for r in rest), "side": "", "step": "",
+                    "stack": [f"other: {len(rest)} smaller allocations"], "tracer": rest[0].get("tracer", "")})
+    return big
+
+
+def tracker_table(result: RunResult) -> list[dict[str, Any]]:
+    """One row per costly step (side x step): the kernel's exact figure next to what each tracker saw.
+
+    Costly means adding at least 10% of the payload; the cells are multiples of the payload, "-"
+    where a tracker took no reading inside the step.
+    """
+    p = result.payload_bytes
+    if not p:
+        return []
+    names = [n for n, e in result.tracers.items() if e.get("available")]
+    rows = []
+    for side_name in result.sides:
+        for st in _first_steps(result, side_name):
+            if st.added_bytes is None or st.added_bytes < BIG_STEP * p:
+                continue
+            row: dict[str, Any] = {"side": side_name, "step": st.name,
+                                   "kernel (exact)": f"{st.added_bytes / p:.2f}x"}
+            for n in names:
+                per = (result.tracers[n].get("sides", {}).get(side_name) or {}).get("per_step") or {}
+                seen = per.get(st.name)
+                row[n] = "-" if seen is None else f"{seen / p:.2f}x"
+            rows.append(row)
+    return rows
+
+
+def blind_spots(result: RunResult) -> list[str]:
+    """One sentence per tracker that missed a costly step: which steps, and why it cannot see them."""
+    p = result.payload_bytes
+    out = []
+    for n, entry in result.tracers.items():
+        if not entry.get("available"):
+            out.append(f"{n} could not run here: {entry.get('reason')}.")
+            continue
+        missed = []
+        for side_name in result.sides:
+            per = (entry.get("sides", {}).get(side_name) or {}).get("per_step") or {}
+            for st in _first_steps(result, side_name):
+                if st.added_bytes is None or not p or st.added_bytes < BIG_STEP * p or st.name not in per:
+                    continue
+                seen = per[st.name]
+                if seen is not None and seen < BLIND * p:
+                    missed.append(f"the {side_name}'s {st.name} ({st.added_bytes / p:.2f}x payload)")
+        if missed:
+            why = entry.get("sees") or "it does not see this kind of memory"
+            out.append(f"{n} saw almost nothing of {', '.join(missed)}: it sees {why}.")
+    return out
