@@ -232,6 +232,22 @@ def _rebuild_tensor_v2(storage: Any, offset: int, size: Any, stride: Any, *rest:
     return _Tensor(storage.dtype, tuple(size), tuple(stride), storage=storage, offset=int(offset))
 
 
+def _rebuild_tensor_v3(storage: Any, offset: int, size: Any, stride: Any, requires_grad: Any, hooks: Any,
+                       dtype: Any, *rest: Any) -> _Tensor:
+    """Newer dtypes (uint16, ...) are saved on an untyped storage with the dtype beside it."""
+    if not isinstance(storage, _Storage):
+        raise Refused("a tensor in the archive has no storage record", "save it with torch.save")
+    name = dtype.name if isinstance(dtype, _TorchDType) else str(dtype)
+    return _Tensor(name, tuple(size), tuple(stride), storage=storage, offset=int(offset))
+
+
+class _TorchDType:
+    """``torch.float32`` and friends, named in a stream (e.g. by ``_rebuild_tensor_v3``)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
 def _rebuild_from_type_v2(func: Any, new_type: Any, args: Any, state: Any) -> Any:
     out = func(*args)
     if isinstance(out, _Opaque):
@@ -364,6 +380,7 @@ _KNOWN: dict[tuple[str, str], Any] = {
     ("collections", "OrderedDict"): _ordered_dict,
     ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor_v2,
     ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
+    ("torch._utils", "_rebuild_tensor_v3"): _rebuild_tensor_v3,
     ("torch._utils", "_rebuild_nested_tensor"): _rebuild_nested,
     ("torch._tensor", "_rebuild_from_type_v2"): _rebuild_from_type_v2,
     ("torch.nested._internal.nested_tensor", "_rebuild_njt"): _njt,
@@ -391,8 +408,10 @@ class _Unpickler(pickle._Unpickler):  # type: ignore[name-defined]
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in _KNOWN:
             return _KNOWN[(module, name)]
-        if module == "torch" and name.endswith("Storage"):
+        if module in ("torch", "torch.storage") and name.endswith("Storage"):
             return _storage_type(name)
+        if module == "torch" and (name in _ITEMSIZE or name.startswith(("uint", "int", "float", "complex"))):
+            return _TorchDType(name)
         if (module, name) == ("torch", "Tensor"):
             return _opaque_type(module, name)
         full = f"{module}.{name}"
@@ -404,6 +423,8 @@ class _Unpickler(pickle._Unpickler):  # type: ignore[name-defined]
         if isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage":
             _, stype, key, _loc, numel = pid
             dtype = getattr(stype, "dtype", None)
+            if getattr(stype, "storage_name", "") == "UntypedStorage":
+                dtype = "untyped"  # the tensor record names its dtype (_rebuild_tensor_v3)
             if dtype is None:
                 raise Refused(f"a storage of type {getattr(stype, 'storage_name', stype)!r} the workload format has "
                               "no dtype for", "use one of: " + ", ".join(_ITEMSIZE))

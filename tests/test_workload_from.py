@@ -1,0 +1,275 @@
+"""``picklescope workload from FILE``: a workload from a saved batch, read without running the file.
+
+Blobs come from real verl 0.9.0 ``DataProto.save_to_disk`` in both modes (installed into the cache by
+``picklescope verl install``, loaded in a child process) and from ``torch.save`` in this process, each
+built from a schema made up here; the derived workload must give back its keys, dtypes and shapes and
+a payload within 1% of the original's tensor bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+
+import pytest
+
+from picklescope.errors import PicklescopeError
+from picklescope.workloads import WORKLOAD_DIR, load_workload, parse_workload
+
+# 12 tensor keys, 5 dtypes, a non-contiguous leaf, a zero-size leaf, a jagged nested leaf, two non-tensor keys
+SCHEMA = """
+name: made-up
+batch_size: 8
+seed: 5
+tensors:
+  latents:    {shape: [N, 4, 32, 32], dtype: bfloat16}
+  embeds:     {shape: [N, 77, 256], dtype: float32}
+  half:       {shape: [N, 64], dtype: float16}
+  log_probs:  {shape: [N, 10], dtype: float32}
+  advantages: {shape: [N], dtype: float32}
+  ids:        {shape: [N, 300], dtype: int64, high: 1000}
+  positions:  {shape: [N, 300], dtype: int32, high: 300}
+  mask:       {shape: [N, 300], dtype: bool}
+  done:       {shape: [N, 1], dtype: bool}
+  swapped:    {shape: [N, 48, 16], dtype: float32, kind: non-contiguous}
+  empty:      {shape: [N, 0], dtype: float32}
+  ragged:     {shape: [N, J, 4], dtype: float32, kind: jagged-nested, min_len: 2, max_len: 6}
+non_tensor:
+  prompts: {kind: strings, length: 30}
+  rewards: {kind: dicts}
+meta_info:
+  global_steps: 4
+  temperature: 0.9
+"""
+
+
+def cli(*args: str, timeout: float = 600, cwd: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "picklescope", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def schema(tmp_path_factory):
+    path = tmp_path_factory.mktemp("schema") / "made-up.yaml"
+    path.write_text(SCHEMA)
+    return path
+
+
+def _same_structure(derived, spec, views_kept: bool) -> None:
+    """Same keys, dtypes and shapes (N in front); payload within 1% of the original's tensor bytes."""
+    assert list(derived.tensors) == [t.name for t in spec.tensors]
+    for t in spec.tensors:
+        d = derived.tensors[t.name]
+        assert d["dtype"] == t.dtype, t.name
+        assert d["shape"] == list(t.shape), t.name
+        want = t.kind if (views_kept or t.kind != "non-contiguous") else "dense"
+        assert d.get("kind", "dense") == want, t.name
+    assert {k: v["kind"] for k, v in derived.non_tensor.items()} == {s.name: s.kind for s in spec.non_tensor}
+    assert derived.meta_info == spec.meta_info
+    assert derived.batch_size == spec.batch_size
+    original = spec.payload_bytes(1.0)
+    assert derived.file_payload_bytes == original  # read from the file: the exact bytes
+    from picklescope.workload_from import to_yaml
+
+    regenerated = parse_workload(to_yaml(derived)).payload_bytes(1.0)
+    assert abs(regenerated - original) <= 0.01 * original, (regenerated, original)
+
+
+@pytest.fixture(scope="module")
+def verl_090_blobs(schema, tmp_path_factory):
+    """Real verl 0.9.0 save_to_disk of the made-up schema, once in numpy mode and once in torch mode."""
+    p = cli("verl", "install", "0.9.0")
+    assert p.returncode == 0, p.stderr
+    from picklescope.verl import childcall
+
+    out = tmp_path_factory.mktemp("verl-blobs")
+    m = childcall.call("picklescope.verl.blobs.write_in_child", label="0.9.0", out_dir=str(out), spec=str(schema))
+    assert m["written_by"]["verl"] == "0.9.0"
+    return {b["mode"]: out / b["file"] for b in m["blobs"]}
+
+
+@pytest.mark.parametrize("mode", ["numpy", "torch"])
+def test_real_verl_090_save_to_disk(verl_090_blobs, schema, mode):
+    from picklescope.workload_from import describe_file
+
+    d = describe_file(verl_090_blobs[mode])
+    assert d.format == f"verl DataProto ({mode} mode)" and not d.loaded
+    # both verl modes write views contiguous, so a view comes back dense (and the file says so)
+    _same_structure(d, load_workload(schema), views_kept=False)
+    assert any("dense" in n for n in d.notes)
+
+
+def test_cli_writes_a_workload_that_runs(verl_090_blobs, tmp_path):
+    out = tmp_path / "mine.yaml"
+    p = cli("workload", "from", str(verl_090_blobs["numpy"]), "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    assert "12 tensor keys, 2 non-tensor keys" in p.stdout and "at batch 8" in p.stdout
+    w = load_workload(out)
+    assert w.batch_size == 8 and len(w.tensors) == 12
+    # torch: numpy mode cannot carry the zero-size leaf (docs/capabilities.md)
+    p = cli("run", "--codec", "torch", "--workload", str(out), "--scale", "1", "--json")
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert r["outcome"] == "ok" and r["payload_bytes"] == w.payload_bytes(1.0)
+    again = cli("workload", "from", str(verl_090_blobs["numpy"]), "--out", str(out))
+    assert again.returncode == 2 and "--force" in again.stderr  # never overwrites silently
+
+
+def test_torch_save_tensordict_keeps_views(schema, tmp_path):
+    import torch
+
+    from picklescope.workload_from import describe_file
+
+    spec = load_workload(schema)
+    b = spec.build(1.0)
+    assert not b.batch["swapped"].is_contiguous()
+    plain, consolidated = tmp_path / "td.pt", tmp_path / "td-consolidated.pt"
+    torch.save(b.batch, plain)
+    d = describe_file(plain)
+    assert d.format == "torch.save TensorDict"
+    _same_structure(_with_non_tensor(d, spec), spec, views_kept=True)
+    torch.save(b.batch.contiguous().consolidate(), consolidated)
+    _same_structure(_with_non_tensor(describe_file(consolidated), spec), spec, views_kept=False)
+
+
+def _with_non_tensor(d, spec):
+    """A TensorDict carries no non_tensor_batch or meta_info: add the schema's, to compare the rest."""
+    d.non_tensor = {s.name: {"kind": s.kind} for s in spec.non_tensor}
+    d.meta_info = dict(spec.meta_info)
+    return d
+
+
+def test_dict_of_tensors_and_npz(tmp_path):
+    import numpy as np
+    import torch
+
+    from picklescope.workload_from import describe_file
+
+    x = {"obs": torch.zeros(6, 3, 5), "ids": torch.zeros(6, 7, dtype=torch.int64), "scalar": torch.zeros(())}
+    torch.save(x, tmp_path / "d.pt")
+    with pytest.raises(PicklescopeError, match="leaf 'scalar': a 0-dim tensor"):
+        describe_file(tmp_path / "d.pt")
+    del x["scalar"]
+    torch.save(x, tmp_path / "d.pt")
+    d = describe_file(tmp_path / "d.pt")
+    assert d.format == "torch.save dict" and d.batch_size == 6
+    assert d.tensors == {"obs": {"shape": ["N", 3, 5], "dtype": "float32"},
+                         "ids": {"shape": ["N", 7], "dtype": "int64"}}
+    uid = np.array([f"u{i}" for i in range(6)], dtype=object)
+    np.savez(tmp_path / "b.npz", obs=np.zeros((6, 4), np.float16), uid=uid, name=np.array(["abc"] * 6))
+    d = describe_file(tmp_path / "b.npz")
+    assert d.tensors == {"obs": {"shape": ["N", 4], "dtype": "float16"}}
+    assert d.non_tensor == {"uid": {"kind": "strings", "length": 2}, "name": {"kind": "strings", "length": 3}}
+    np.savez(tmp_path / "c.npz", a=np.zeros((6, 4)), b=np.zeros((5, 4)))
+    with pytest.raises(PicklescopeError, match="--batch-dim"):
+        describe_file(tmp_path / "c.npz")
+    with pytest.raises(PicklescopeError, match="leaf 'b': its first dimension is 5, not the batch dimension 6"):
+        describe_file(tmp_path / "c.npz", batch_dim=6)
+
+
+def test_what_the_format_cannot_say_is_refused_by_leaf(tmp_path):
+    import torch
+    from tensordict import TensorDict
+
+    from picklescope.workload_from import describe_file
+
+    cases = {
+        "sub-td": (TensorDict({"inner": TensorDict({"a": torch.zeros(2, 3)}, [2])}, [2]), "leaf 'inner'"),
+        "strided-view": (TensorDict({"v": torch.zeros(2, 8)[:, ::2]}, [2]), "leaf 'v': a view with strides"),
+        "uint16": (TensorDict({"u": torch.zeros(2, 3, dtype=torch.uint16)}, [2]), "uint16"),
+    }
+    for name, (td, needle) in cases.items():
+        torch.save(td, tmp_path / f"{name}.pt")
+        with pytest.raises(PicklescopeError, match=needle.replace("(", r"\(")):
+            describe_file(tmp_path / f"{name}.pt")
+    p = cli("workload", "from", str(tmp_path / "uint16.pt"))
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+class _Creates:
+    """Unpickling this creates a file: exactly what reading a batch must never do."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    def __reduce__(self):
+        return (open, (self.target, "w"))
+
+
+def test_a_pickle_that_runs_code_is_refused_and_never_run(tmp_path, verl_090_blobs):
+    target = tmp_path / "created-by-the-pickle"
+    evil = tmp_path / "batch.pkl"
+    evil.write_bytes(pickle.dumps({"batch": _Creates(str(target))}))
+    evil_top = tmp_path / "top.pkl"
+    evil_top.write_bytes(pickle.dumps(_Creates(str(target))))
+    for path in (evil, evil_top):
+        p = cli("workload", "from", str(path), "--out", str(tmp_path / "w.yaml"))
+        assert p.returncode == 2, p.stdout
+        assert "open, which picklescope does not read" in p.stderr and "--trust" in p.stderr
+        assert len(p.stderr.strip().splitlines()) == 1
+        assert not target.exists()
+    assert not (tmp_path / "w.yaml").exists()
+    # --trust: this format needs code to run, so it is loaded (in a child) - and the file appears
+    p = cli("workload", "from", str(evil_top), "--trust", "--out", str(tmp_path / "w.yaml"))
+    assert target.exists()
+    assert p.returncode == 2 and "not a DataProto, TensorDict or dict of tensors" in p.stderr
+    # a format the reader understands is never loaded, --trust or not
+    p = cli("workload", "from", str(verl_090_blobs["numpy"]), "--trust", "--json", "--out", str(tmp_path / "v.yaml"))
+    assert p.returncode == 0 and json.loads(p.stdout)["loaded"] is False
+
+
+def test_truncated_and_foreign_files_are_one_line(tmp_path, verl_090_blobs):
+    data = verl_090_blobs["torch"].read_bytes()
+    (tmp_path / "cut.pkl").write_bytes(data[: len(data) // 2])
+    (tmp_path / "text.pkl").write_text("hello\n")
+    for name, needle in (("cut.pkl", "truncated"), ("text.pkl", "not a pickle stream")):
+        p = cli("workload", "from", str(tmp_path / name))
+        assert p.returncode == 2 and needle in p.stderr, p.stderr
+        assert len(p.stderr.strip().splitlines()) == 1
+
+
+NUMPY_FIRST = '''"""Candidate: check the numpy mode before consolidating."""
+import io
+import os
+
+import torch
+
+from verl.protocol import serialize_tensordict
+
+
+def __getstate__(self):
+    if os.getenv("VERL_DATAPROTO_SERIALIZATION_METHOD") == "numpy":
+        batch = serialize_tensordict(self.batch) if self.batch is not None else None
+        return batch, self.non_tensor_batch, self.meta_info
+    batch = self.batch
+    if batch is not None and len(batch.keys()) > 0:
+        batch = batch.contiguous().consolidate()
+    buffer = io.BytesIO()
+    torch.save(batch, buffer)
+    return buffer.getvalue(), self.non_tensor_batch, self.meta_info
+'''
+
+
+@pytest.mark.slow
+def test_confirm_with_a_workload_path_steps_through(tmp_path):
+    """The step-through children get the file, not the name inside it (which no preset has)."""
+    p = cli("verl", "install", "0.9.0")
+    assert p.returncode == 0, p.stderr
+    wl = tmp_path / "sub" / "my.yaml"
+    wl.parent.mkdir()
+    wl.write_text((WORKLOAD_DIR / "tiny.yaml").read_text().replace("name: tiny", "name: my-name"))
+    patch = tmp_path / "numpy_first.py"
+    patch.write_text(NUMPY_FIRST)
+    p = cli("confirm", "--baseline", "verl-0.9.0:numpy", "--candidate", str(patch), "--workload", "sub/my.yaml",
+            "--scale", "1", "--no-headroom", "--json", cwd=str(tmp_path), timeout=900)
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert d["workload"] == "my-name"
+    for role in ("baseline", "candidate"):
+        t = d[role]["trace"]
+        if not t["available"]:
+            pytest.skip(f"no line tracer here: {t['reason']}")
+        for method, m in t["methods"].items():
+            assert m["outcome"] == "ok" and m["error"] is None, (role, method, m)
