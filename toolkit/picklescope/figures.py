@@ -411,3 +411,6 @@ def stepthrough_figure(rows: Any, *, payload_bytes: int | None = None, scale_byt
                       margin={"l": 10},
                       title={"text": plain(label or "line by line") + ": costliest lines first", "font": {"size": 14}})
     return fig
+
+
+from .node_figure import node_figure  # noqa: E402,F401 - figures.node_figure(result): the node replay's view
