@@ -278,7 +278,8 @@ def node(codec: str = "numpy", workload: str = "flowgrpo", scale: float = DEFAUL
            "object_store_bytes": store, "run_dir": run_dir, "t0": t0,
            "t0_wall": time.time() - (time.monotonic() - t0), "machine": machine_id(),
            "events_address": accepter.listener.address, "events_key": accepter.key.hex(),
-           "ray_env": _ray_env(bool(ray_address)), "worker_resources": worker_resources or {}, "spread": spread}
+           "ray_env": _ray_env(bool(ray_address)), "parent_pid": os.getpid(),
+           "parent_ticks": _own_ticks(), "worker_resources": worker_resources or {}, "spread": spread}
     session = Session(t0, run_dir, sample_interval_s, budget).start()
     proc = conn = None
     driver_start = None
@@ -304,7 +305,15 @@ def node(codec: str = "numpy", workload: str = "flowgrpo", scale: float = DEFAUL
             shutil.rmtree(ray_tmp, ignore_errors=True)
     _settle(session, result)
     result.wall_s = time.monotonic() - t0
+    if tracking.get("bad_input"):
+        raise PicklescopeError(*tracking["bad_input"])
     return result
+
+
+def _own_ticks() -> int | None:
+    from .transports_ray.cluster import start_ticks
+
+    return start_ticks(os.getpid())
 
 
 def _follow(session: Session, result: NodeResult, proc: Any, conn: Any, accepter: _Accepter,
@@ -368,6 +377,7 @@ def _on_driver(session: Session, result: NodeResult, conn: Any, ev: dict[str, An
         session.take_baseline()
         conn.send({"type": "go"})
     elif kind == "finished":
+        tracking["finished"] = True
         return True
     elif kind == "error":
         if session.kill is None:
@@ -420,10 +430,13 @@ def _cleanup(result: NodeResult, proc: Any, conn: Any, driver_start: int | None,
 
     if proc is None:
         return
-    try:
-        conn.send({"type": "release"})
-    except (OSError, BrokenPipeError):
-        pass
+    if tracking.get("finished"):  # the driver waits for this to end its Ray session
+        try:
+            conn.send({"type": "release"})
+        except (OSError, BrokenPipeError):
+            pass
+    elif proc.is_alive():  # mid-step (killed worker, error, timeout, Ctrl-C): SIGTERM ends it through its finally
+        proc.terminate()
     proc.join(timeout=RELEASE_WAIT_S)
     if proc.is_alive():
         proc.kill()
@@ -601,7 +614,10 @@ def driver_main(conn: Any, cfg: dict[str, Any]) -> None:
 
 
 def _parent_alive(cfg: dict[str, Any]) -> bool:
-    return os.path.exists(os.path.join(cfg["run_dir"], "events.sock")) and os.getppid() != 1
+    """Whether the measuring process still exists (it removes the temporaries itself when it does)."""
+    from .transports_ray.cluster import start_ticks
+
+    return start_ticks(cfg["parent_pid"]) == cfg["parent_ticks"]
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:

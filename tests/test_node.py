@@ -1,0 +1,221 @@
+"""``picklescope node``: a driver and N worker actors over K training steps, on real Ray clusters.
+
+The incident's shape (verl <= 0.9.0 numpy mode, replicated by ``numpy-legacy`` in
+``toolkit/picklescope/codecs/numpy_codec.py``): every chunk's discarded ``consolidate()`` copy sits
+in a reference cycle in the driver, so with the collector off the driver grows by about one batch
+per training step. The shared runs go through one ``LocalCluster`` joined like a real cluster; the
+paths that must leave nothing behind (a clean CLI run, Ctrl-C, a SIGKILLed parent) start clusters of
+their own. Every check is a ratio to the payload measured in the same run, or a fact about processes.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from picklescope.node import NodeResult, node
+from picklescope.transports_ray import ray_available
+
+pytestmark = pytest.mark.skipif(not ray_available(), reason="ray is not installed (pip install 'picklescope[ray]')")
+
+MiB = 1024**2
+SCALE, WORKERS, STEPS = 0.25, 4, 4  # flowgrpo x0.25: 116 MiB
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from picklescope.transports_ray.local_cluster import LocalCluster
+
+    c = LocalCluster(object_store_bytes=1024 * MiB, num_cpus=1).start()
+    yield c
+    report = c.stop()
+    assert report["remaining"] == [], report
+
+
+@pytest.fixture(scope="module")
+def runs(cluster):
+    """One run per (codec, gc) on the shared cluster, made on first use."""
+    cache: dict[tuple, NodeResult] = {}
+
+    def get(codec: str, gc: str = "default", **kw) -> NodeResult:
+        key = (codec, gc, tuple(sorted(kw.items())))
+        if key not in cache:
+            kw.setdefault("workers", WORKERS)
+            kw.setdefault("steps", STEPS)
+            kw.setdefault("scale", SCALE)
+            cache[key] = node(codec, gc=gc, ray_address=cluster.address, **kw)
+        return cache[key]
+
+    return get
+
+
+def gone(pids: list[int], wait_s: float = 20.0) -> list[int]:
+    deadline = time.monotonic() + wait_s
+    while True:
+        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.2)
+
+
+def test_legacy_driver_peak_is_at_least_a_payload_above_numpy(runs):
+    old, new = runs("numpy-legacy"), runs("numpy")
+    assert old.outcome == new.outcome == "ok", (old.error, new.error)
+    assert set(old.processes) == {"driver"} | {f"worker-{i}" for i in range(WORKERS)}
+    diff = old.driver.peak_bytes - new.driver.peak_bytes
+    assert diff >= 0.9 * old.payload_bytes, diff / old.payload_bytes
+    # the driver's steps are named, nested and carry the training step they ran in
+    names = {s.name for s in old.driver.steps}
+    assert {"chunk", "argument serialization", "ray.serialize", "__getstate__", "consolidate", "ray.get",
+            "concat"} <= names, names
+    assert {s.training_step for s in old.driver.steps} == set(range(1, STEPS + 1))
+    assert "consolidate" not in {s.name for s in new.driver.steps}
+    worker_steps = {s.name for s in old.processes["worker-0"].steps}
+    assert {"ray.deserialize", "__setstate__", "compute"} <= worker_steps, worker_steps
+
+
+def test_with_gc_off_legacy_driver_grows_a_payload_per_step_and_numpy_does_not(runs):
+    for codec, low, high in (("numpy-legacy", 2.5, None), ("numpy", None, 0.1)):
+        r = runs(codec, "off")
+        assert r.outcome == "ok", r.error
+        ends = {s.index: s.driver_bytes for s in r.training_steps}
+        growth = (ends[4] - ends[1]) / r.payload_bytes
+        if low is not None:
+            assert growth >= low, (codec, growth, ends)
+            assert r.driver.cycle_held_bytes >= 2.5 * r.payload_bytes  # gc.collect at the end frees it
+        if high is not None:
+            assert growth < high, (codec, growth, ends)
+
+
+def test_node_timeline_is_the_sum_of_the_processes_and_the_store_at_every_sample(runs):
+    doc = runs("numpy-legacy").to_json_dict()
+    node_tl = doc["node"]["timeline"]
+    per_t: dict[float, int] = {}
+    for p in doc["processes"].values():
+        for t, v in zip(p["timeline"]["t_s"], p["timeline"]["bytes"]):
+            per_t[t] = per_t.get(t, 0) + v
+    store = dict(zip(doc["node"]["store"]["t_s"], doc["node"]["store"]["bytes"]))
+    assert store, "the object store was not sampled"
+    assert len(node_tl["t_s"]) > 1000
+    for t, total in zip(node_tl["t_s"], node_tl["bytes"]):
+        assert abs(per_t.get(t, 0) + store.get(t, 0) - total) <= 0.01 * total, t
+    # the store holds the chunks the driver wrote: it is counted once, not inside the driver too
+    assert doc["node"]["store_peak_bytes"] >= 0.2 * doc["payload_bytes"]
+
+
+def test_json_has_the_documented_keys(runs):
+    doc = runs("numpy").to_json_dict()
+    assert {"codec", "workers", "steps", "payload_bytes", "outcome", "killed", "node", "processes",
+            "training_steps"} <= set(doc)
+    assert {"peak_bytes", "budget_bytes", "store_peak_bytes", "timeline"} <= set(doc["node"])
+    for p in doc["processes"].values():
+        assert {"peak_bytes", "held_bytes", "cycle_held_bytes", "node_id", "sampled", "steps", "timeline"} <= set(p)
+        assert p["sampled"] and p["node_id"]
+    assert [s["index"] for s in doc["training_steps"]] == list(range(1, STEPS + 1))
+    for s in doc["training_steps"]:
+        assert {"index", "start_s", "end_s", "node_bytes", "driver_bytes"} <= set(s)
+    json.dumps(doc)
+
+
+def test_node_budget_kills_legacy_at_the_highest_oom_score_and_numpy_completes(runs):
+    old, new = runs("numpy-legacy"), runs("numpy")
+    budget = (old.node_peak_bytes + new.node_peak_bytes) // 2
+    killed = runs("numpy-legacy", node_budget=budget)
+    assert killed.outcome == "oom-killed", killed.error
+    k = killed.killed
+    assert k.process in killed.processes and k.training_step in range(1, STEPS + 1) and k.step
+    assert k.oom_scores[k.process] == max(k.oom_scores.values())
+    assert set(k.memory_bytes) >= set(killed.processes) | {"store"}
+    assert k.node_bytes > budget
+    assert gone([p.pid for p in killed.processes.values()]) == []
+    survived = runs("numpy", node_budget=budget)
+    assert survived.outcome == "ok" and survived.killed is None, survived.error
+    assert [s.end_s is not None for s in survived.training_steps] == [True] * STEPS
+    assert gone([p.pid for p in survived.processes.values()]) == []
+
+
+def test_sampling_gaps_stay_under_20_ms_with_8_workers(runs):
+    r = runs("numpy", workers=8, steps=2, scale=0.125)
+    assert r.outcome == "ok", r.error
+    assert len(r.processes) == 9
+    assert r.max_gap_s < 0.020, (r.max_gap_s, r.sampler_priority)
+
+
+def test_bad_input_is_one_line_before_anything_runs():
+    from picklescope.errors import PicklescopeError
+
+    for kw in ({"workers": 0}, {"dispatch": "scatter"}, {"gc": "never"}, {"node_budget": "lots"},
+               {"engine": "verl"}, {"workers": 200}):
+        with pytest.raises(PicklescopeError):
+            node("numpy", **kw)
+
+
+# -- nothing left behind, on a cluster of the run's own -------------------------------------------------
+
+CLI = [sys.executable, "-m", "picklescope"]
+SMALL = ["--codec", "numpy", "--workers", "2", "--scale", "0.05"]
+
+
+def _ours(parent: int) -> list[str]:
+    """Temporaries named after ``parent`` (the toolkit's naming: prefix-<creator pid>-random)."""
+    return glob.glob(f"/tmp/psray-{parent}-*") + glob.glob(f"/tmp/picklescope-node-{parent}-*")
+
+
+def _wait_for_workers(p: subprocess.Popen, n: int, timeout_s: float = 400) -> list[psutil.Process]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert p.poll() is None, p.communicate()
+        procs = psutil.Process(p.pid).children(recursive=True)
+        workers = [q for q in procs if "NodeWorker" in " ".join(_cmd(q))]
+        if len(workers) >= n:
+            time.sleep(3)  # into the training steps
+            return psutil.Process(p.pid).children(recursive=True)
+        time.sleep(0.5)
+    raise AssertionError("the workers never started")
+
+
+def _cmd(q: psutil.Process) -> list[str]:
+    try:
+        return q.cmdline()
+    except psutil.Error:
+        return []
+
+
+def test_clean_cli_run_prints_json_and_leaves_nothing():
+    p = subprocess.run(CLI + ["node", *SMALL, "--steps", "2", "--json"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["outcome"] == "ok" and doc["node"]["cleanup"]["remaining"] == []
+    pids = [v["pid"] for v in doc["processes"].values()]
+    assert gone(pids) == []
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigkill"])
+def test_interrupted_or_killed_parent_leaves_no_process_or_file(how):
+    p = subprocess.Popen(CLI + ["node", *SMALL, "--steps", "1000"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        procs = _wait_for_workers(p, 2)
+        assert _ours(p.pid), "the run's temporaries should exist while it runs"
+        os.kill(p.pid, signal.SIGINT if how == "ctrl-c" else signal.SIGKILL)
+        p.wait(timeout=120)
+        if how == "ctrl-c":
+            assert p.returncode == 130 and "interrupted" in p.stderr.read()
+        alive = gone([q.pid for q in procs], wait_s=60)
+        assert alive == [], [" ".join(_cmd(psutil.Process(a)))[:100] for a in alive if psutil.pid_exists(a)]
+        deadline = time.monotonic() + 30
+        while _ours(p.pid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert _ours(p.pid) == []
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
