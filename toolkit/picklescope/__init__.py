@@ -30,3 +30,7 @@ __all__ = [
     "UnknownNameError", "UnsupportedCase", "available_workloads", "get_codec", "get_transport",
     "load_workload", "register_codec", "run",
 ]
+
+from .node import NodeResult, node  # noqa: E402 - picklescope.node(...): a verl node replayed, see docs/node.md
+
+__all__ += ["NodeResult", "node"]
