@@ -14,18 +14,40 @@
 # %% [markdown]
 # # 01 · Reproduce the OOM, keep the kernel
 #
-# **The question:** does verl's old numpy-mode `DataProto.__getstate__` really need a whole extra
-# copy of the batch, and would the fix have saved the node?
+# New words are defined where they first appear; all of them are in the
+# [glossary](../docs/glossary.md).
 #
-# In verl <= 0.9.0, `__getstate__` ran `batch.contiguous().consolidate()` *before* it looked at
-# `VERL_DATAPROTO_SERIALIZATION_METHOD`. In numpy mode that consolidated copy was thrown away unused,
-# but it had already cost one full payload of host RAM (and tensordict keeps it alive in a reference
-# cycle). verl 0.9.1 moved the numpy branch first.
+# **What this is about.** Training a large model with reinforcement learning in
+# [verl](https://github.com/volcengine/verl) works on one *training batch* at a time: the data of one
+# step (for an image model, thousands of latents, masks and scores as tensors, plus the prompts), a
+# few hundred MiB per worker. verl keeps a batch in a `DataProto` object. Its processes run on
+# **Ray**, and to move a `DataProto` from one process to another Ray **pickles** it: Python calls the
+# object's `__getstate__` to turn it into bytes in the *sender* and `__setstate__` to rebuild it in
+# the *receiver*.
 #
-# Below, each codec serializes the same batch in a **sender** process and deserializes it in a
-# **receiver** process, as Ray would. The sender gets a memory **budget**, a fraction of the payload
-# above its baseline; crossing it ends the sender with SIGKILL, exactly as the kernel's OOM killer
-# would. This notebook's kernel never holds the batch, so it survives whatever happens.
+# ```
+#  driver process                                            worker process
+#  DataProto --__getstate__--> bytes --(Ray: pickle, shared memory)--> __setstate__ --> DataProto
+#            (sender: may copy the batch)                           (receiver: copies it once)
+# ```
+#
+# verl has two ways to do it, chosen by `VERL_DATAPROTO_SERIALIZATION_METHOD`. **torch mode** (the
+# default) packs every tensor into one new buffer (`consolidate()`) and writes it with `torch.save`:
+# extra copies of the batch. **numpy mode** hands each tensor over as a numpy view of its memory: no
+# copy in the sender. **What went wrong:** up to verl 0.9.0, `__getstate__` ran `consolidate()`
+# *before* it checked the mode, so numpy mode still paid for one full copy it then threw away. With
+# many batches in flight that extra copy ran real training nodes out of host memory (OOM).
+# **The fix** (verl 0.9.1) checks the mode first.
+#
+# **The question:** does the old numpy mode really need a whole extra copy of the batch, and would
+# the fix have saved the node?
+#
+# Below, each *codec* (a way of doing `__getstate__`/`__setstate__`: `numpy-legacy` is verl 0.9.0's
+# numpy mode, `numpy` is the fix) serializes the same batch in a sender process and rebuilds it in a
+# receiver process, as Ray would. The *payload* is the batch's tensor bytes; costs are given as
+# multiples of it. The sender gets a memory *budget*, a fraction of the payload above its *baseline*
+# (its memory when the work starts); crossing it ends the sender with SIGKILL, exactly as the
+# kernel's OOM killer would. This notebook's kernel never holds the batch, so it survives.
 
 # %% tags=["parameters"]
 workload = "flowgrpo"  # a preset (picklescope list) or a path to your own workload YAML
@@ -39,6 +61,7 @@ import os
 
 import picklescope as ps
 from picklescope import figures, table
+from picklescope.units import fmt_bytes
 
 kernel_pid = os.getpid()
 
@@ -69,8 +92,20 @@ figures.timeline_figure(fixed)
 
 # %%
 print(f"kernel pid {os.getpid()} (before the runs: {kernel_pid}) is still running")
-print(table.render(table.comparison_rows([legacy, fixed])))
 print("verdicts:", {r.codec: r.outcome for r in (legacy, fixed)})
+table.Table(table.comparison_rows([legacy, fixed]))
+
+# %% [markdown]
+# ## The answer
+
+# %%
+unfixed = ps.run("numpy-legacy", transport, workload, scale)  # once more without a budget: its full cost
+answer = (f"Yes: under a budget of {budget} of the payload, verl 0.9.0's numpy mode was {legacy.outcome} in "
+          f"{legacy.killed_in_step or 'no step'}, while the fixed numpy mode finished with a sender peak of "
+          f"{fixed.sender.peak_bytes / fixed.payload_bytes:.2f}x the payload; without a budget the old mode "
+          f"needs {unfixed.sender.peak_bytes / unfixed.payload_bytes:.2f}x the payload "
+          f"({fmt_bytes(unfixed.sender.peak_bytes)}) of extra memory in the sender, one whole copy.")
+print(answer)
 
 # %% [markdown]
 # **Next:** `02_step_through_getstate` shows the line in `__getstate__` that costs the copy;

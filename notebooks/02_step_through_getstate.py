@@ -21,6 +21,10 @@
 # for every line executed, the memory it added and the exact kernel peak while it ran (`VmHWM`,
 # reset at every line boundary, so even a single C call that allocates and fills a full copy is
 # caught). Then a finished run is replayed one step at a time on its timeline.
+#
+# A *codec* is one way of doing `__getstate__`/`__setstate__` (`numpy-legacy`: verl 0.9.0's numpy
+# mode with the bug; `numpy`: the fix; `torch`: verl's default); the *payload* is the batch's tensor
+# bytes. Every other word is in the [glossary](../docs/glossary.md); notebook 01 tells the story.
 
 # %% tags=["parameters"]
 workload = "flowgrpo"  # a preset (picklescope list) or a path to your own workload YAML
@@ -100,3 +104,14 @@ reveal
 for _ in range(3):
     reveal.next_button.click()
 print(reveal.caption.value)
+
+# %% [markdown]
+# ## The answer
+
+# %%
+top = legacy_get.culprit()
+fixed_top = max((r.self_bytes for r in fixed_get.rows), default=0)
+print(f"The line that costs the memory is {os.path.basename(top.filename)}:{top.lineno} "
+      f"`{top.source.strip()}`: by itself it added {top.self_bytes / legacy_get.payload_bytes:.2f}x the payload "
+      f"in the legacy codec's __getstate__, and no line of the fixed codec's __getstate__ added more than "
+      f"{fixed_top / fixed_get.payload_bytes:.3f}x.")

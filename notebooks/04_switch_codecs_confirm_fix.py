@@ -22,6 +22,10 @@
 # joins the table below it, so switching codecs builds a side-by-side. An out-of-memory kill ends a
 # child process, never this kernel. Then a candidate codec written in a cell is measured against the
 # baseline on the same batch.
+#
+# A *codec* is one way of doing `__getstate__`/`__setstate__`; the *payload* is the batch's tensor
+# bytes; a *budget* is a memory limit on the sender, as a multiple of the payload. Every other word
+# is in the [glossary](../docs/glossary.md).
 
 # %% tags=["parameters"]
 workload = "flowgrpo"  # a preset (picklescope list) or a path to your own workload YAML
@@ -31,6 +35,8 @@ baseline = "numpy-legacy"  # the production behaviour the candidate must beat
 
 # %%
 # %load_ext picklescope
+from IPython.display import display
+
 import picklescope as ps
 from picklescope import figures, table
 from picklescope.widgets import Explorer
@@ -82,12 +88,12 @@ plugins = picklescope_plugins  # noqa: F821 - defined by the %%picklescope_codec
 explorer.plugins = plugins  # the explorer above now offers "candidate" too
 explorer.refresh_codecs()
 runs = [ps.run(c, transport, workload, scale, plugins=plugins) for c in (baseline, "candidate")]
-print(table.render(table.comparison_rows(runs)))
+display(table.Table(table.comparison_rows(runs)))
 base, cand = runs
 saved = (base.sender.peak_bytes or 0) - (cand.sender.peak_bytes or 0)
-print(f"\ncandidate: sender peak {saved / base.payload_bytes:+.2f}x payload lower than {baseline}; "
-      f"round trip {'exact' if cand.roundtrip['ok'] else 'NOT exact: ' + str(cand.roundtrip['mismatches'][:3])}; "
-      f"serialize {cand.serialize_s:.4f} s vs {base.serialize_s:.4f} s")
+print(f"The candidate's sender peaked {saved / base.payload_bytes:.2f}x the payload lower than {baseline}'s; "
+      f"its round trip was {'exact' if cand.roundtrip['ok'] else 'NOT exact: ' + str(cand.roundtrip['mismatches'][:3])}; "
+      f"it serialized in {cand.serialize_s:.4f} s against {base.serialize_s:.4f} s.")
 figures.comparison_figure(runs)
 
 # %% [markdown]
@@ -100,3 +106,12 @@ candidate_codec = ps.get_codec("candidate")
 # %% [markdown]
 # When the numbers hold, make the same change in production (for verl: `DataProto.__getstate__`)
 # and keep a regression test that fails if `consolidate` is called in numpy mode.
+#
+# ## The answer
+
+# %%
+verdict = "removes" if saved > 0.5 * base.payload_bytes and cand.roundtrip["ok"] else "does not remove"
+print(f"The candidate {verdict} the extra copy: its sender peak was {saved / base.payload_bytes:.2f}x the payload "
+      f"lower than {baseline}'s ({(cand.sender.peak_bytes or 0) / base.payload_bytes:.2f}x against "
+      f"{(base.sender.peak_bytes or 0) / base.payload_bytes:.2f}x), with an "
+      f"{'exact' if cand.roundtrip['ok'] else 'inexact'} round trip.")

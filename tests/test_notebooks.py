@@ -102,7 +102,7 @@ def test_notebook_executes_headless(stem, executed):
         assert "in step consolidate (sender)" in out  # memray's largest row
         assert "gc.collect() freed 24 MiB" in out  # three 8 MiB consolidates, freed only by the collector
     elif stem == "04_switch_codecs_confirm_fix":
-        assert "round trip exact" in out and "+1.00x payload lower than numpy-legacy" in out
+        assert "round trip was exact" in out and "1.00x the payload lower than numpy-legacy" in out
         assert "<b>" not in out  # the explorer's status line is displayed, not printed as raw HTML
         status = [o["data"] for c in nb.cells for o in c.get("outputs", [])
                   if "<b>ok</b>: numpy sender peak" in str(o.get("data", {}).get("text/html", ""))]

@@ -66,13 +66,8 @@ def timeline_figure(result: RunResult | RunTimeline, *, show_tracers: bool = Tru
     tl = result if isinstance(result, RunTimeline) else RunTimeline.from_result(result)
     names = list(tl.sides) or ["(no side)"]
     p = tl.payload_bytes
-    titles = []
-    for n in names:
-        s = tl.sides.get(n)
-        peak = f"exact peak {_mib(s.peak_bytes):.1f} MiB" if s and s.peak_bytes is not None else "no exact peak"
-        if s and s.peak_bytes is not None and p:
-            peak += f" ({s.peak_bytes / p:.2f}x payload)"
-        titles.append(f"{n}: {peak}")
+    deaths = {n: getattr(s, "memory_at_death_bytes", None) for n, s in getattr(result, "sides", {}).items()}
+    titles = [plain(side_title(tl, n, deaths.get(n))) for n in names]
     fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, vertical_spacing=0.12, subplot_titles=titles)
     x0, x1 = _measured_range(tl)
     for i, name in enumerate(names, start=1):
@@ -109,6 +104,38 @@ def timeline_figure(result: RunResult | RunTimeline, *, show_tracers: bool = Tru
                       template="plotly_white", hovermode="x unified",
                       legend={"orientation": "h", "yanchor": "top", "y": -0.2 if len(names) < 2 else -0.1})
     return fig
+
+
+def side_title(tl: RunTimeline, name: str, death_bytes: int | None = None) -> str:
+    """What happened to one side, in words: its peak, where it was killed, or why it has no curve."""
+    s = tl.sides.get(name)
+    p = tl.payload_bytes
+
+    def amount(n: int) -> str:
+        return f"{fmt_bytes(n)}" + (f" ({n / p:.2f}x payload)" if p else "")
+
+    if s is None:
+        return f"{name}: nothing was recorded"
+    if tl.killed_side == name:
+        top = death_bytes if death_bytes is not None else s.rss.peak()
+        text = f"{name}: killed during {tl.killed_in_step or 'its set-up'}"
+        if top is not None:
+            text += f" at {amount(top)} above its start"
+        if s.budget_bytes:
+            text += f", over its budget of {fmt_bytes(s.budget_bytes)}"
+        return text
+    if tl.killed_side and s.peak_bytes is None and not s.bands:
+        return f"{name} never started: the {tl.killed_side} was killed first"
+    if tl.outcome == "running":
+        open_steps = [b.name for b in s.bands if b.peak_bytes is None]
+        now = s.rss.bytes[-1] if s.rss.bytes else None
+        where = f", in {open_steps[-1]}" if open_steps else (", done" if s.peak_bytes is not None else ", setting up")
+        return f"{name}: running{where}" + (f", {fmt_bytes(now)} above its start" if now is not None else "")
+    if s.peak_bytes is not None:
+        return f"{name}: peaked at {amount(s.peak_bytes)} above its start"
+    if not s.bands and not s.rss.bytes:
+        return f"{name} did not start ({tl.outcome})"
+    return f"{name}: stopped before its peak could be read ({tl.outcome})"
 
 
 def _measured_range(tl: RunTimeline) -> tuple[float, float]:
@@ -212,7 +239,7 @@ def _draw_bands(fig: go.Figure, side: Any, row: int, end: float, min_width: floa
                       opacity=0.10 + 0.06 * min(band.depth, 3), line_width=0, layer="below", row=row, col=1,
                       exclude_empty_subplots=False)
         if x1 - band.start_s >= min_width:
-            labels.append(steplabels.Label(band.name + (" (unfinished)" if band.end_s is None else ""),
+            labels.append(steplabels.Label(band.name + (" (killed here)" if band.end_s is None else ""),
                                            band.start_s, x1, band.depth, key=band.name))
     if window is None:
         window = (min((lab.start for lab in labels), default=0.0), max((lab.end for lab in labels), default=1.0))
@@ -269,8 +296,11 @@ def comparison_figure(results: Sequence[RunResult | dict[str, Any]]) -> go.Figur
                                  " (%{customdata})<extra>" + transport + "</extra>"),
                           row=1, col=ci)
         fig.update_yaxes(title_text="MiB", row=1, col=1)
-    fig.update_layout(barmode="group", template="plotly_white", height=380, legend_title_text="transport",
-                      title={"text": "codecs compared (sender unless noted)", "font": {"size": 14}})
+    one = len(transports) == 1
+    title = ("memory and time of each codec, sent " + (f"over {plain(transports[0])}" if one else
+             "over each transport (bar colour)") + "; memory is the sender's unless the panel says receiver")
+    fig.update_layout(barmode="group", template="plotly_white", height=380, showlegend=not one,
+                      legend_title_text="sent over", title={"text": title, "font": {"size": 14}})
     return fig
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..figures import _draw_bands, _draw_rss, _draw_step_peaks, _measured_range, _y_range
+from ..figures import _draw_bands, _draw_rss, _draw_step_peaks, _measured_range, _y_range, side_title
 from ..result import RunResult
 from ..timeline import RunTimeline
 
@@ -31,14 +31,14 @@ def _store_series(result: RunResult) -> tuple[list[float], list[float], str]:
     source = store.get("source") or ""
     if source.startswith("RSS"):  # a process: show what it gained, like the sides
         first = b[0]
-        return t, [(v - first) / MiB for v in b], f"{source}, above its first sample"
-    return t, [v / MiB for v in b], source
+        return t, [(v - first) / MiB for v in b], "memory of the storage process, above its first sample"
+    # the source names the store's backing file (a deleted /dev/shm temp file): say what it is instead
+    return t, [v / MiB for v in b], "shared-memory pages in use"
 
 
 def ray_timeline_figure(result: RunResult) -> go.Figure:
     """Driver, object store and worker memory over one time axis, with both sides' steps."""
     tl = RunTimeline.from_result(result)
-    p = result.payload_bytes
     t_store, y_store, store_note = _store_series(result)
     titles = []
     for side_name, label in ROWS:
@@ -46,10 +46,8 @@ def ray_timeline_figure(result: RunResult) -> go.Figure:
             peak = max(y_store) if y_store else None
             titles.append(f"{label}: " + (f"peak {peak:.1f} MiB" if peak is not None else store_note))
             continue
-        s = tl.sides.get(side_name)
-        txt = "no exact peak" if s is None or s.peak_bytes is None else f"exact peak {s.peak_bytes / MiB:.1f} MiB"
-        if s is not None and s.peak_bytes is not None and p:
-            txt += f" ({s.peak_bytes / p:.2f}x payload)"
+        said = side_title(tl, side_name)
+        txt = said[len(side_name) + 2:] if said.startswith(f"{side_name}: ") else said
         private = result.sides[side_name].extra.get("private_peak_bytes") if side_name in result.sides else None
         if private is not None:
             txt += f", private {private / MiB:.1f} MiB"
@@ -61,7 +59,8 @@ def ray_timeline_figure(result: RunResult) -> go.Figure:
         if side_name is None:
             fig.add_trace(go.Scatter(x=t_store, y=y_store, mode="lines", line={"color": STORE_COLOR, "width": 1.5},
                                      name=f"object store ({store_note})",
-                                     hovertemplate="%{x:.3f} s: %{y:.1f} MiB<extra>store</extra>"), row=row, col=1)
+                                     hovertemplate="%{x:.3f} s: %{y:.1f} MiB<extra>object store</extra>"),
+                          row=row, col=1)
             fig.update_yaxes(title_text="MiB", row=row, col=1)
             continue
         side = tl.sides.get(side_name)
@@ -76,7 +75,8 @@ def ray_timeline_figure(result: RunResult) -> go.Figure:
     fig.update_xaxes(range=[x0, x1])
     fig.update_xaxes(title_text="seconds since the run started (zoom out to see the cluster start)", row=3, col=1)
     fig.update_layout(title={"text": tl.title, "font": {"size": 14}}, height=820, template="plotly_white",
-                      hovermode="x unified", legend={"orientation": "h", "yanchor": "bottom", "y": -0.14})
+                      hovermode="x unified", margin={"b": 140},
+                      legend={"orientation": "h", "yanchor": "top", "y": -0.09})
     return fig
 
 
