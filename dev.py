@@ -2,7 +2,7 @@
 """Set-up and entry point for a fresh machine that has only Python 3.11.
 
     python3 dev.py reproduce [ARGS]   run the main job (picklescope reproduce) on the default workload
-    python3 dev.py test [PYTEST ARGS] run the whole test suite (ruff, then pytest)
+    python3 dev.py test [PYTEST ARGS] run the whole test suite (ruff, lint-imports, then pytest)
     python3 dev.py lab                open JupyterLab on notebooks/ (the .py files open as notebooks)
     python3 dev.py picklescope ARGS   any picklescope command
 
@@ -98,6 +98,12 @@ def main(argv: list[str]) -> int:
         rc = subprocess.call([str(bindir / "ruff"), "check", *lint], env=env, cwd=ROOT)
         if rc:
             print("dev.py: ruff found problems (see above)", file=sys.stderr)
+            return rc
+        # the layers and no-cycles contracts of [tool.importlinter] in pyproject.toml (docs/architecture.md)
+        rc = subprocess.call([str(bindir / "lint-imports"), "--no-cache", str(ROOT / "pyproject.toml")], env=env,
+                             cwd=ROOT)
+        if rc:
+            print("dev.py: lint-imports found imports that break the architecture (see above)", file=sys.stderr)
             return rc
         return subprocess.call([str(py), "-m", "pytest", *rest], env=env, cwd=ROOT)
     if cmd == "lab":

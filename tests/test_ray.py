@@ -16,7 +16,7 @@ import pytest
 
 import picklescope as ps
 from picklescope.transports_ray import ray_available
-from picklescope.transports_ray.tq import TransferQueueTransport
+from picklescope.transports_ray.transport import TransferQueueTransport
 
 pytestmark = pytest.mark.skipif(not ray_available(), reason="ray is not installed (pip install 'picklescope[ray]')")
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 import picklescope as ps
-from picklescope.transports_ray.tq import INSTALL_HINT, TransferQueueTransport
-from picklescope.transports_ray.transport import TransportUnavailable
+from picklescope.transports_ray.tq import INSTALL_HINT
+from picklescope.transports_ray.transport import TransferQueueTransport, TransportUnavailable
 
 TQ = TransferQueueTransport()
 

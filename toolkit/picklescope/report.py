@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from . import table
+from . import figures, table
 from .errors import PicklescopeError
 from .reproduce import Investigation, budgeted_results, matrix_results
 from .result import RunResult
@@ -80,25 +80,14 @@ class _Figures:
 
     def __init__(self) -> None:
         self.count = 0
-        try:
-            from . import figures
-        except ImportError as exc:
-            self.module, self.missing = None, f"picklescope.figures is not available ({exc})"
-        else:
-            self.module, self.missing = figures, None
 
-    def block(self, name: str, *args: Any, caption: str = "", **kw: Any) -> str:
-        why = self.missing
+    def block(self, draw: Callable[..., Any], *args: Any, caption: str = "", **kw: Any) -> str:
+        why = ""
         fig = None
-        if self.module is not None:
-            fn: Callable[..., Any] | None = getattr(self.module, name, None)
-            if fn is None:
-                why = f"picklescope.figures has no {name}()"
-            else:
-                try:
-                    fig = fn(*args, **kw)
-                except Exception as exc:  # noqa: BLE001 - any drawing failure becomes a visible note
-                    why = f"{name}() failed: {type(exc).__name__}: {exc}"
+        try:
+            fig = draw(*args, **kw)
+        except Exception as exc:  # noqa: BLE001 - any drawing failure becomes a visible note
+            why = f"{draw.__name__}() failed: {type(exc).__name__}: {exc}"
         cap = f"<p class='note'>{e(caption)}</p>" if caption else ""
         if fig is None:
             return f"<div class='missing'>Figure unavailable: {e(why)}</div>{cap}"
@@ -229,14 +218,14 @@ def render(inv: Investigation) -> str:
                      f"{' (given on the command line)' if inv.extra.get('budget_given') else ''}.</p>")
         for r in budgeted:
             parts.append(_verdict_block(r))
-            parts.append(figs.block("timeline_figure", r, caption=f"Timeline of {_label(r)}: RSS of both sides, "
+            parts.append(figs.block(figures.timeline_figure, r, caption=f"Timeline of {_label(r)}: RSS of both sides, "
                                     "step bands and the budget line; a killed side's curve ends at the kill."))
     else:
         parts.append(f"<p class='note'>{e(inv.extra.get('budget_note') or 'No budgeted run in these results.')}</p>")
 
     parts.append("<h2>Comparison</h2>")
     parts.append(_table(table.comparison_rows(matrix)))
-    parts.append(figs.block("comparison_figure", matrix, caption="Peak, held and cycle-held memory and time, "
+    parts.append(figs.block(figures.comparison_figure, matrix, caption="Peak, held and cycle-held memory and time, "
                                                                   "by codec and transport."))
     hr = _headroom_rows(matrix)
     if hr:
@@ -248,7 +237,7 @@ def render(inv: Investigation) -> str:
     parts.append("<h2>Timelines of the unbudgeted runs</h2>")
     for r in matrix:
         parts.append(f"<details><summary>{e(_label(r))}: {e(r.outcome)}</summary>")
-        parts.append(figs.block("timeline_figure", r))
+        parts.append(figs.block(figures.timeline_figure, r))
         parts.append(_table(table.steps_rows(r)))
         parts.append("</details>")
 
@@ -256,7 +245,7 @@ def render(inv: Investigation) -> str:
     attributed = [r for r in inv.results if r.attribution]
     if attributed:
         for r in attributed:
-            parts.append(figs.block("attribution_figure", r, caption=f"Where the peak of {_label(r)} came from."))
+            parts.append(figs.block(figures.attribution_figure, r, caption=f"Where the peak of {_label(r)} came from."))
     else:
         parts.append("<p class='note'>No run in this investigation carried an attribution (it needs an allocation "
                      "tracer such as memray; the default sampler sees totals only). The per-step exact peaks above "
@@ -272,7 +261,7 @@ def render(inv: Investigation) -> str:
         parts.append(_table(rows))
         if notes:
             parts.append("<ul>" + "".join(f"<li>{e(n)}</li>" for n in notes) + "</ul>")
-        parts.append(figs.block("timeline_figure", r, show_tracers=True,
+        parts.append(figs.block(figures.timeline_figure, r, show_tracers=True,
                                 caption="Each tracker's view drawn over the sampled RSS and the exact step peaks."))
     if not traced:
         parts.append("<p class='note'>Only the default tracker ran: RSS sampled by the parent at about 1 ms plus "

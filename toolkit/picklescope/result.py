@@ -37,9 +37,6 @@ class Timeline:
     t_s: list[float] = field(default_factory=list)
     rss_bytes: list[int] = field(default_factory=list)
 
-    def max_gap_s(self) -> float:
-        return max((b - a for a, b in zip(self.t_s, self.t_s[1:])), default=0.0)
-
 
 @dataclass
 class Side:

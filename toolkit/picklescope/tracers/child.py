@@ -17,6 +17,7 @@ from typing import Any
 
 from .. import steps
 from .base import ChildContext, Tracer
+from .catalog import TRACERS
 
 Send = Callable[[dict[str, Any]], None]
 _SKIP = {steps.__file__, contextlib.__file__, __file__}
@@ -40,8 +41,6 @@ class ChildTracing:
     """The chosen tracers inside one side; every failure is reported, never raised."""
 
     def __init__(self, names: list[str], ctx: ChildContext, send: Send) -> None:
-        from . import TRACERS
-
         self.ctx = ctx
         self._send = send
         self.tracers: list[Tracer] = []

@@ -17,6 +17,8 @@ from typing import Any
 
 from ..result import RunResult, Step, Timeline
 from .base import ParentContext, SideData, Tracer
+from .catalog import TRACERS
+from .compare import add_notes
 
 EventHook = Callable[[dict[str, Any]], None]
 TAIL_S = 0.005
@@ -117,9 +119,6 @@ class Collector:
 
     def collect(self, result: RunResult, run_dir: str, t0: float, timelines: dict[str, Timeline]) -> None:
         """Fill ``result.tracers`` and ``result.attribution``; never raises."""
-        from . import TRACERS
-        from .compare import add_notes
-
         ctx = ParentContext(result, run_dir, t0, timelines,
                             {side: list(b.values()) for side, b in self.blocks.items()})
         for name in self.names:

@@ -8,7 +8,7 @@ Ray: only the driver child and the actor do.
 
 from __future__ import annotations
 
-from .transport import ProcessTransport, RayArg, RayPut, RayTransport, TransportUnavailable
+from .transport import ProcessTransport, RayArg, RayPut, RayTransport, TransferQueueTransport, TransportUnavailable
 
 _instances: dict[str, ProcessTransport] = {}
 
@@ -16,8 +16,6 @@ _instances: dict[str, ProcessTransport] = {}
 def transports() -> dict[str, ProcessTransport]:
     """The registry provider: one instance per name, created once."""
     if not _instances:
-        from .tq import TransferQueueTransport
-
         for cls in (RayPut, RayArg, TransferQueueTransport):
             _instances[cls.name] = cls()
     return dict(_instances)
@@ -28,5 +26,5 @@ def ray_available() -> bool:
     return _instances.get("ray", RayPut()).availability() is None
 
 
-__all__ = ["ProcessTransport", "RayArg", "RayPut", "RayTransport", "TransportUnavailable", "ray_available",
-           "transports"]
+__all__ = ["ProcessTransport", "RayArg", "RayPut", "RayTransport", "TransferQueueTransport", "TransportUnavailable",
+           "ray_available", "transports"]

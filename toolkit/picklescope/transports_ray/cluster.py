@@ -17,13 +17,6 @@ import signal
 import time
 from collections.abc import Callable, Iterable
 
-# Command-line fragments of the processes a Ray node runs (for diagnostics and for the tests'
-# "nothing left behind" check; the kill path never matches by name alone).
-RAY_PROCESS_MARKERS = (
-    "raylet", "gcs_server", "ray::", "default_worker.py", "log_monitor.py", "monitor.py",
-    "dashboard.py", "dashboard/agent.py", "runtime_env/agent", "setup_worker.py",
-)
-
 
 def _stat(pid: int) -> tuple[int, int, int] | None:
     """(ppid, session id, start time in clock ticks) of ``pid``, or None if it is gone."""
@@ -141,19 +134,6 @@ def _is_zombie(pid: int) -> bool:
     except OSError:
         return True
     return data[data.rindex(b")") + 2:].split()[0] in (b"Z", b"X")
-
-
-def ray_processes_on_machine(exclude: Iterable[int] = ()) -> list[tuple[int, str]]:
-    """Every live (non-zombie) process on the machine whose command line looks like Ray's."""
-    skip = set(exclude) | {os.getpid()}
-    out = []
-    for pid in _pids():
-        if pid in skip or _is_zombie(pid):
-            continue
-        cmd = _cmdline(pid)
-        if cmd and any(m in cmd for m in RAY_PROCESS_MARKERS) and "ray" in cmd:
-            out.append((pid, cmd[:200]))
-    return out
 
 
 def plasma_file(raylet_pid: int) -> str | None:

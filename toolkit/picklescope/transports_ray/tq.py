@@ -5,7 +5,9 @@ TensorDict row by row (``kv_batch_put``), tensors travel over ZeroMQ to a storag
 consumer reads them back (``kv_batch_get``). ``DataProto.__getstate__`` is never called, so the codec
 does not apply (the result says so). Measured the same way as ``ray``: the driver (producer) as
 ``sender``, the receiver actor (consumer) as ``receiver``, and the storage unit's RSS as the store
-between them, all on one clock.
+between them, all on one clock. The transport itself is
+:class:`~picklescope.transports_ray.transport.TransferQueueTransport`; this module is what the driver and
+the actor run.
 
 It runs on one machine. Its wheel declares ``ray[default]`` (the full dashboard stack, which makes
 Ray's start-up slower still) and ``hydra-core`` (which downgrades omegaconf), and it installs
@@ -22,8 +24,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .transport import RayTransport
-
 TQ_VERSION = "0.1.11"
 PARTITION = "picklescope"
 
@@ -37,22 +37,13 @@ INSTALL_HINT = (f"pip install --no-deps --target {tq_dir()} transferqueue=={TQ_V
                 "(not a plain install: its declared ray[default] and hydra-core would change this environment)")
 
 
-def _missing() -> str | None:
+def missing() -> str | None:
+    """Why TransferQueue cannot be imported here (None: it can)."""
     path = [str(tq_dir()), *sys.path]
     for module in ("transfer_queue", "msgspec", "zmq", "omegaconf"):
         if importlib.machinery.PathFinder.find_spec(module, path) is None:
             return f"module {module!r} not found in {tq_dir()} or on sys.path"
     return None
-
-
-class TransferQueueTransport(RayTransport):
-    name = "transferqueue"
-    description = f"TransferQueue {TQ_VERSION}: TensorDict fields over ZeroMQ to a storage-unit actor (no pickling)"
-    ray_path = "tq"
-    install_hint = INSTALL_HINT
-
-    def availability(self) -> str | None:
-        return super().availability() or _missing()
 
 
 # -- inside the driver and the actor ---------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 ``ray`` is a verl driver's ``ray.put(batch)`` followed by a worker's ``ray.get``; ``ray-arg`` is the
 other way verl ships a batch, as the argument of a remote call (Ray serializes it in ``.remote()`` and
-deserializes it in the worker before the method runs). Both run through
+deserializes it in the worker before the method runs); ``transferqueue`` puts the batch's fields into
+TransferQueue and the actor reads them back (see :mod:`.tq`). All three run through
 :func:`~picklescope.transports_ray.orchestrate.run_sides`, because the receiver is an actor that the
 cluster starts, not a child of ours. A transport that cannot run here says exactly why
 (:meth:`availability`) and is refused before anything starts: no numbers are ever made up.
@@ -17,6 +18,7 @@ from typing import Any, ClassVar
 from ..errors import PicklescopeError
 from ..result import RunResult
 from ..transports import Prepared, Transport
+from .tq import INSTALL_HINT, TQ_VERSION, missing
 
 RAY_MISSING = "the ray package is not installed"
 RAY_INSTALL = ("install it with pip install 'ray==2.60.0' (the version pyproject.toml pins; "
@@ -119,3 +121,13 @@ class RayArg(RayTransport):
     name = "ray-arg"
     description = "Ray: the batch as a remote call's argument (serialized in .remote(), deserialized by the worker)"
     ray_path = "arg"
+
+
+class TransferQueueTransport(RayTransport):
+    name = "transferqueue"
+    description = f"TransferQueue {TQ_VERSION}: TensorDict fields over ZeroMQ to a storage-unit actor (no pickling)"
+    ray_path = "tq"
+    install_hint = INSTALL_HINT
+
+    def availability(self) -> str | None:
+        return super().availability() or missing()

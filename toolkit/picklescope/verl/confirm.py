@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PicklescopeError
+from ..headroom import find_headroom
 from ..result import RunResult
 from ..runner import run
 from ..units import fmt_bytes
@@ -125,10 +126,6 @@ def _trace(role: Role, transport: str, workload: str) -> dict[str, Any]:
 
 
 def _headroom(role: Role, transport: str, workload: str, run_kw: dict[str, Any]) -> dict[str, Any]:
-    try:
-        from ..headroom import find_headroom
-    except ImportError as exc:
-        return {"available": False, "reason": f"picklescope.headroom is not available in this build ({exc})"}
     r = role.result
     if r.outcome != "ok" or r.sender.peak_bytes is None:
         return {"available": False, "reason": f"the run ended {r.outcome}"}
