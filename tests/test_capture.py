@@ -1,0 +1,163 @@
+"""The capture probe: installed in a trainer, it records the batch's structure and what the call cost.
+
+The trainer here is a fresh Python process running real verl (0.9.0, the copy in numpy mode; 0.9.1,
+the fix from verl PR #7539) with the probe installed from the environment
+(``PICKLESCOPE_CAPTURE``). Serialization goes through ``pickle.dumps`` with protocol 5 and
+out-of-band buffers, as Ray ships a DataProto.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+
+import pytest
+
+TRAINER = r'''
+import gc, json, os, pickle, sys
+site, workload, scale, calls = sys.argv[1:5]
+sys.path.insert(0, site)
+os.environ["VERL_DATAPROTO_SERIALIZATION_METHOD"] = "numpy"
+import verl.protocol as vp
+import picklescope.capture
+probe = picklescope.capture.auto()          # the one line a user adds (folder from PICKLESCOPE_CAPTURE)
+from picklescope.workloads import load_workload
+b = load_workload(workload).build(float(scale))
+dp = vp.DataProto(batch=b.batch, non_tensor_batch=b.non_tensor_batch, meta_info=b.meta_info)
+for _ in range(int(calls)):
+    buffers = []
+    blob = pickle.dumps(dp, protocol=5, buffer_callback=buffers.append)
+    del blob, buffers
+    gc.collect()  # 0.9.0's copy sits in a reference cycle; collect it so each call starts from the same floor
+print(json.dumps({"error": probe.error, "active": probe.active, "calls": probe.calls}))
+'''
+WORKLOAD, SCALE = "seed-6400x20480", 0.125  # 62.5 MiB of payload
+
+
+@pytest.fixture(scope="module")
+def verl_sites():
+    p = subprocess.run([sys.executable, "-m", "picklescope", "verl", "install", "0.9.0", "0.9.1"],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    from picklescope.verl import envs
+
+    return {e.label: str(e.site) for e in envs.installed() if e.label in ("0.9.0", "0.9.1")}
+
+
+def _trainer(site: str, folder, tmp_path, calls: int = 4) -> tuple[dict, list[dict]]:
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER)
+    env = {**__import__("os").environ, "PICKLESCOPE_CAPTURE": str(folder), "PICKLESCOPE_CAPTURE_LIMIT": "2"}
+    p = subprocess.run([sys.executable, str(script), site, WORKLOAD, str(SCALE), str(calls)], capture_output=True,
+                       text=True, timeout=600, env=env)
+    assert p.returncode == 0, p.stderr
+    state = json.loads(p.stdout.strip().splitlines()[-1])
+    lines = [json.loads(x) for x in (folder / "calls.jsonl").read_text().splitlines()]
+    return state, lines
+
+
+@pytest.fixture(scope="module")
+def captured(verl_sites, tmp_path_factory):
+    out = {}
+    for label in ("0.9.0", "0.9.1"):
+        tmp = tmp_path_factory.mktemp(f"trainer-{label}")
+        out[label] = (tmp / "batch-capture", *_trainer(verl_sites[label], tmp / "batch-capture", tmp))
+    return out
+
+
+def test_probe_records_one_payload_per_call_on_090_and_none_on_091(captured):
+    from picklescope.workloads import load_workload
+
+    payload = load_workload(WORKLOAD).payload_bytes(SCALE)
+    for label, (folder, state, lines) in captured.items():
+        assert state == {"error": None, "active": False, "calls": 2}, label  # limit 2 of 4 calls, then gone
+        assert [x["call"] for x in lines] == [1, 2]
+        for x in lines:
+            assert x["mode"] == "numpy" and x["verl_version"] == label and x["peak_exact"]
+            assert x["payload_bytes"] == payload and "workload_error" not in x
+        peaks = [x["peak_x_payload"] for x in lines]
+        if label == "0.9.0":
+            assert all(0.95 <= p <= 1.1 for p in peaks), peaks  # the consolidate() copy numpy mode ignores
+        else:
+            assert all(p < 0.02 for p in peaks), peaks
+        assert (folder / "workload.yaml").is_file() and (folder / lines[0]["workload"]).is_file()
+
+
+def test_the_captured_workload_gives_the_verdict(captured):
+    """The captured batch through numpy-legacy and numpy: the sender peaks differ by one payload."""
+    from picklescope import run
+    from picklescope.workloads import load_workload
+
+    folder = captured["0.9.0"][0]
+    path = str(folder / "workload.yaml")
+    w = load_workload(path)
+    assert [t.name for t in w.tensors] == [t.name for t in load_workload(WORKLOAD).tensors]
+    legacy, fixed = run("numpy-legacy", "pickle5-oob", path, 1.0), run("numpy", "pickle5-oob", path, 1.0)
+    assert legacy.outcome == fixed.outcome == "ok", (legacy.error, fixed.error)
+    assert legacy.payload_bytes == w.payload_bytes(1.0) == load_workload(WORKLOAD).payload_bytes(SCALE)
+    diff = (legacy.sender.peak_bytes - fixed.sender.peak_bytes) / legacy.payload_bytes
+    assert 0.95 <= diff <= 1.05, diff
+
+
+class _Boom(Exception):
+    pass
+
+
+def test_the_probe_never_raises_into_the_caller(tmp_path, caplog):
+    """Failures to record are logged once; the original runs unchanged, its own errors pass through."""
+    import json as json_mod
+
+    from picklescope import capture
+
+    original = json_mod.decoder.JSONDecoder.decode
+    # a batch it cannot describe: the cost is still one JSON line, with the reason
+    probe = capture.install(tmp_path / "cap", limit=2, target="json.decoder:JSONDecoder.decode")
+    try:
+        assert json_mod.loads('{"a": 1}') == {"a": 1}
+        with pytest.raises(json_mod.JSONDecodeError):
+            json_mod.loads("{not json")  # the caller's own error, untouched (and counted)
+        assert json_mod.loads("[2]") == [2]
+    finally:
+        probe.remove()
+    assert json_mod.decoder.JSONDecoder.decode is original and probe.calls == 2
+    lines = [json_mod.loads(x) for x in (tmp_path / "cap" / "calls.jsonl").read_text().splitlines()]
+    assert len(lines) == 1 and "not a DataProto" in lines[0]["workload_error"] and lines[0]["rss_before_bytes"] > 0
+
+    # a folder that cannot be written: logged once, the probe steps aside
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with caplog.at_level(logging.WARNING, logger="picklescope.capture"):
+        probe = capture.install(blocker / "sub", limit=3, target="json.decoder:JSONDecoder.decode")
+        try:
+            for _ in range(3):
+                assert json_mod.loads("[1]") == [1]
+        finally:
+            probe.remove()
+    assert probe.error and len([r for r in caplog.records if r.name == "picklescope.capture"]) == 1
+    assert json_mod.decoder.JSONDecoder.decode is original
+
+    # a target that does not resolve: logged, nothing installed, nothing raised
+    probe = capture.install(tmp_path / "cap2", target="no_such_module_here:X.y")
+    assert not probe.active and "no_such_module_here" in probe.error
+    assert capture.install(tmp_path / "cap3", limit=0).error
+
+
+def test_auto_reads_the_environment(monkeypatch, tmp_path):
+    from picklescope import capture
+
+    monkeypatch.delenv(capture.ENV, raising=False)
+    assert capture.auto() is None
+    monkeypatch.setenv(capture.ENV, str(tmp_path / "c"))
+    monkeypatch.setenv(capture.TARGET_ENV, "json.decoder:JSONDecoder.decode")
+    monkeypatch.setenv(capture.LIMIT_ENV, "1")
+    probe = capture.auto()
+    try:
+        assert probe is not None and probe.active and probe.limit == 1
+        import json as json_mod
+
+        json_mod.loads("[1]")
+        assert not probe.active  # out of the way after its limit
+    finally:
+        probe.remove()
