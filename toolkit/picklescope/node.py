@@ -501,6 +501,34 @@ def _private_bytes() -> int:
     return (_field(data, b"VmRSS:") or 0) - (_field(data, b"RssShmem:") or 0)
 
 
+def _arm_stack_dump(run_dir: str, name: str) -> Any:
+    """SIGUSR1 writes every thread's Python stack to ``run_dir/name.stack`` (sent before a budget kill)."""
+    import faulthandler
+
+    f = open(os.path.join(run_dir, f"{name}.stack"), "w")  # noqa: SIM115 - stays open for the handler
+    faulthandler.register(signal.SIGUSR1, file=f, all_threads=True)
+    return f
+
+
+def _error_event(side: str, exc: BaseException) -> dict[str, Any]:
+    import traceback
+
+    ev = {"type": "error", "side": side, "exc_type": type(exc).__name__, "message": str(exc),
+          "traceback": traceback.format_exc(limit=30)}
+    if isinstance(exc, PicklescopeError):  # the user's input, found where it is used: the parent raises it
+        ev["bad_input"] = [exc.problem, exc.hint]
+    return ev
+
+
+def _held(meter: steps.Meter) -> tuple[int, int]:
+    """(still held above the baseline, freed by ``gc.collect()``) after the last step, in bytes."""
+    from . import procmem
+
+    before = procmem.rss()
+    gc.collect()
+    return before - meter.baseline, before - procmem.rss()
+
+
 def _apply_gc(mode: str) -> None:
     if mode == "off":
         gc.disable()
@@ -583,19 +611,15 @@ class _Data:
 
 def driver_main(conn: Any, cfg: dict[str, Any]) -> None:
     """Run the driver; always ends the Ray session it started and removes the run's temporaries."""
-    from .child import _arm_stack_dump
-
     os.setsid()
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     launcher.die_with_parent(signal.SIGTERM)
-    _arm_stack_dump(cfg, "driver")
+    _stack = _arm_stack_dump(cfg["run_dir"], "driver")  # noqa: F841 - kept open for the signal handler
     for key, value in (cfg.get("ray_env") or {}).items():
         os.environ.setdefault(key, value)
     try:
         _drive(conn, cfg)
     except BaseException as exc:  # noqa: BLE001 - reported, the parent decides
-        from .child import _error_event
-
         try:
             conn.send(_error_event("driver", exc))
             _wait(conn)
@@ -678,6 +702,12 @@ def _drive(conn: Any, cfg: dict[str, Any]) -> None:
     ray.get([w.ready.remote() for w in workers], timeout=cfg.get("actor_timeout_s", 300))
     if not cfg.get("ray_address"):
         _restore_priority(niceness)
+    # A one-row round trip per worker during set-up: first-call costs (lazy imports on both ends,
+    # Ray's first object-store mapping) land in the baselines, not in training step 1.
+    warm = data.chunk(whole, len(whole))[0]
+    outs = ray.get([w.compute.remote(warm if cfg["transport"] == "ray-arg" else [ray.put(warm)]) for w in workers])
+    data.concat(outs)
+    del warm, outs
     ray.get([w.arm.remote() for w in workers])
     gc.collect()
     _apply_gc(cfg["gc"])
@@ -700,8 +730,6 @@ def _drive(conn: Any, cfg: dict[str, Any]) -> None:
     steps.install(None)
     end_t = meter.now()
     ray.get([w.finish.remote() for w in workers])
-    from .child import _held
-
     held, cycle = _held(meter)
     conn.send({"type": "done", "side": "driver", "peak_bytes": peak, "held_bytes": held, "cycle_held_bytes": cycle,
                "t_s": end_t})
@@ -750,7 +778,6 @@ class NodeWorker:
 
         import ray
 
-        from .child import _arm_stack_dump
         from .transports_ray import events, hooks
 
         self.cfg, self.name = cfg, name
@@ -758,7 +785,7 @@ class NodeWorker:
         self.conn.send({"type": "hello", "name": name, "pid": os.getpid(), "machine": events.machine_id(),
                         "node_id": ray.get_runtime_context().get_node_id()})
         if os.path.isdir(cfg["run_dir"]):  # the budget check's SIGUSR1 writes our stack there before a kill
-            self._stack = _arm_stack_dump(cfg, name)
+            self._stack = _arm_stack_dump(cfg["run_dir"], name)
         for module in launcher.PRELOAD:
             importlib.import_module(module)
         import torch
@@ -801,8 +828,6 @@ class NodeWorker:
         return out
 
     def finish(self) -> None:
-        from .child import _held
-
         meter = self.meter
         if meter is None:
             return
