@@ -28,7 +28,7 @@ from .verify import compare, manifest
 from .workloads import load_workload
 
 
-def _arm_stack_dump(cfg: dict[str, Any], side: str) -> Any:
+def arm_stack_dump(cfg: dict[str, Any], side: str) -> Any:
     """SIGUSR1 writes every thread's Python stack to a file: the watchdog sends it before SIGKILL."""
     path = os.path.join(cfg["run_dir"], f"{side}.stack")
     f = open(path, "w")  # noqa: SIM115 - must stay open for the signal handler
@@ -36,7 +36,7 @@ def _arm_stack_dump(cfg: dict[str, Any], side: str) -> Any:
     return f
 
 
-def _error_event(side: str, exc: BaseException) -> dict[str, Any]:
+def error_event(side: str, exc: BaseException) -> dict[str, Any]:
     ev = {"type": "error", "side": side, "exc_type": type(exc).__name__, "message": str(exc),
           "traceback": traceback.format_exc(limit=30)}
     if isinstance(exc, PicklescopeError):  # the user's input, found where it is used: the parent raises it
@@ -44,7 +44,7 @@ def _error_event(side: str, exc: BaseException) -> dict[str, Any]:
     return ev
 
 
-def _held(meter: steps.Meter) -> tuple[int, int]:
+def held_memory(meter: steps.Meter) -> tuple[int, int]:
     """(held, freed by gc.collect) in bytes, after the measured phase."""
     before = procmem.rss()
     gc.collect()
@@ -72,7 +72,7 @@ def _prepare_codec(conn: Any, side: str, name: str) -> None:
 def sender_main(conn: Any, cfg: dict[str, Any]) -> None:
     """Build the workload, serialize it with the codec over the transport, hand it off."""
     side = "sender"
-    _arm_stack_dump(cfg, side)
+    arm_stack_dump(cfg, side)
     _apply_env(cfg, side)
     try:
         load_plugins(cfg.get("plugins"))
@@ -85,7 +85,7 @@ def sender_main(conn: Any, cfg: dict[str, Any]) -> None:
         procmem.populate_file_mappings()  # library pages into the baseline, not into the steps
         conn.send({"type": "ready", "side": side, "pid": os.getpid(), "manifest": expected})
     except BaseException as exc:  # noqa: BLE001 - any setup failure is reported, not raised
-        conn.send({**_error_event(side, exc), "phase": "setup"})
+        conn.send({**error_event(side, exc), "phase": "setup"})
         return
     tracing = ChildTracing.from_cfg(cfg, side, conn.send)  # tracers see every step boundary
     meter = steps.make_meter(tracing.sink, cfg, side)
@@ -98,12 +98,12 @@ def sender_main(conn: Any, cfg: dict[str, Any]) -> None:
         apply_in_child(cfg, side)  # cgroup / address-space budgets start at the baseline
         info = transport.send(batch, cfg["run_dir"])
     except BaseException as exc:  # noqa: BLE001
-        error = _error_event(side, exc)
+        error = error_event(side, exc)
     peak = meter.finish()
     tracing.stop()
     lift_in_child(cfg)
     steps.install(None)
-    held, cycle = _held(meter)
+    held, cycle = held_memory(meter)
     if error:
         conn.send({**error, "phase": "measure"})
     conn.send({"type": "done", "side": side, "peak_bytes": peak, "held_bytes": held,
@@ -115,7 +115,7 @@ def sender_main(conn: Any, cfg: dict[str, Any]) -> None:
 def receiver_main(conn: Any, cfg: dict[str, Any]) -> None:
     """Wait for the hand-off, map it, deserialize, then verify against the sender's manifest."""
     side = "receiver"
-    _arm_stack_dump(cfg, side)
+    arm_stack_dump(cfg, side)
     _apply_env(cfg, side)
     try:
         load_plugins(cfg.get("plugins"))
@@ -132,7 +132,7 @@ def receiver_main(conn: Any, cfg: dict[str, Any]) -> None:
     except EOFError:
         return
     except BaseException as exc:  # noqa: BLE001
-        conn.send({**_error_event(side, exc), "phase": "setup"})
+        conn.send({**error_event(side, exc), "phase": "setup"})
         return
     tracing = ChildTracing.from_cfg(cfg, side, conn.send)  # tracers see every step boundary
     meter = steps.make_meter(tracing.sink, cfg, side)
@@ -145,13 +145,13 @@ def receiver_main(conn: Any, cfg: dict[str, Any]) -> None:
         apply_in_child(cfg, side)
         obj = transport.receive(prepared)
     except BaseException as exc:  # noqa: BLE001
-        error = _error_event(side, exc)
+        error = error_event(side, exc)
     peak = meter.finish()
     tracing.stop()
     lift_in_child(cfg)
     steps.install(None)
     end_t = meter.now()
-    held, cycle = _held(meter)
+    held, cycle = held_memory(meter)
     if error:
         conn.send({**error, "phase": "measure"})
     mismatches = compare(msg["manifest"], obj) if error is None else []
@@ -165,4 +165,3 @@ def receiver_main(conn: Any, cfg: dict[str, Any]) -> None:
         conn.recv()
     except EOFError:
         pass
-

@@ -45,7 +45,7 @@ _gc_lock = threading.Lock()
 _gc_holders = 0
 
 
-def _hold_gc(hold: bool) -> None:
+def hold_gc(hold: bool) -> None:
     """Freeze the objects that exist while any sampler runs, so garbage collection skips them.
 
     A full collection in a parent with a big heap (a Jupyter kernel, pytest with plotly loaded:
@@ -80,7 +80,7 @@ class Sampler:
         self._thread = threading.Thread(target=self._loop, name="picklescope-sampler", daemon=True)
 
     def start(self) -> Sampler:
-        _hold_gc(True)
+        hold_gc(True)
         self._gc_held = True
         self._thread.start()
         return self
@@ -126,4 +126,8 @@ class Sampler:
             self.remove(name)
         if self._gc_held:
             self._gc_held = False
-            _hold_gc(False)
+            hold_gc(False)
+
+
+# Old private names, kept while the modules named below still import them; use the public names.
+_hold_gc = hold_gc  # session.py

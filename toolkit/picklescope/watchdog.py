@@ -157,7 +157,7 @@ class Watchdog:
         path = os.path.join(self.run_dir, f"{side}.stack")
         try:
             os.kill(pid, signal.SIGUSR1)
-            _wait_for_dump(path)
+            wait_for_dump(path)
             kill.sigkill_t_s = round(time.monotonic() - self.t0, 6)
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -187,7 +187,7 @@ class Watchdog:
         self._status = {}
 
 
-def _wait_for_dump(path: str) -> None:
+def wait_for_dump(path: str) -> None:
     """Until faulthandler has finished writing the stack (its size unchanged for ``STACK_STABLE_S``),
     at most 0.1 s. faulthandler writes a dump in many small pieces; the sampler thread that runs this
     wakes every millisecond on time (real-time priority), so a single unchanged reading 1 ms apart
@@ -205,3 +205,7 @@ def _wait_for_dump(path: str) -> None:
         elif size and now - since >= STACK_STABLE_S:
             return
         time.sleep(0.001)
+
+
+# Old private names, kept while the modules named below still import them; use the public names.
+_wait_for_dump = wait_for_dump  # session.py

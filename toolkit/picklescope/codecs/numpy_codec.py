@@ -22,7 +22,7 @@ from .torch_codec import TorchCodec
 _DTYPE_PREFIX = "torch."
 
 
-def _dtype_from_name(name: str) -> torch.dtype:
+def dtype_from_name(name: str) -> torch.dtype:
     dtype = getattr(torch, name.removeprefix(_DTYPE_PREFIX), None)
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"unknown dtype {name!r} in a numpy-mode blob")
@@ -37,7 +37,7 @@ def _dense_to_numpy(t: torch.Tensor) -> tuple[str, tuple[int, ...], np.ndarray]:
 def _dense_from_numpy(spec: tuple[str, tuple[int, ...], np.ndarray]) -> torch.Tensor:
     dtype_name, shape, array = spec
     owned = bytearray(memoryview(array).cast("B"))  # the receiver's one copy of the payload
-    return torch.frombuffer(owned, dtype=torch.uint8).view(_dtype_from_name(dtype_name)).reshape(shape)
+    return torch.frombuffer(owned, dtype=torch.uint8).view(dtype_from_name(dtype_name)).reshape(shape)
 
 
 def _leaf_to_numpy(t: torch.Tensor) -> tuple:

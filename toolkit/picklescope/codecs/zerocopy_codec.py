@@ -16,7 +16,7 @@ import warnings
 import numpy as np
 import torch
 
-from .numpy_codec import SENDER_GAPS, NumpyCodec, _dtype_from_name
+from .numpy_codec import SENDER_GAPS, NumpyCodec, dtype_from_name
 
 
 def _dense_view(spec: tuple[str, tuple[int, ...], np.ndarray]) -> torch.Tensor:
@@ -24,7 +24,7 @@ def _dense_view(spec: tuple[str, tuple[int, ...], np.ndarray]) -> torch.Tensor:
     with warnings.catch_warnings():  # "the given NumPy array is not writable": exactly the hazard
         warnings.simplefilter("ignore", UserWarning)
         flat = torch.from_numpy(np.asarray(array).reshape(-1))
-    return flat.view(_dtype_from_name(dtype_name)).reshape(shape)
+    return flat.view(dtype_from_name(dtype_name)).reshape(shape)
 
 
 def _leaf_view(spec: tuple) -> torch.Tensor:

@@ -23,7 +23,7 @@ from typing import Any
 
 from .. import steps
 from ..batch import set_active_codec
-from ..child import _arm_stack_dump, _error_event, _held
+from ..child import arm_stack_dump, error_event, held_memory
 from ..codecs import get_codec
 from ..verify import compare
 from . import events, hooks, received
@@ -39,7 +39,7 @@ class ReceiverActor:
         self.conn = events.connect(cfg)
         self.conn.send(events.pid_event(SIDE, "receiver"))
         if os.path.isdir(cfg["run_dir"]):  # the watchdog's SIGUSR1 writes our stack there before a kill
-            self._stack_file = _arm_stack_dump(cfg, SIDE)
+            self._stack_file = arm_stack_dump(cfg, SIDE)
         for key, value in (cfg.get("env") or {}).get(SIDE, {}).items():
             os.environ[key] = value
         import importlib
@@ -83,7 +83,7 @@ class ReceiverActor:
             with steps.step("ray.get"):
                 obj = ray.get(refs[0])
         except BaseException as exc:  # noqa: BLE001 - reported, not raised
-            error = _error_event(SIDE, exc)
+            error = error_event(SIDE, exc)
         return self._finish(obj, error, lambda: ray.get(refs[0]))
 
     def attach_tq(self) -> None:
@@ -103,7 +103,7 @@ class ReceiverActor:
             with steps.step("tq.get"):
                 obj = tq.get(keys, layout, meta_info)
         except BaseException as exc:  # noqa: BLE001
-            error = _error_event(SIDE, exc)
+            error = error_event(SIDE, exc)
         return self._finish(obj, error, lambda: tq.get(keys, layout, meta_info))
 
     def receive_arg(self, obj: Any) -> bool:
@@ -117,7 +117,7 @@ class ReceiverActor:
         steps.install(None)
         end_t = meter.now()
         shm_end = events.shared_bytes()
-        held, cycle = _held(meter)
+        held, cycle = held_memory(meter)
         if error:
             self.conn.send({**error, "phase": "measure"})
         mismatches = compare(self.manifest or {}, obj) if error is None else []

@@ -19,7 +19,7 @@ from typing import Any
 
 from .. import launcher, steps
 from ..batch import set_active_codec
-from ..child import _arm_stack_dump, _error_event, _held
+from ..child import arm_stack_dump, error_event, held_memory
 from ..codecs import get_codec
 from ..verify import manifest
 from ..workloads import load_workload
@@ -55,7 +55,7 @@ def init_args(cfg: dict[str, Any]) -> dict[str, Any]:
             "_node_ip_address": "127.0.0.1", **common}
 
 
-def _cluster_info() -> dict[str, Any]:
+def cluster_info() -> dict[str, Any]:
     """Pids and paths of the local node's processes (empty when we only joined a cluster)."""
     import ray
 
@@ -74,7 +74,7 @@ def _cluster_info() -> dict[str, Any]:
     return info
 
 
-def _init_ray(conn: Any, cfg: dict[str, Any]) -> None:
+def init_ray(conn: Any, cfg: dict[str, Any]) -> None:
     """``ray.init``, retried when our own node fails to come up in time.
 
     On a loaded 2-core machine the raylet gives the dashboard agent a fixed 15 s to write its port
@@ -84,7 +84,7 @@ def _init_ray(conn: Any, cfg: dict[str, Any]) -> None:
     import ray
 
     if not cfg.get("ray_address"):
-        try:  # see _restore_priority: only the start-up runs ahead of the machine's other work
+        try:  # see restore_priority: only the start-up runs ahead of the machine's other work
             os.nice(STARTUP_NICE)
         except OSError as exc:
             conn.send({"type": "note", "side": SIDE, "message": f"cannot raise start-up priority: {exc}"})
@@ -101,7 +101,7 @@ def _init_ray(conn: Any, cfg: dict[str, Any]) -> None:
             kill(cluster_processes(os.getpid(), None))  # what the failed start left, before the next one
 
 
-def _restore_priority(niceness: int) -> None:
+def restore_priority(niceness: int) -> None:
     """Put the driver and every process of our cluster back to the priority we started with.
 
     The agents a raylet starts must write their port files within Ray's fixed 15 s, which a busy
@@ -122,7 +122,7 @@ def driver_main(conn: Any, cfg: dict[str, Any]) -> None:
     # cluster, rather than by the launcher's default SIGKILL, which would orphan every Ray process.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     launcher.die_with_parent(signal.SIGTERM)
-    _arm_stack_dump(cfg, SIDE)
+    arm_stack_dump(cfg, SIDE)
     for key, value in (cfg.get("env") or {}).get(SIDE, {}).items():
         os.environ[key] = value
     for key, value in (cfg.get("ray_env") or {}).items():
@@ -156,10 +156,10 @@ def _run(conn: Any, cfg: dict[str, Any]) -> None:
 
         from .actor import ReceiverActor
 
-        _init_ray(conn, cfg)
+        init_ray(conn, cfg)
         if isinstance(cfg["events_address"], list) and not cfg["events_address"][0]:
             cfg = {**cfg, "events_address": [ray.util.get_node_ip_address(), cfg["events_address"][1]]}
-        conn.send({"type": "ray_info", "side": SIDE, **_cluster_info()})
+        conn.send({"type": "ray_info", "side": SIDE, **cluster_info()})
         hooks.install(serialize=True)
         if cfg["ray_path"] == "tq":
             from . import tq
@@ -170,7 +170,7 @@ def _run(conn: Any, cfg: dict[str, Any]) -> None:
         actor = actor_cls.remote(cfg)
         ray.get(actor.ready.remote(), timeout=cfg.get("actor_timeout_s", 300))
         if not cfg.get("ray_address"):
-            _restore_priority(niceness)
+            restore_priority(niceness)
         if cfg["ray_path"] == "arg":
             ray.get(actor.arm.remote(expected))
         elif cfg["ray_path"] == "tq":
@@ -178,7 +178,7 @@ def _run(conn: Any, cfg: dict[str, Any]) -> None:
         gc.collect()
         conn.send({"type": "ready", "side": SIDE, "pid": os.getpid(), "manifest": expected})
     except BaseException as exc:  # noqa: BLE001 - any setup failure is reported, not raised
-        conn.send({**_error_event(SIDE, exc), "phase": "setup"})
+        conn.send({**error_event(SIDE, exc), "phase": "setup"})
         _wait_release(conn)
         return
     meter = steps.Meter(events.with_shared(conn.send), cfg["t0"], SIDE)
@@ -203,12 +203,12 @@ def _run(conn: Any, cfg: dict[str, Any]) -> None:
                 finally:
                     hooks.end_store_write()
     except BaseException as exc:  # noqa: BLE001
-        error = _error_event(SIDE, exc)
+        error = error_event(SIDE, exc)
     peak = meter.finish()
     steps.install(None)
     end_t = meter.now()
     shm_end = events.shared_bytes()
-    held, cycle = _held(meter)
+    held, cycle = held_memory(meter)
     if error:
         conn.send({**error, "phase": "measure"})
     last = hooks.last_serialized() or {}
@@ -224,7 +224,7 @@ def _run(conn: Any, cfg: dict[str, Any]) -> None:
                 pending = actor.receive.remote([ref], expected)
             ray.get(pending)
         except BaseException as exc:  # noqa: BLE001 - the actor died or its deserialize failed
-            conn.send({**_error_event("receiver", exc), "phase": "measure", "reported_by": "driver"})
+            conn.send({**error_event("receiver", exc), "phase": "measure", "reported_by": "driver"})
     del batch, ref, pending
     _wait_release(conn)
     if cfg["ray_path"] == "tq":
@@ -237,3 +237,9 @@ def _wait_release(conn: Any) -> None:
         conn.recv()
     except (EOFError, OSError):
         pass
+
+
+# Old private names, kept while the modules named below still import them; use the public names.
+_cluster_info = cluster_info  # node.py
+_init_ray = init_ray  # node.py
+_restore_priority = restore_priority  # node.py

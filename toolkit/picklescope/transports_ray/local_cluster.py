@@ -44,7 +44,7 @@ class LocalCluster:
         self.report: dict[str, Any] = {}
 
     def start(self) -> LocalCluster:
-        """Start the head node; a start-up that Ray itself times out is retried (see driver._init_ray)."""
+        """Start the head node; a start-up that Ray itself times out is retried (see driver.init_ray)."""
         self.failures: list[str] = []
         for attempt in range(ATTEMPTS):
             try:
@@ -68,7 +68,7 @@ class LocalCluster:
         log = os.path.join(self.temp_dir, "start.log")
         with open(log, "wb") as out:
             # Its own session (every Ray process stays in it) at a raised priority for start-up only,
-            # for the same reason as the per-run driver (see driver._restore_priority).
+            # for the same reason as the per-run driver (see driver.restore_priority).
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                          preexec_fn=_raise_priority)
         self._ticks = cluster.start_ticks(self.proc.pid)

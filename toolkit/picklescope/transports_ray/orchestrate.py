@@ -33,7 +33,7 @@ RELEASE_WAIT_S = 30.0  # ray.shutdown on a busy 2-core machine takes a few secon
 RAY_ENV_DEFAULTS = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DISABLE_DOCKER_CPU_WARNING": "1"}
 
 
-def _ray_env(joining: bool) -> dict[str, str]:
+def ray_env(joining: bool) -> dict[str, str]:
     """Environment for the driver (and so the cluster it starts): the user's RAY_* plus safe defaults.
 
     A cluster we start is private to the run, so its token auth is off; joining a real cluster keeps
@@ -232,7 +232,7 @@ def run_sides(state: _Run, cfg: dict[str, Any], *, ray_path: str, timeout_s: flo
     cfg = {**cfg, "ray_path": ray_path, "ray_address": run.address, "ray_temp_dir": ray_tmp,
            "object_store_bytes": object_store_bytes(result.payload_bytes, options.get("object_store_bytes")),
            "events_address": listener.address, "events_key": listener.key.hex(), "machine": machine_id(),
-           "t0_wall": time.time() - (time.monotonic() - t0), "ray_env": _ray_env(remote)}
+           "t0_wall": time.time() - (time.monotonic() - t0), "ray_env": ray_env(remote)}
     run.cfg = cfg
     result.extra["ray"] = run.tracking
     sampler = Sampler(t0, sample_interval_s)
@@ -334,3 +334,7 @@ def _drain(run: RayRun, c: Any, samplers: tuple[Sampler, StoreSampler]) -> bool:
     except (EOFError, OSError):
         return False
     return True
+
+
+# Old private names, kept while the modules named below still import them; use the public names.
+_ray_env = ray_env  # node.py

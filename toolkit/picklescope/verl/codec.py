@@ -48,7 +48,7 @@ def describe_verl_state(state: Any) -> str:
     return "unknown"
 
 
-def _main_feature(feats: set[str]) -> str:
+def main_feature(feats: set[str]) -> str:
     for f in ("zero-size", "fp8", "strided-nested", "jagged-nested", "sub-tensordict", "non-contiguous",
               "bfloat16", "bool", "complex", "empty-tensordict", "batch-none"):
         if f in feats:
@@ -146,7 +146,7 @@ class VerlCodec(Codec):
         for key in list(b.batch.keys()):  # iterating a TensorDict itself walks its batch dimension
             if not self._encodes(Batch(batch=b.batch.select(key), non_tensor_batch={}, meta_info={})):
                 leaf_feats = {f for name, fs in feats.items() if name == key or name.startswith(key + ".") for f in fs}
-                return UnsupportedCase(self.name, key, _main_feature(leaf_feats),
+                return UnsupportedCase(self.name, key, main_feature(leaf_feats),
                                        f"its __getstate__ raised {original}")
         return PicklescopeError(f"__getstate__ of {self.name} failed on the batch: {original}",
                                 "no single leaf reproduces it; see the traceback")

@@ -89,7 +89,7 @@ def patch_functions(path: str | os.PathLike) -> list[str]:
     return found
 
 
-def _apply_patch(data_proto: type, path: str) -> list[str]:
+def apply_patch(data_proto: type, path: str) -> list[str]:
     spec = importlib.util.spec_from_file_location("picklescope_verl_candidate", path)
     if spec is None or spec.loader is None:
         raise PicklescopeError(f"cannot import candidate patch {path}", "give a .py file")
@@ -175,7 +175,7 @@ def load(env: VerlEnv, patch: str | None = None) -> Loaded:
     if any(p and _under(p, str(env.site)) for p in tests_places):
         raise PicklescopeError(f"verl's stray 'tests' package is importable from {env.site}",
                                f"reinstall with 'picklescope verl install --force {env.label}'")
-    replaced = _apply_patch(protocol.DataProto, patch) if patch else []
+    replaced = apply_patch(protocol.DataProto, patch) if patch else []
     instrumented = instrument_consolidate()
     info = {
         "verl_label": env.label, "verl_version": getattr(verl, "__version__", env.version),

@@ -74,7 +74,7 @@ def _cases(workload: str, scale: float) -> list[tuple[str, str, Any]]:
     from ..batch import Batch
     from ..codecs.base import batch_features
     from ..workloads import load_workload
-    from .codec import _main_feature
+    from .codec import main_feature
 
     full = load_workload(workload).build(scale)
     n = int(full.batch.batch_size[0])
@@ -82,7 +82,7 @@ def _cases(workload: str, scale: float) -> list[tuple[str, str, Any]]:
     cases: list[tuple[str, str, Any]] = []
     for key in list(full.batch.keys()):  # iterating a TensorDict itself walks its batch dimension
         one = Batch(batch=full.batch.select(key), non_tensor_batch={}, meta_info={})
-        cases.append((f"leaf {key}", _main_feature(feats[key]), one))
+        cases.append((f"leaf {key}", main_feature(feats[key]), one))
     small = TensorDict({"ids": torch.arange(n)}, batch_size=[n])
     cases.append(("non_tensor_batch", "object-arrays", Batch(small, dict(full.non_tensor_batch), dict(full.meta_info))))
     cases.append((f"whole {workload} batch", "all", full))

@@ -19,9 +19,9 @@ def pytest_configure(config: Any) -> None:
         return
     import verl.protocol
 
-    from .loader import _apply_patch
+    from .loader import apply_patch
 
-    _apply_patch(verl.protocol.DataProto, path)
+    apply_patch(verl.protocol.DataProto, path)
 
 
 def pytest_report_header(config: Any) -> str | None:
