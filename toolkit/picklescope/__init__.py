@@ -7,13 +7,17 @@ receiver, and return a :class:`RunResult` with exact kernel peaks per step and p
 
 from __future__ import annotations
 
-from .batch import Batch
-from .codecs import CODECS, get_codec, register_codec
-from .errors import PicklescopeError, UnknownNameError, UnsupportedCase
-from .result import RunResult, Side, Step, Timeline
-from .runner import run
-from .transports import TRANSPORTS, get_transport
-from .workloads import available_workloads, load_workload
+from ._quiet_start import quiet_interrupts_while_importing
+
+quiet_interrupts_while_importing()  # only as the 'picklescope' command: a Ctrl-C during imports is one line
+
+from .batch import Batch  # noqa: E402
+from .codecs import CODECS, get_codec, register_codec  # noqa: E402
+from .errors import PicklescopeError, UnknownNameError, UnsupportedCase  # noqa: E402
+from .result import RunResult, Side, Step, Timeline  # noqa: E402
+from .runner import run  # noqa: E402
+from .transports import TRANSPORTS, get_transport  # noqa: E402
+from .workloads import available_workloads, load_workload  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -19,30 +19,108 @@ import time
 _support: tuple[str | None, str] | None = None
 
 
-def _v1_memory_mount() -> tuple[str, str] | None:
-    """(mount point, mounted root) of the cgroup v1 memory hierarchy, if mounted."""
+def _v1_memory_mount(controller: str = "memory") -> tuple[str, str] | None:
+    """(mount point, mounted root) of the cgroup v1 hierarchy of ``controller``, if mounted."""
     try:
         with open("/proc/self/mountinfo") as f:
             for line in f:
                 left, _, right = line.partition(" - ")
                 parts, rparts = left.split(), right.split()
-                if len(rparts) >= 3 and rparts[0] == "cgroup" and "memory" in rparts[2].split(","):
+                if len(rparts) >= 3 and rparts[0] == "cgroup" and controller in rparts[2].split(","):
                     return parts[4], parts[3]
     except OSError:
         return None
     return None
 
 
-def _own_v1_path() -> str | None:
+def _own_v1_path(controller: str = "memory") -> str | None:
     try:
         with open("/proc/self/cgroup") as f:
             for line in f:
                 _, controllers, path = line.rstrip("\n").split(":", 2)
-                if "memory" in controllers.split(","):
+                if controller in controllers.split(","):
                     return path
     except OSError:
         return None
     return None
+
+
+def _own_dir(controller: str) -> str | None:
+    """This process's own cgroup directory in the v1 hierarchy of ``controller``, if it is writable."""
+    mount = _v1_memory_mount(controller)
+    own = _own_v1_path(controller)
+    if mount is None or own is None:
+        return None
+    point, root = mount
+    if not own.startswith(root):
+        return None
+    base = os.path.normpath(os.path.join(point, os.path.relpath(own, root)))
+    return base if os.path.isfile(os.path.join(base, "cgroup.procs")) and os.access(base, os.W_OK) else None
+
+
+# -- tracking a run's processes, whatever session or process group they start -----------------------
+_tracking: list[str | None] = []
+
+
+def tracking_base() -> str | None:
+    """Where run cgroups that only *track* processes go: this process's cgroup in the v1 ``pids`` (or
+    ``freezer``) hierarchy, which no budget uses, so a side that later joins a memory cgroup stays
+    tracked. None where neither is mounted and writable (the runner then relies on subreapers)."""
+    if not _tracking:
+        _tracking.append(_own_dir("pids") or _own_dir("freezer"))
+    return _tracking[0]
+
+
+def procs(path: str) -> list[int]:
+    """Pids in the cgroup ``path`` (empty if it is gone)."""
+    try:
+        with open(os.path.join(path, "cgroup.procs")) as f:
+            return [int(x) for x in f.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def add_process(path: str, pid: int) -> bool:
+    """Move ``pid`` into the cgroup ``path``; its future children are born there, whatever session they start."""
+    try:
+        _write(os.path.join(path, "cgroup.procs"), str(pid))
+        return True
+    except OSError:
+        return False
+
+
+def kill_all(path: str, wait_s: float = 5.0) -> list[int]:
+    """SIGKILL every process in the cgroup until it is empty (new children included); returns the pids killed."""
+    import signal
+
+    killed: list[int] = []
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = [p for p in procs(path) if p != os.getpid()]
+        if not left or time.monotonic() > deadline:
+            return killed
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            except OSError:
+                pass
+        time.sleep(0.02)
+
+
+def remove_stale_everywhere() -> list[str]:
+    """Remove the run cgroups of picklescope processes that are gone, killing what is still inside them.
+
+    Called by every run (not only cgroup runs), so a parent killed mid-run costs nothing past the next
+    run: its memory cgroups go, and its tracking cgroup's processes (a grandchild that started its own
+    session included) are killed first.
+    """
+    removed = []
+    for controller in ("memory", "pids", "freezer"):
+        base = _own_dir(controller)
+        if base is not None:
+            removed += _remove_stale(base)
+    return removed
 
 
 def _base() -> tuple[str | None, str]:
@@ -73,21 +151,31 @@ def describe() -> str:
     return f"probably usable: {why}" if base else f"unavailable: {why}"
 
 
-def _remove_stale(base: str) -> None:
-    """Remove run cgroups left by a picklescope process that died before cleaning up (they are empty)."""
+def _remove_stale(base: str) -> list[str]:
+    """Remove run cgroups left by a picklescope process that died before cleaning up (killing what is left
+    inside them first); returns the removed paths."""
     try:
         names = os.listdir(base)
     except OSError:
-        return
+        return []
+    removed = []
     for name in names:
         parts = name.split("-")
         if len(parts) >= 3 and parts[0] == "picklescope" and parts[1].isdigit():
             pid = int(parts[1])
             if pid != os.getpid() and not os.path.exists(f"/proc/{pid}"):
-                try:
-                    os.rmdir(os.path.join(base, name))
-                except OSError:
-                    pass
+                path = os.path.join(base, name)
+                kill_all(path, wait_s=2.0)
+                for _ in range(50):
+                    try:
+                        os.rmdir(path)
+                        removed.append(path)
+                        break
+                    except FileNotFoundError:
+                        break
+                    except OSError:
+                        time.sleep(0.02)
+    return removed
 
 
 def _probe() -> tuple[str | None, str]:

@@ -67,6 +67,9 @@ def _on_sigterm(signum: int, frame: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from ._quiet_start import restore
+
+    restore()  # from here on, Ctrl-C is a KeyboardInterrupt that ends the run's children first
     argv = _join_negative_values(list(sys.argv[1:] if argv is None else argv))
     debug = "--debug" in argv
     installed = threading.current_thread() is threading.main_thread()  # signals only go to the main thread

@@ -92,6 +92,9 @@ class ChildProcess(mp_context.ForkServerProcess):
     def run(self) -> None:
         die_with_parent()
         _let_go_of_forkserver()
+        from .leftovers import become_subreaper
+
+        become_subreaper()  # a descendant that starts its own session stays in this tree (see RunTracker)
         try:  # the forkserver (and so our starter) may have ended before the request took effect
             os.kill(self._parent_pid, 0)
         except ProcessLookupError:
@@ -107,13 +110,63 @@ def ensure_preload() -> None:
         _preload_set = True
 
 
+MP_TEMP_PREFIX = "picklescope-mp-"
+
+
+def _own_mp_tempdir() -> None:
+    """Give ``multiprocessing`` a picklescope-named temp folder before it makes its own ``/tmp/pymp-*``.
+
+    The forkserver's socket lives in that folder. ``multiprocessing`` removes it at a normal exit, but
+    a parent killed with SIGKILL leaves it, and nothing would ever sweep a ``pymp-*`` name; a
+    ``picklescope-mp-<pid>-*`` one is removed by the next run's sweep once that pid is gone
+    (:func:`picklescope.leftovers.sweep_orphans`). A process that already has a folder keeps it.
+    """
+    import shutil
+    import tempfile
+    from multiprocessing import process, util
+
+    from .leftovers import temp_name
+
+    config = process.current_process()._config
+    if config.get("tempdir"):
+        return
+    path = tempfile.mkdtemp(prefix=temp_name(MP_TEMP_PREFIX))
+    config["tempdir"] = path
+    util.Finalize(None, shutil.rmtree, args=(path,), kwargs={"ignore_errors": True}, exitpriority=-100)
+
+
+def _warm_start() -> None:
+    """Start the forkserver (if it is not running) with SIGINT ignored, so a Ctrl-C while it imports
+    torch does not print its traceback; its children inherit the same, and the parent ends them."""
+    _own_mp_tempdir()
+    fs = forkserver._forkserver
+    if fs._forkserver_pid is not None or threading.current_thread() is not threading.main_thread():
+        fs.ensure_running()
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited across the forkserver's exec
+    try:
+        fs.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def start(target: Any, args: tuple, name: str) -> tuple[ChildProcess, Any]:
     """Start ``target(child_conn, *args)`` in a warm child; returns (process, parent end of pipe)."""
     ensure_preload()
+    _warm_start()
     parent_end, child_end = mp_context._default_context.get_context("forkserver").Pipe()
     p = ChildProcess(target=target, args=(child_end, *args), name=name, daemon=True)
+    # A Ctrl-C or SIGTERM between the forkserver's fork and our learning the pid (the first start waits
+    # for the forkserver to import torch) would leave a child nobody knows about, which then prints a
+    # traceback when its run folder disappears. Both are held back until p knows its pid, then handed
+    # to the handler they were meant for, inside the block that ends p.
+    held: list[int] = []
+    previous = _hold_signals(held)
     try:
-        p.start()
+        try:
+            p.start()
+        finally:
+            _release_signals(previous, held)
     except BaseException:  # Ctrl-C between the fork and our return: the caller never sees p, so end it here
         if getattr(p, "_popen", None) is not None:
             p.kill()
@@ -123,6 +176,26 @@ def start(target: Any, args: tuple, name: str) -> tuple[ChildProcess, Any]:
     finally:
         child_end.close()
     return p, parent_end
+
+
+def _hold_signals(held: list[int]) -> dict[int, Any]:
+    """Replace the SIGINT/SIGTERM handlers with ones that only record the signal (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, lambda signum, frame: held.append(signum)) for sig in (signal.SIGINT,
+                                                                                            signal.SIGTERM)}
+
+
+def _release_signals(previous: dict[int, Any], held: list[int]) -> None:
+    """Put the handlers back, then act on a signal that arrived meanwhile as its handler would have."""
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+    for sig in dict.fromkeys(held):
+        handler = previous.get(sig)
+        if callable(handler):
+            handler(sig, None)  # e.g. KeyboardInterrupt, or the CLI's Terminated
+        elif handler == signal.SIG_DFL:
+            signal.raise_signal(sig)
 
 
 def call_once(target: Any, args: tuple, name: str, timeout_s: float, join_s: float = 5.0) -> tuple[Any, int | None]:
@@ -178,7 +251,20 @@ def shutdown(wait_s: float = 10.0) -> list[int]:
             if not _close_and_reap(rt._fd, rt._pid, wait_s):
                 stuck.append(rt._pid)
             rt._fd = rt._pid = None
+    _drop_mp_tempdir()
     return stuck
+
+
+def _drop_mp_tempdir() -> None:
+    """Remove the folder :func:`_own_mp_tempdir` made (the forkserver is gone); the next start makes a new one."""
+    import shutil
+    from multiprocessing import process
+
+    config = process.current_process()._config
+    path = config.get("tempdir")
+    if path and os.path.basename(path).startswith(MP_TEMP_PREFIX):
+        shutil.rmtree(path, ignore_errors=True)
+        config.pop("tempdir", None)
 
 
 def _close_and_reap(alive_fd: int | None, pid: int, wait_s: float) -> bool:

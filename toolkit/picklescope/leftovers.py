@@ -62,18 +62,126 @@ def sweep_orphans(extra_roots: list[str] | None = None) -> list[str]:
     next run, not forever. Only names that carry a creator pid (:func:`temp_name`) are touched, and
     only when no process with that pid exists; returns what was removed.
     """
-    removed = []
+    from . import cgroup
+
+    removed = cgroup.remove_stale_everywhere()  # dead creators' cgroups, with whatever still runs in them
     roots = temp_roots() + [r for r in extra_roots or () if r and os.path.isdir(r)]
     for path in sorted(_entries(roots)[0]):
         pid = creator_pid(path)
         if pid is None or psutil.pid_exists(pid):
             continue
+        if os.path.basename(path).startswith(("psray-", "psrayc-")):
+            kill_naming(path)  # the Ray processes of a dead creator's cluster name its private temp dir
         try:
             _remove(path)
             removed.append(path)
         except OSError:
             pass
     return removed
+
+
+def kill_naming(path: str) -> list[int]:
+    """SIGKILL every process of this user whose command line names ``path`` (a dead run's Ray temp dir)."""
+    killed = []
+    me = os.getpid()
+    for p in psutil.process_iter():
+        if p.pid == me:
+            continue
+        try:
+            if any(path in arg for arg in p.cmdline()):
+                p.kill()
+                killed.append(p.pid)
+        except (psutil.Error, OSError):
+            continue
+    return killed
+
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Make this process the reaper of its orphaned descendants (Linux ``PR_SET_CHILD_SUBREAPER``).
+
+    A grandchild that starts its own session and whose parent exits is then re-parented to this
+    process instead of init, so it stays in this process's tree, where the run finds and ends it.
+    Returns False where the call is not available.
+    """
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+class RunTracker:
+    """Every process a run starts, and every process those start, ended when the run ends.
+
+    Where a v1 ``pids`` (or ``freezer``) cgroup can be created, each side is moved into the run's own
+    cgroup as it starts; the kernel puts every descendant there too, whatever session or process
+    group it starts, so :meth:`end` kills the cgroup's members until it is empty. Elsewhere the sides
+    make themselves subreapers (:func:`become_subreaper`), so their descendants stay in their tree,
+    and :meth:`snapshot` records that tree while the sides are alive. A parent killed before
+    :meth:`end` leaves the cgroup named with its pid, which the next run's :func:`sweep_orphans` empties
+    and removes.
+    """
+
+    _count = 0
+
+    def __init__(self) -> None:
+        from . import cgroup
+
+        RunTracker._count += 1
+        self.path: str | None = None
+        base = cgroup.tracking_base()
+        if base is not None:
+            try:
+                self.path = cgroup.create(base, f"picklescope-{os.getpid()}-{RunTracker._count}-{uuid.uuid4().hex[:6]}")
+            except OSError:
+                self.path = None
+        self.pids: list[int] = []
+        self.seen: dict[int, psutil.Process] = {}
+
+    def add(self, pid: int) -> None:
+        """Track ``pid`` (a side just started) and everything it will start."""
+        from . import cgroup
+
+        self.pids.append(pid)
+        if self.path is not None:
+            cgroup.add_process(self.path, pid)
+        self.snapshot()
+
+    def snapshot(self) -> None:
+        """Remember the sides' current descendants (the fallback where there is no tracking cgroup)."""
+        for pid in self.pids:
+            try:
+                root = psutil.Process(pid)
+                for p in [root, *root.children(recursive=True)]:
+                    self.seen.setdefault(p.pid, p)
+            except psutil.Error:
+                continue
+
+    def end(self) -> list[int]:
+        """Kill whatever of the run is still alive and remove its cgroup; returns the pids killed."""
+        from . import cgroup
+
+        killed: list[int] = []
+        if self.path is not None:
+            killed += cgroup.kill_all(self.path)
+        for p in self.seen.values():
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    p.kill()
+                    killed.append(p.pid)
+            except psutil.Error:
+                continue
+        if self.path is not None:
+            cgroup.remove(self.path)
+            self.path = None
+        return killed
 
 
 def temp_roots() -> list[str]:

@@ -19,7 +19,7 @@ from . import launcher, procmem, tracers, verdicts
 from .budget import plan as plan_limits
 from .codecs import get_codec
 from .errors import PicklescopeError
-from .leftovers import sweep_orphans, temp_name
+from .leftovers import RunTracker, sweep_orphans, temp_name
 from .result import RunResult, Side, Step
 from .sampler import Sampler
 from .transports import get_transport
@@ -204,9 +204,11 @@ def run(
     sampler.start()
     procs: dict[str, Any] = {}
     conns: dict[str, Any] = {}
+    tracker = RunTracker()  # the sides and every descendant, whatever session it starts: ended with the run
     try:
         for name, target in (("receiver", child.receiver_main), ("sender", child.sender_main)):
             procs[name], conns[name] = launcher.start(target, (cfg,), f"picklescope-{name}")
+            tracker.add(procs[name].pid)
             result.sides[name].pid = procs[name].pid
             if tracer_names:  # tracer "none": no sampling at all (overhead baseline)
                 sampler.add(name, procs[name].pid)
@@ -218,6 +220,7 @@ def run(
         raise
     finally:
         sampler.stop()
+        tracker.snapshot()  # while the sides live, their descendants are still in their tree
         for name in procs:
             try:
                 conns[name].send({"type": "release"})
@@ -231,6 +234,9 @@ def run(
         for name, p in procs.items():
             result.sides[name].exit_code = p.exitcode
             conns[name].close()
+        stray = [pid for pid in tracker.end() if pid not in tracker.pids]
+        if stray:
+            result.extra["killed_descendants"] = stray  # processes a side started and left running
         guard.close()
         cgroup_counters = limits.cleanup()
         collector.collect(result, run_dir, t0, sampler.timelines)  # before the capture files go
