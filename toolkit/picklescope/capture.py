@@ -28,6 +28,7 @@ process: a peak read by someone else across a recorded call starts at that call.
 from __future__ import annotations
 
 import functools
+import gc
 import importlib
 import json
 import logging
@@ -138,27 +139,32 @@ class Probe:
                 exact = False
         except Exception as exc:  # noqa: BLE001
             self._fail(f"reading memory before the call failed: {exc}")
-        t0 = time.perf_counter()
+        c0, t0 = time.thread_time(), time.perf_counter()
         result = original(*args, **kwargs)  # the trainer's own call: its exceptions are its own
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+        collecting = gc.isenabled()
+        gc.disable()  # the probe's few allocations must not start a collection of the trainer's garbage here
         try:
             hwm, after = _status("VmHWM:"), _status("VmRSS:")
-            self._record(n, args[0] if args else None, before, after, hwm if exact else None, wall)
+            self._record(n, args[0] if args else None, before, after, hwm if exact else None, wall, cpu)
         except Exception as exc:  # noqa: BLE001 - never raise into the trainer
             self._fail(f"recording call {n} failed: {type(exc).__name__}: {exc}")
+        finally:
+            if collecting:
+                gc.enable()
         if n >= self.limit:
             self.remove()
         return result
 
     def _record(self, n: int, obj: Any, before: int | None, after: int | None, hwm: int | None,
-                wall: float) -> None:
+                wall: float, cpu: float) -> None:
         from .workload_from import describe_live, to_yaml
 
         self.folder.mkdir(parents=True, exist_ok=True)
         pid = os.getpid()
         rec: dict[str, Any] = {
             "call": n, "pid": pid, "process": " ".join(sys.argv[:3])[:200], "target": self.target,
-            "mode": os.environ.get(MODE_ENV) or "torch (default)", "time": time.time(), "wall_s": wall,
+            "mode": os.environ.get(MODE_ENV) or "torch (default)", "time": time.time(), "wall_s": wall, "cpu_s": cpu,
             "rss_before_bytes": before, "rss_after_bytes": after,
             "held_bytes": (after - before) if before is not None and after is not None else None,
             "peak_bytes": (hwm - before) if hwm is not None and before is not None else None,
@@ -168,7 +174,7 @@ class Probe:
         try:
             d = describe_live(obj, path=f"{self.target} call {n} in pid {pid}")
             name = f"call-{pid}-{n}"
-            text = to_yaml(d, name=f"captured-{pid}-{n}")
+            text = to_yaml(d, name=f"captured-{pid}-{n}", validate=False)
             (self.folder / f"{name}.yaml").write_text(text)
             rec["workload"] = f"{name}.yaml"
             rec["payload_bytes"] = d.file_payload_bytes

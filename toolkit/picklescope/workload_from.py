@@ -30,6 +30,7 @@ whose batch is built by a class or function the reader does not know (see docs/s
 from __future__ import annotations
 
 import io
+import json
 import math
 import os
 import pickle
@@ -1068,29 +1069,44 @@ def _live_array(v: Any) -> Any:
 
 
 # -- the workload file -----------------------------------------------------------------------------------
-def _flow(d: dict[str, Any]) -> str:
-    import yaml
+_PLAIN = __import__("re").compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
+_YAML_WORDS = {"yes", "no", "on", "off", "true", "false", "null", "none", "~"}
 
-    parts = []
-    for k, v in d.items():
-        text = yaml.safe_dump(v, default_flow_style=True, width=10_000).strip()
-        if text.endswith("..."):
-            text = text[:-3].strip()
-        parts.append(f"{k}: {text}")
-    return "{" + ", ".join(parts) + "}"
+
+def _scalar(v: Any) -> str:
+    """One value in YAML flow style, written directly (no YAML library on the probe's path)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "null"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        text = repr(v)
+        return text if ("." in text or "n" in text) else text.replace("e", ".0e", 1)  # 1e-05 -> 1.0e-05
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_scalar(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_key(str(k))}: {_scalar(x)}" for k, x in v.items()) + "}"
+    return _key(str(v))
 
 
 def _key(k: str) -> str:
-    import yaml
+    if _PLAIN.match(k) and k.lower() not in _YAML_WORDS:
+        return k
+    return json.dumps(k)  # a JSON string is a YAML double-quoted scalar
 
-    text = yaml.safe_dump(k, default_flow_style=True).strip()
-    return text[:-3].strip() if text.endswith("...") else text
+
+def _flow(d: dict[str, Any]) -> str:
+    return _scalar(d)
 
 
-def to_yaml(d: Described, name: str | None = None, seed: int = 0) -> str:
-    """The workload file's text (validated by the same parser every workload goes through)."""
-    import yaml
+def to_yaml(d: Described, name: str | None = None, seed: int = 0, validate: bool = True) -> str:
+    """The workload file's text, checked by the same parser every workload goes through.
 
+    The capture probe passes ``validate=False``: parsing YAML costs milliseconds, more than the call
+    it watches; the text comes from the same writer either way.
+    """
     name = name or (Path(d.path).stem or "my-batch")
     lines = [f"# Written by 'picklescope workload from' from {Path(d.path).name} ({d.format}).",
              "# Structure only: every value is regenerated from the seed.",
@@ -1104,10 +1120,11 @@ def to_yaml(d: Described, name: str | None = None, seed: int = 0) -> str:
     lines += [f"  {(_key(k) + ':').ljust(width + 1)} {_flow(v)}" for k, v in d.tensors.items()]
     lines.append("non_tensor:" + ("" if d.non_tensor else " {}"))
     lines += [f"  {(_key(k) + ':').ljust(width + 1)} {_flow(v)}" for k, v in d.non_tensor.items()]
-    meta = yaml.safe_dump({"meta_info": d.meta_info}, default_flow_style=False, sort_keys=False).rstrip()
-    lines.append(meta if d.meta_info else "meta_info: {}")
+    lines.append("meta_info:" + ("" if d.meta_info else " {}"))
+    lines += [f"  {_key(str(k))}: {_scalar(v)}" for k, v in d.meta_info.items()]
     text = "\n".join(lines) + "\n"
-    parse_workload(text, "<derived workload>")  # what we write must load
+    if validate:
+        parse_workload(text, "<derived workload>")  # what we write must load
     return text
 
 
