@@ -32,11 +32,14 @@ def switched(ip):
                 store_history=True)
     ex = ip.user_ns["ex"]
     frames: list[bool] = []
+    live: list[tuple[str, str]] = []  # (status, figure title) at every partial frame
     draw = ex._draw
 
-    def counting(r):
+    def counting(r, final=False):
         frames.append(all(s.peak_bytes is not None for s in r.sides.values()))
-        draw(r)
+        draw(r, final)
+        if not final:
+            live.append((ex.status.value, ex.figure.layout.title.text or ""))
 
     ex._draw = counting
     ex.button.click()
@@ -48,6 +51,7 @@ def switched(ip):
     ip.run_cell("ex.codec.value = 'numpy-legacy'", store_history=True)
     ex.button.click()
     ex.wait(600)
+    ex.live = live
     return ex, during, first, frames
 
 
@@ -78,6 +82,21 @@ def test_figure_redrawn_while_the_run_streams(switched):
     assert frames.count(False) > first["frames"].count(False)
 
 
+def test_while_running_nothing_says_ok_and_the_status_names_a_step(switched):
+    import re
+
+    ex = switched[0]
+    assert ex.live, "no partial frame was drawn"
+    for status, title in ex.live:
+        assert "running" in status and (not title or "running" in title), (status, title)
+        assert not re.search(r"\bok\b", status + " " + title), (status, title)
+    steps = ("consolidate", "pickle.dumps", "__getstate__", "to_numpy", "handoff", "pickle.loads", "__setstate__",
+             "frombuffer")
+    named = [st for st, _ in ex.live if re.search(r"(sender|receiver): (" + "|".join(map(re.escape, steps)) + ")",
+                                                  st)]
+    assert named, [st for st, _ in ex.live]
+
+
 def test_controls_show_a_run_and_refuse_a_second(switched):
     ex, during, _, _ = switched
     assert during["running"] and during["disabled"] and during["codec_disabled"]
@@ -93,7 +112,12 @@ def test_budget_kill_lands_in_the_table_and_the_kernel_lives(ip, switched):
     ex.wait(600)
     r = ex.results[-1]
     assert r.outcome == "oom-killed" and r.killed_side == "sender" and r.killed_in_step == "consolidate"
-    assert "oom-killed" in ex.table.value and "kernel is still running" in ex.status.value
+    assert "oom-killed" in ex.table.value and "kernel is still running" in ex.status.value, ex.status.value
+    death = r.memory_at_death_bytes
+    assert death is not None and death > 0.4 * r.payload_bytes
+    row = ex.table.value.split("<tr>")[-1]
+    assert "killed in consolidate at " in row and "budget " in row
+    assert "killed in consolidate at " in ex.status.value and "budget " in ex.status.value
     assert os.getpid() == pid and ip.run_cell("1 + 1").result == 2
     ex.budget.value = 0.0
 

@@ -66,8 +66,8 @@ def timeline_figure(result: RunResult | RunTimeline, *, show_tracers: bool = Tru
     tl = result if isinstance(result, RunTimeline) else RunTimeline.from_result(result)
     names = list(tl.sides) or ["(no side)"]
     p = tl.payload_bytes
-    deaths = {n: getattr(s, "memory_at_death_bytes", None) for n, s in getattr(result, "sides", {}).items()}
-    titles = [plain(side_title(tl, n, deaths.get(n))) for n in names]
+    death = getattr(result, "memory_at_death_bytes", None)  # a RunResult knows it; a RunTimeline does not
+    titles = [plain(side_title(tl, n, death if n == tl.killed_side else None)) for n in names]
     fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, vertical_spacing=0.12, subplot_titles=titles)
     x0, x1 = _measured_range(tl)
     for i, name in enumerate(names, start=1):

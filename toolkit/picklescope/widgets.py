@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import threading
+import time
 from typing import Any
 
 import ipywidgets as widgets
@@ -56,21 +57,36 @@ def sync_figure(target: Any, source: Any) -> None:
     target.update_layout(source.layout.to_plotly_json(), overwrite=True)
 
 
+def death_text(r: RunResult) -> str | None:
+    """"killed in consolidate at 31.2 MiB (0.66x payload), budget 23.6 MiB" for a killed run, else None."""
+    if not r.killed_side or r.killed_side not in r.sides:
+        return None
+    side = r.sides[r.killed_side]
+    text = f"killed in {r.killed_in_step or 'its set-up'}"
+    death = r.memory_at_death_bytes
+    if death is not None:
+        text += f" at {fmt_bytes(death)}" + (f" ({death / r.payload_bytes:.2f}x payload)" if r.payload_bytes else "")
+    if side.budget_bytes is not None:
+        text += f", budget {fmt_bytes(side.budget_bytes)}"
+    return text
+
+
 def results_html(results: list[RunResult], budgets: list[str]) -> str:
-    """The comparison table of every finished run, newest last, as an HTML table."""
+    """The comparison table of every finished run, newest last, as an HTML table.
+
+    A killed side has no peak (the kernel's mark dies with the process), so its peak cell says where
+    it was killed, the memory it had reached and the budget instead of a dash."""
     if not results:
         return "<i>No runs yet: press run.</i>"
     rows = table.comparison_rows(results)
     for i, (row, r, b) in enumerate(zip(rows, results, budgets), start=1):
         row_head = {"#": i, "workload": f"{r.workload} x{r.scale:g}", "payload": fmt_bytes(r.payload_bytes),
                     "budget": b, "tracer": r.tracer}
+        death = death_text(r)
+        if death is not None:
+            row[f"{r.killed_side} peak"] = death
         rows[i - 1] = {**row_head, **row}
-    cols = list(dict.fromkeys(k for row in rows for k in row))
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(str(row.get(c, '')))}</td>" for c in cols) + "</tr>" for row in rows
-    )
-    return f"<table class='picklescope-runs'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return table.html_table(rows)
 
 
 class Explorer(widgets.VBox):
@@ -81,17 +97,21 @@ class Explorer(widgets.VBox):
                  plugins: list[str] | None = None) -> None:
         import plotly.graph_objects as go
 
-        style = {"description_width": "110px"}
-        self.codec = widgets.Dropdown(options=CODECS.names(), value=codec, description="codec", style=style)
+        style = {"description_width": "150px"}  # wide enough for "sender budget (x payload)"
+        wide = widgets.Layout(width="420px")
+        self.codec = widgets.Dropdown(options=CODECS.names(), value=codec, description="codec", style=style,
+                                       layout=wide)
         self.transport = widgets.Dropdown(options=TRANSPORTS.names(), value=transport, description="transport",
-                                          style=style)
+                                          style=style, layout=wide)
         self.workload = widgets.Dropdown(options=available_workloads(), value=workload, description="workload",
-                                         style=style)
-        self.tracer = widgets.Dropdown(options=tracer_names(), value=tracer, description="tracer", style=style)
+                                         style=style, layout=wide)
+        self.tracer = widgets.Dropdown(options=tracer_names(), value=tracer, description="tracer", style=style,
+                                        layout=wide)
         self.scale = widgets.FloatLogSlider(value=scale, base=10, min=-3, max=0, step=0.05, description="scale",
-                                            readout_format=".3g", style=style)
-        self.budget = widgets.FloatSlider(value=budget, min=0.0, max=4.0, step=0.05, description="budget x payload",
-                                          readout_format=".2f", style=style,
+                                            readout_format=".3g", style=style, layout=wide)
+        self.budget = widgets.FloatSlider(value=budget, min=0.0, max=4.0, step=0.05,
+                                          description="sender budget (x payload)", readout_format=".2f", style=style,
+                                          layout=wide,
                                           tooltip="sender budget as a multiple of the payload; 0 = none")
         self.button = widgets.Button(description="run", button_style="primary", icon="play")
         self.clear_button = widgets.Button(description="clear table", icon="trash")
@@ -193,7 +213,7 @@ class Explorer(widgets.VBox):
             redraw.join()
             self.results.append(result)
             self._budgets.append(kw.get("budget", "none"))
-            self._draw(result)
+            self._draw(result, final=True)
             self.table.value = results_html(self.results, self._budgets)
             self.last_error = None
             self.status.value = self._verdict(result)
@@ -208,21 +228,33 @@ class Explorer(widgets.VBox):
             self._set_busy(False)
 
     def _redraw_loop(self, live: LiveRun, stop: threading.Event, s: dict[str, Any]) -> None:
+        """Redraw while the run goes. Building a figure costs 0.1-0.4 s of CPU, and on a two-core
+        machine the two measured children need both cores, so the pause between redraws is at
+        least twice the last redraw's cost: the status line stays current, the run is not slowed."""
         seen = -1
-        while not stop.wait(REDRAW_S):
+        pause = REDRAW_S
+        while not stop.wait(pause):
             if live.version == seen:
                 continue
             seen = live.version
             snap = live.snapshot()
+            snap.outcome = "running"  # never "ok" before the run has ended
+            self.status.value = self._progress(snap, s)
+            t0 = time.monotonic()
             try:
                 self._draw(snap)
             except Exception:  # noqa: BLE001 - a partial frame that cannot be drawn waits for the next one
                 continue
-            self.status.value = self._progress(snap, s)
+            pause = max(REDRAW_S, 2 * (time.monotonic() - t0))
 
-    def _draw(self, result: RunResult) -> None:
+    def _draw(self, result: RunResult, final: bool = False) -> None:
+        """Redraw the figure from ``result``; a partial one with no samples yet leaves the last
+        drawing in place, so the figure is never blank while a run starts."""
         from .figures import timeline_figure
 
+        if not final and not any(side.timeline.t_s and side.baseline_bytes is not None
+                                 for side in result.sides.values()):
+            return
         sync_figure(self.figure, timeline_figure(result))
 
     def _set_busy(self, busy: bool, s: dict[str, Any] | None = None) -> None:
@@ -231,34 +263,45 @@ class Explorer(widgets.VBox):
         self.button.description = "running..." if busy else "run"
         self.button.icon = "spinner" if busy else "play"
         if busy and s:
-            self.status.value = (f"<i>starting {html.escape(s['codec'])} over {html.escape(s['transport'])} on "
-                                 f"{html.escape(s['workload'])} x{s['scale']:g}</i>")
+            if self.figure.data:  # keep the last drawing, but never under its old verdict
+                self.figure.layout.title.text = (f"running {html.escape(s['codec'])}: the last run stays drawn "
+                                                 "until the first samples of this one arrive")
+            self.status.value = (f"<b>running</b> {html.escape(s['codec'])} over {html.escape(s['transport'])} on "
+                                 f"{html.escape(s['workload'])} x{s['scale']:g}: starting the two processes")
 
     @staticmethod
     def _progress(r: RunResult, s: dict[str, Any]) -> str:
+        """"running numpy-legacy · sender: consolidate, 31.0 MiB · receiver: waiting for the bytes"."""
         parts = []
         for side in r.sides.values():
-            running = [st.name for st in side.steps if st.peak_bytes is None]
+            open_steps = [st.name for st in side.steps if st.end_s is None or st.peak_bytes is None]
             rss = side.timeline.rss_bytes[-1] - side.baseline_bytes if side.timeline.rss_bytes and \
                 side.baseline_bytes is not None else None
-            where = f"in {running[-1]}" if running else ("done" if side.peak_bytes is not None else "setting up")
-            parts.append(f"{side.name} {where} ({fmt_bytes(rss)})" if rss is not None else f"{side.name} {where}")
-        return f"<i>running {html.escape(s['codec'])}: {html.escape('; '.join(parts))}</i>"
+            if open_steps:
+                where = open_steps[-1]
+            elif side.peak_bytes is not None:
+                where = "done"
+            elif side.baseline_bytes is None:
+                where = "building the batch" if side.name == "sender" else "waiting for the bytes"
+            else:
+                where = "between steps"
+            parts.append(f"{side.name}: {where}" + (f", {fmt_bytes(max(rss, 0))}" if rss is not None else ""))
+        return f"<b>running</b> {html.escape(s['codec'])} · {html.escape(' · '.join(parts))}"
 
     @staticmethod
     def _verdict(r: RunResult) -> str:
+        """The finished run in one sentence: how it ended, the sender's peak or where it was killed."""
         peak = r.sender.peak_bytes
-        mult = f" = {peak / r.payload_bytes:.2f}x payload" if peak is not None and r.payload_bytes else ""
-        text = f"<b>{html.escape(r.outcome)}</b>: {html.escape(r.codec)} sender peak {fmt_bytes(peak)}{mult}"
-        if r.killed_side:
-            text += f"; killed on the {html.escape(r.killed_side)} in step {html.escape(str(r.killed_in_step))}"
-            death = getattr(r, "memory_at_death_bytes", None)
-            budget = r.sides[r.killed_side].budget_bytes
-            if death is not None:
-                text += f" at {fmt_bytes(death)} above its baseline"
-            if budget is not None:
-                text += f" (budget {fmt_bytes(budget)})"
-            text += "; the kernel is still running"
+        mult = f" ({peak / r.payload_bytes:.2f}x payload)" if peak is not None and r.payload_bytes else ""
+        ended = {"ok": "finished", "oom-killed": "was killed for using too much memory",
+                 "memory-error": "ran out of memory (MemoryError)", "error": "failed",
+                 "timeout": "ran out of time"}.get(r.outcome, r.outcome)
+        text = f"<b>{html.escape(r.codec)} {html.escape(ended)}</b>"
+        death = death_text(r)
+        if death is not None:
+            text += f": the {html.escape(str(r.killed_side))} was {html.escape(death)}; this kernel is still running"
+        elif peak is not None:
+            text += f": the sender peaked at {fmt_bytes(peak)}{mult} above its start"
         if r.error and r.outcome != "oom-killed":
             text += f" ({html.escape(r.error)})"
         return text

@@ -1,0 +1,44 @@
+"""Time from pressing the explorer's run button to its final figure, as a user in a notebook sees it.
+
+``python benchmarks/explorer_time.py [--workload flowgrpo] [--scale 0.1] [--repeat 3]``
+
+The explorer is built in this process (as in a kernel), the button is clicked, and the clock stops
+when the run's final figure has been drawn (the background thread ends right after it). The first
+press includes the warm forkserver's own start; later presses are what a user waits for when
+switching codecs. Prints one JSON object with every press and the machine's load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workload", default="flowgrpo")
+    ap.add_argument("--scale", type=float, default=0.1)
+    ap.add_argument("--codec", default="numpy")
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    from picklescope.widgets import Explorer
+
+    ex = Explorer(codec=args.codec, workload=args.workload, scale=args.scale)
+    presses = []
+    load = [os.getloadavg()[0]]
+    for _ in range(args.repeat):
+        t0 = time.monotonic()
+        ex.button.click()
+        ex.wait(600)
+        presses.append(round(time.monotonic() - t0, 3))
+        assert ex.results[-1].outcome == "ok", ex.status.value
+    load.append(os.getloadavg()[0])
+    print(json.dumps({"workload": args.workload, "scale": args.scale, "codec": args.codec,
+                      "press_to_final_figure_s": presses, "load_average": load, "cpus": os.cpu_count()}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
