@@ -49,8 +49,14 @@ def test_cell_beyond_its_budget_is_oom_killed_and_the_kernel_lives_on(ip, capsys
         assert psutil.Process(child).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         pass  # reaped: gone
-    out = capsys.readouterr().out
-    assert "survived" not in out and "oom-killed" in out
+    captured = capsys.readouterr()
+    out = captured.out
+    assert "survived" not in out and "killed: out of memory" in out
+    # one block: the line numbered as in the cell the user sees (the magic line is line 1), quoted;
+    # the stack folded inside the block with the same numbering; nothing on stderr
+    assert "while running line 4 of this cell: parts.append(np.ones(256 * 2**20 // 8))" in out
+    assert 'File "this cell", line 4' in out and "picklescope_cell.py" not in out
+    assert captured.err == ""
     # the kernel process is the same one and still executes code
     assert os.getpid() == kernel_pid
     after = ip.run_cell("alive = 40 + 2", store_history=True)
@@ -65,14 +71,19 @@ def test_cell_peak_is_exact_and_kernel_imports_come_along(ip, capsys):
     assert 46 * MiB <= peak <= 52 * MiB  # exact (VmHWM) peak of one 48 MiB array, above the baseline
     assert r.sides["cell"].timeline.rss_bytes, "the parent sampled the child"
     assert r.extra["import_errors"] == []
-    assert f'{{"n": {48 * MiB}}}' in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f'{{"n": {48 * MiB}}}' in out
+    # held memory fully accounted for: the cycle-held part and the rest, each explained
+    assert "freed only by gc.collect()" in out and "still in use after the collection" in out
 
 
 def test_cell_error_is_reported_not_raised(ip, capsys):
     r = _run(ip, "%%picklescope\nraise ValueError('from the child')\n")
     assert r.outcome == "error" and "ValueError: from the child" in r.error
-    err = capsys.readouterr().err
-    assert "picklescope_cell.py\", line 1" in err and "raise ValueError('from the child')" in err  # with source
+    captured = capsys.readouterr()
+    assert captured.err == ""  # the cell's failure is the result, shown in the block, not a red stderr box
+    assert "failed at line 2 of this cell: ValueError: from the child" in captured.out
+    assert 'File "this cell", line 2' in captured.out and "raise ValueError('from the child')" in captured.out
 
 
 def test_kernel_imports_keeps_aliases_and_skips_relative_and_future(ip):

@@ -105,7 +105,7 @@ def test_notebook_executes_headless(stem, executed):
         assert "round trip was exact" in out and "1.00x the payload lower than numpy-legacy" in out
         assert "<b>" not in out  # the explorer's status line is displayed, not printed as raw HTML
         status = [o["data"] for c in nb.cells for o in c.get("outputs", [])
-                  if "<b>ok</b>: numpy sender peak" in str(o.get("data", {}).get("text/html", ""))]
+                  if "<b>numpy finished</b>: the sender peaked at" in str(o.get("data", {}).get("text/html", ""))]
         assert status and "<" not in str(status[0]["text/plain"])  # rendered in Jupyter, plain elsewhere
 
 

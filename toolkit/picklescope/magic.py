@@ -22,7 +22,6 @@ import hashlib
 import html
 import os
 import re
-import sys
 import tempfile
 from types import ModuleType
 from typing import Any
@@ -84,42 +83,88 @@ def kernel_imports(shell: Any) -> list[str]:
     return list(dict.fromkeys(s for s in stmts if "picklescope.magic" not in s))
 
 
-def summary_html(r: RunResult) -> str:
-    """One paragraph: the verdict, the exact peak, what is still held, and that the kernel is alive."""
+CELL_FILE_RE = re.compile(r'File "[^"]*picklescope_cell\.py", line (\d+)')
+
+
+def cell_line(n: int | None, offset: int = 1) -> int | None:
+    """A line of the code the child ran, numbered as in the cell the user sees: the ``%%picklescope``
+    line is line 1 of that cell, so the child's line 1 is the cell's line 2 (``offset``)."""
+    return None if n is None else n + offset
+
+
+def renumber(text: str, offset: int = 1) -> str:
+    """A traceback or stack from the child with its cell frames named and numbered as the user sees them."""
+    return CELL_FILE_RE.sub(lambda m: f'File "this cell", line {int(m.group(1)) + offset}', text or "")
+
+
+def _source_line(cell: str | None, n: int | None) -> str:
+    """The text of line ``n`` (as the user sees the cell, magic line included) of ``cell``."""
+    if not cell or n is None:
+        return ""
+    lines = cell.splitlines()
+    return lines[n - 1].strip() if 0 < n <= len(lines) else ""
+
+
+def summary_html(r: RunResult, cell: str | None = None, offset: int = 1) -> str:
+    """One block: how the cell ended, at which line of the cell, its exact peak, what it still held
+    (and why), what it printed, and the stack or traceback folded; the kernel is said to be alive.
+
+    ``cell`` is the cell as the user sees it (with the ``%%picklescope`` line), for quoting a line.
+    """
     side = r.sides[SIDE]
     peak = fmt_bytes(side.peak_bytes)
     budget = f" (budget {fmt_bytes(side.budget_bytes)})" if side.budget_bytes else ""
+    e = html.escape
     if r.outcome == "oom-killed":
-        line = f", line {r.killed_at_line}" if r.killed_at_line else ""
-        text = (f"<b>oom-killed</b>{budget}: the cell's process was killed at {fmt_bytes(r.memory_at_death_bytes)} "
-                f"above its baseline, in step <code>{html.escape(str(r.killed_in_step))}</code>{line} "
-                f"({html.escape(r.error or '')}). The kernel (pid {os.getpid()}) is still running.")
+        n = cell_line(r.killed_at_line, offset)
+        src = _source_line(cell, n)
+        where = (f" while running line {n} of this cell" + (f": <code>{e(src)}</code>" if src else "")) if n else ""
+        text = (f"<b>killed: out of memory</b>{budget}. The cell's process reached "
+                f"{fmt_bytes(r.memory_at_death_bytes)} above its start and was killed{where}. "
+                f"This kernel (pid {os.getpid()}) is still running; nothing it holds was touched.")
     elif r.outcome == "ok":
-        text = (f"<b>ok</b>{budget}: exact peak {peak} above the baseline; still held at the end "
-                f"{fmt_bytes(side.held_bytes)}, of which {fmt_bytes(side.cycle_held_bytes)} only "
-                f"<code>gc.collect()</code> freed; {r.wall_s or 0:.2f} s in all.")
+        held, cyc = side.held_bytes, side.cycle_held_bytes
+        text = (f"<b>finished</b>{budget} in {r.wall_s or 0:.2f} s. Its memory peaked at {peak} above its start "
+                f"(exact, from the kernel).")
+        if held is not None:
+            rest = held - (cyc or 0)
+            text += (f" At its end it still held {fmt_bytes(held)}: {fmt_bytes(cyc)} of that was freed only by "
+                     f"<code>gc.collect()</code> (objects kept alive by reference cycles, such as the buffers of "
+                     f"<code>consolidate()</code>), and the other {fmt_bytes(rest)} was still in use after the "
+                     f"collection (the cell's own variables, modules it imported, and memory the C allocator "
+                     f"keeps for reuse).")
     else:
-        text = f"<b>{html.escape(r.outcome)}</b>{budget}: {html.escape(r.error or '')}; peak {peak}."
+        what = {"error": "failed", "memory-error": "ran out of memory (MemoryError)",
+                "timeout": "ran out of time"}.get(r.outcome, r.outcome)
+        tb = renumber(r.extra.get("traceback") or "", offset)
+        lines = [int(m) for m in re.findall(r'File "this cell", line (\d+)', tb)]
+        where = f" at line {lines[-1]} of this cell" if lines else ""
+        text = f"<b>{e(what)}</b>{budget}{where}: {e(r.error or '')}. Its memory peaked at {peak} above its start."
+    parts = [f"<p>{text}</p>"]
     notes = report_lines(r) if r.tracer != "sampler" else []
     if notes:
-        text += "<br>" + "<br>".join(html.escape(n) for n in notes)
+        parts.append("<p>" + "<br>".join(e(n) for n in notes) + "</p>")
     errors = r.extra.get("import_errors") or []
     if errors:
-        text += "<br>Kernel imports that failed in the child: " + html.escape("; ".join(errors))
-    return f"<p class='picklescope-cell'>{text}</p>"
-
-
-def show_result(r: RunResult) -> None:
-    """Print the child's output, then the verdict and the timeline."""
-    for stream, text in r.extra.get("output", []):
-        print(text, end="", file=sys.stderr if stream == "stderr" else sys.stdout)
+        parts.append("<p>Kernel imports that failed in the cell's process: " + e("; ".join(errors)) + "</p>")
+    printed = "".join(text for _stream, text in r.extra.get("output", []))
+    if printed:
+        parts.append(f"<details open><summary>what the cell printed</summary><pre>{e(printed)}</pre></details>")
     if r.stack_at_death:
-        print(f"Python stack at death:\n{r.stack_at_death}", file=sys.stderr)
+        parts.append("<details><summary>Python stack when it was killed (click to open)</summary>"
+                     f"<pre>{e(renumber(r.stack_at_death, offset))}</pre></details>")
     if r.extra.get("traceback") and r.outcome in ("error", "memory-error"):
-        print(r.extra["traceback"], file=sys.stderr)
-    text = summary_html(r)
-    plain = re.sub(r"<[^>]+>", "", text.replace("<br>", "\n"))
-    display({"text/html": text, "text/plain": html.unescape(plain)}, raw=True)
+        parts.append("<details><summary>traceback (click to open)</summary>"
+                     f"<pre>{e(renumber(r.extra['traceback'], offset))}</pre></details>")
+    return f"<div class='picklescope-cell'>{''.join(parts)}</div>"
+
+
+def show_result(r: RunResult, cell: str | None = None) -> None:
+    """The verdict as one rich block (the child's output, stack and traceback folded inside it, so
+    nothing lands on stderr as if the kernel had crashed), then the timeline."""
+    text = summary_html(r, cell)
+    plain = re.sub(r"<[^>]+>", "", text.replace("<br>", "\n").replace("</p>", "\n").replace("</summary>", "\n"))
+    display({"text/html": text, "text/plain": html.unescape(plain).strip()}, raw=True)
     display(timeline_figure(r))
 
 
@@ -191,7 +236,7 @@ class PicklescopeMagics(Magics):
         except PicklescopeError as exc:
             raise UsageError(str(exc)) from None
         self.shell.user_ns[args.result] = result
-        show_result(result)
+        show_result(result, f"%%picklescope {line}".rstrip() + "\n" + cell)
 
     @magic_arguments()
     @argument("--workload", default="flowgrpo", help="the batch to build in the child (default flowgrpo)")
