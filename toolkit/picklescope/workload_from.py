@@ -826,11 +826,13 @@ def _from_dataproto(path: str, state: Any, f: BinaryIO, container: str, batch_di
 
 def _no_unknown(path: str, unknown: list[str], root: Any) -> None:
     """Names the reader does not know are fine where they carry no batch data (e.g. a class named in a
-    TensorDict's metadata); if the root itself is opaque, only running that code could tell."""
+    TensorDict's metadata); a torch archive whose batch itself is built by unknown code is refused, and
+    ``--trust`` does not change that: torch archives are only ever loaded with ``weights_only=True``,
+    which refuses that code as well (docs/safe_loading.md)."""
     if isinstance(root, _Opaque):
-        raise NeedsCode(f"{path}: its batch is built by {root.name}, which picklescope does not read without running "
-                        "it", "pass --trust to load it in a child process, if you know who wrote it "
-                        "(docs/safe_loading.md)", unknown)
+        raise Refused(f"{path}: its torch archive's batch is built by {root.name}, which picklescope does not run "
+                      "(torch archives are loaded with weights_only=True only, --trust or not)",
+                      "save the batch as a TensorDict or a dict of tensors (torch.save(td, path))")
 
 
 def _from_pickle(path: str, f: BinaryIO, batch_dim: int | None) -> Described:
@@ -913,8 +915,9 @@ def _from_npz(path: str, f: BinaryIO, batch_dim: int | None) -> Described:
             if dtype.hasobject:
                 arr, unknown = _read_stream(m)  # np.save pickles object arrays: read that stream inertly
                 if isinstance(arr, _Opaque):
-                    raise NeedsCode(f"{path}: key {key!r} is built by {arr.name}", "pass --trust only if you know "
-                                    "who wrote it", unknown)
+                    raise _refuse_leaf(key, f"an object array built by {arr.name}, which picklescope does not run "
+                                       "(an .npz is never loaded with allow_pickle, --trust or not)",
+                                       "keep strings, dicts or ints in object arrays")
                 non_tensor[key] = arr
             elif dtype.kind in "US":
                 non_tensor[key] = _StrArray(tuple(shape), dtype.itemsize // (4 if dtype.kind == "U" else 1))
@@ -979,24 +982,23 @@ def describe_file(path: str | os.PathLike, *, batch_dim: int | None = None, trus
 def _trusted_load(p: Path, batch_dim: int | None) -> Described:
     from .verl import childcall
 
-    d = childcall.call("picklescope.workload_from.load_in_child", path=str(p.resolve()), batch_dim=batch_dim,
-                       timeout_s=600.0)
+    try:
+        d = childcall.call("picklescope.workload_from.load_in_child", path=str(p.resolve()), batch_dim=batch_dim,
+                           timeout_s=600.0)
+    except childcall.ChildError as exc:
+        first = str(exc).split("\n", 1)[0].split(" raised ", 1)[-1]
+        raise PicklescopeError(f"loading {p} with --trust failed in the child process: {first}",
+                               "run it where the classes the file names are importable (--debug shows the "
+                               "child's traceback)") from exc
     out = Described(**{k: v for k, v in d.items() if k != "summary"})
     out.loaded = True
     return out
 
 
 def load_in_child(path: str, batch_dim: int | None) -> dict[str, Any]:
-    """Child side of a trusted load: unpickle (torch.load for a zip) and describe the live batch."""
+    """Child side of a trusted load (a plain pickle only): unpickle and describe the live batch."""
     with open(path, "rb") as f:
-        head = f.read(4)
-    if head == ZIP_MAGIC:
-        import torch
-
-        obj = torch.load(path, weights_only=False, map_location="cpu")
-    else:
-        with open(path, "rb") as f:
-            obj = pickle.load(f)  # the caller passed --trust for exactly this
+        obj = pickle.load(f)  # the caller passed --trust for exactly this file, and reading could not describe it
     d = describe_live(obj, path=path, batch_dim=batch_dim)
     return {k: getattr(d, k) for k in ("path", "format", "batch_size", "tensors", "non_tensor", "meta_info",
                                        "file_payload_bytes", "notes")}
