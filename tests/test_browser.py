@@ -160,12 +160,39 @@ def _finished_leftovers(*runs) -> list[str]:
 
 
 def _sender_peak_in_figure(figure: dict | None) -> int | None:
-    """The exact sender peak the figure's subplot title shows ("sender: exact peak 93.1 MiB ...")."""
+    """The exact sender peak the figure's subplot title shows ("sender: peaked at 93.1 MiB ...")."""
     for note in (figure or {}).get("annotations", []):
-        m = re.match(r"\s*sender: exact peak ([\d.]+) MiB", note)
+        m = re.match(r"\s*sender: peaked at ([\d.]+) MiB", note)
         if m:
             return int(float(m.group(1)) * _UNITS["MiB"])
     return None
+
+
+def _status(explorer) -> str:
+    """The explorer's status line (the HTML widget beside the run button)."""
+    texts = explorer.locator(".widget-hbox").filter(has=explorer.locator("button.jupyter-button")).locator(
+        ".widget-html").all_text_contents()
+    return " ".join(t.strip() for t in texts)
+
+
+def _budgeted_kill(page, explorer, run_button, output_dir: Path) -> dict:
+    """Type 0.5 into the budget slider's readout, run numpy-legacy, return the new row and status."""
+    label = page.locator("label", has_text=re.compile(r"sender budget"))
+    slider = explorer.locator(".widget-slider", has=label)
+    readout = slider.locator(".widget-readout")
+    readout.click()
+    page.keyboard.press("Control+A")
+    page.keyboard.type("0.5")
+    page.keyboard.press("Enter")
+    page.wait_for_timeout(500)
+    n = len(_table(explorer))
+    run_button.click()
+    deadline = time.monotonic() + RUN_S
+    while len(_table(explorer)) <= n or not run_button.is_enabled():
+        assert time.monotonic() < deadline, f"no budgeted row within {RUN_S}s; status: {_status(explorer)}"
+        time.sleep(0.5)
+    explorer.screenshot(path=str(output_dir / "explorer_budget_kill.png"))
+    return {"readout": readout.text_content(), "row": _table(explorer)[-1], "status": _status(explorer)}
 
 
 def _drive_explorer(page, server, output_dir: Path) -> dict:
@@ -197,10 +224,14 @@ def _drive_explorer(page, server, output_dir: Path) -> dict:
     run_button.click()
     t_click = time.monotonic()
     deadline = t_click + RUN_S
+    during: list[dict[str, str]] = []  # what the status line and the figure said while the run went
     while len(_table(explorer)) <= len(rows0) or not run_button.is_enabled():
         assert time.monotonic() < deadline, (
             f"no new row within {RUN_S}s; status: {explorer.locator('.widget-html').all_text_contents()}")
-        time.sleep(0.5)
+        if not run_button.is_enabled():
+            fig = explorer.evaluate(_FIGURE_JS) or {}
+            during.append({"status": _status(explorer), "title": fig.get("title", "")})
+        time.sleep(0.2)
     rows1 = _table(explorer)
     # The figure is updated in place from the kernel; wait until it shows the finished run's peak.
     want = _bytes(rows1[-1].get("sender peak", "")) if rows1[-1].get("sender peak", "-") != "-" else None
@@ -217,8 +248,10 @@ def _drive_explorer(page, server, output_dir: Path) -> dict:
     page.wait_for_timeout(300)
     page.screenshot(path=str(output_dir / "explorer_numpy-legacy_page.png"))
     explorer.screenshot(path=str(output_dir / "explorer_numpy-legacy.png"))
+    killed = _budgeted_kill(page, explorer, run_button, output_dir)
     seen = {"start_codec": start_codec, "rows_before": rows0, "rows_after": rows1, "figure_before": figure0,
-            "figure_after": figure1, "run_all_s": round(run_all_s, 1), "numpy_legacy_run_s": round(run_s, 1)}
+            "figure_after": figure1, "run_all_s": round(run_all_s, 1), "numpy_legacy_run_s": round(run_s, 1),
+            "during_run": during, "budgeted_kill": killed}
     (output_dir / "explorer_state.json").write_text(json.dumps(seen, indent=2))
     return seen
 
@@ -271,6 +304,21 @@ def test_explorer_switches_codec_in_jupyterlab(output_dir, tmp_path):
     shown = _sender_peak_in_figure(figure1)
     assert shown is not None and abs(shown - legacy_peak) <= 0.11 * 2**20 + legacy_peak / 200, (
         f"the figure shows sender peak {shown}, the table {new['sender peak']}")
+
+    # While the run went, nothing said "ok" and the status named a side's current step.
+    during = seen["during_run"]
+    assert during, "the run ended before the status could be read"
+    for d in during:
+        assert "running" in d["status"] and not re.search(r"\bok\b", d["status"] + " " + d["title"]), d
+    steps = r"(consolidate|pickle\.dumps|__getstate__|to_numpy|handoff|pickle\.loads|__setstate__|frombuffer)"
+    assert any(re.search(r"(sender|receiver): " + steps, d["status"]) for d in during), during
+
+    # A budgeted kill: the row and the status show the step, the memory at death and the budget.
+    killed = seen["budgeted_kill"]
+    row = killed["row"]
+    assert row["outcome"].startswith("oom-killed"), killed
+    assert re.search(r"killed in consolidate at [\d.]+ MiB", row["sender peak"]) and "budget" in row["sender peak"], row
+    assert re.search(r"killed in consolidate at [\d.]+ MiB", killed["status"]) and "budget" in killed["status"], killed
 
 
 def _export_postmortem(out: Path) -> list[Path]:
@@ -334,3 +382,70 @@ def test_postmortem_html_renders_offline(output_dir, tmp_path):
         assert all(f["traces"] > 0 and f["drawn"] > 0 and f["svg"] > 0 for f in figures), (name, figures)
         assert got["blocked_requests"] == [], f"{name} tried to reach the network: {got['blocked_requests']}"
         assert got["page_errors"] == [], f"{name} raised: {got['page_errors']}"
+
+
+ALL_NOTEBOOK_S = 900  # a notebook's Run All at its default parameters on a busy two-core machine
+
+
+def _git_status() -> str:
+    return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=REPO, capture_output=True,
+                          text=True, check=True).stdout
+
+
+def _legacy_stepthrough_first_row(page) -> str:
+    """Text of the first body row of notebook 02's legacy __getstate__ step-through table."""
+    out = page.locator(".jp-OutputArea-output").filter(has_text="NumpyLegacyCodec.getstate").filter(
+        has=page.locator("table")).first
+    out.wait_for(timeout=30_000)
+    return out.locator("table tbody tr").first.text_content() or ""
+
+
+def test_every_notebook_runs_in_lab_and_leaves_the_checkout_clean(output_dir, tmp_path):
+    """Open each notebook in Lab, Run All, save it (Ctrl+S), close it: no cell fails, no tracked file
+    changes, nothing new appears outside ignored folders; notebook 02's legacy table leads with the
+    consolidate line."""
+    require_browser()
+    before = _git_status()  # the tree may hold others' work in progress: compare, do not demand empty
+    shas = {p.name: _sha(p) for p in sorted(NOTEBOOKS.glob("*.py"))}
+    settings = {**LAB_SETTINGS, "@jupyterlab/docmanager-extension:plugin": {"autosave": False}}
+    seen: dict[str, dict] = {}
+    with lab_server(NOTEBOOKS, tmp_path / "lab", user_settings=settings) as server, \
+            chromium(tmp_path, viewport=(1500, 1400)) as browser:
+        page = browser.context.new_page()
+        page.goto(server.url("lab"))
+        for name in shas:
+            _open_as_notebook(page, name)
+            _wait_kernel_idle(page, KERNEL_READY_S)
+            page.locator(".lm-MenuBar-item", has_text="Run").click()
+            page.locator(".lm-Menu-item", has_text=re.compile(r"^Run All Cells")).click()
+            t0 = time.monotonic()
+            try:
+                _wait_cells_done(page, ALL_NOTEBOOK_S)
+            except BaseException:
+                page.screenshot(path=str(output_dir / f"{Path(name).stem}_FAILED.png"))
+                raise
+            seen[name] = {"run_all_s": round(time.monotonic() - t0, 1)}
+            if name.startswith("02_"):
+                seen[name]["legacy_first_row"] = _legacy_stepthrough_first_row(page)
+            server.remember_children()
+            page.keyboard.press("Control+s")  # what a user does; jupytext writes the .py back
+            page.wait_for_timeout(1500)
+            page.locator(".lm-MenuBar-item", has_text="Kernel").click()
+            page.locator(".lm-Menu-item", has_text=re.compile(r"^Shut Down Kernel")).click()
+            page.wait_for_timeout(1000)
+            page.locator(".lm-MenuBar-item", has_text="File").click()
+            page.locator(".lm-Menu-item", has_text=re.compile(r"^Close Tab")).click()
+            dialog = page.locator(".jp-Dialog")
+            if dialog.count():
+                dialog.locator("button", has_text=re.compile("Discard|Don't Save|No")).first.click()
+            page.wait_for_timeout(500)
+    (output_dir / "all_notebooks.json").write_text(json.dumps(seen, indent=2))
+    assert _finished_leftovers(server, browser) == [], "processes the test started are still running"
+    assert {p: _sha(NOTEBOOKS / p) for p in shas} == shas, "running or saving a notebook changed its .py file"
+    # On a clean checkout `git status --porcelain` stays empty. Other work in the tree may change it
+    # meanwhile, so what must not appear is anything the notebooks could have written.
+    new = set(_git_status().splitlines()) - set(before.splitlines())
+    ours = [e for e in new if "notebooks/" in e or e.endswith((".html", ".json", ".ipynb", ".png"))]
+    assert ours == [], f"running the notebooks left files in the checkout: {ours}"
+    first = seen["02_step_through_getstate.py"]["legacy_first_row"]
+    assert "consolidate()" in first, f"the legacy step-through table does not lead with consolidate: {first!r}"

@@ -97,7 +97,7 @@ def _numeric(s: str) -> bool:
 
 
 def html_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None, *, caption: str = "",
-               folded: Sequence[dict[str, Any]] = (), folded_label: str = "") -> str:
+               folded: Sequence[dict[str, Any]] = (), folded_label: str = "", css_class: str = "") -> str:
     """``rows`` as an HTML table a notebook renders: columns are the union of the rows' keys, numbers
     right-aligned, no cell wraps mid-number; ``folded`` rows go in a collapsed ``<details>`` below.
 
@@ -124,7 +124,8 @@ def html_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = N
     head = "".join(f"<th style='{_CELL};text-align:left;background:#f3f3f3'>{esc(c)}</th>" for c in cols)
     cap = f"<caption style='caption-side:top;text-align:left;padding:4px 0'>{esc(caption)}</caption>" if caption else ""
     style = "border-collapse:collapse;font-size:13px;margin:4px 0"
-    table = f"<table style='{style}'>{cap}<thead><tr>{head}</tr></thead><tbody>{body(rows)}</tbody></table>"
+    cls = f" class='{esc(css_class)}'" if css_class else ""
+    table = f"<table{cls} style='{style}'>{cap}<thead><tr>{head}</tr></thead><tbody>{body(rows)}</tbody></table>"
     if folded:
         label = folded_label or f"{len(folded)} more rows"
         table += (f"<details><summary>{esc(label)}</summary><table style='{style}'><thead><tr>{head}</tr>"

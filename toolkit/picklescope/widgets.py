@@ -86,7 +86,7 @@ def results_html(results: list[RunResult], budgets: list[str]) -> str:
         if death is not None:
             row[f"{r.killed_side} peak"] = death
         rows[i - 1] = {**row_head, **row}
-    return table.html_table(rows)
+    return table.html_table(rows, css_class="picklescope-runs")
 
 
 class Explorer(widgets.VBox):

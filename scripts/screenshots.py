@@ -1,0 +1,90 @@
+"""Full-page screenshots of every executed notebook and of the report, for a reviewer without Lab.
+
+``python scripts/screenshots.py [--small] [--only 01,02] [--out out/screenshots]``
+
+Each notebook of ``notebooks/`` is executed headless (papermill, through :mod:`picklescope.nbrun`,
+at its own default parameters, or tiny ones with ``--small``) into ``out/screenshots/``, exported
+as offline HTML (:mod:`picklescope.offline_html`: figures inline), and opened in Debian's Chromium
+under Playwright, driven by its executable path with the same headless flags as the browser test;
+the whole page is captured as ``NN_name.png``. The postmortem's ``report.html`` (written by notebook
+05 into its ``out_dir``) is captured as ``report.png``. Everything lands under ``out/``, which git
+ignores, so the checkout stays clean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+TINY = {"workload": "tiny", "scale": 1.0}
+SMALL = {
+    "01_reproduce_the_oom": TINY,
+    "02_step_through_getstate": {**TINY, "codecs": ["numpy-legacy", "numpy"]},
+    "03_allocation_timelines": {**TINY, "cycle_mib": 8, "show_ray": False},
+    "04_switch_codecs_confirm_fix": TINY,
+    "05_postmortem_template": {**TINY, "headroom": False},
+}
+
+
+def execute(stem: str, out: Path, small: bool) -> Path:
+    """Run one notebook with its parameters into ``out``; returns the HTML export."""
+    from picklescope import nbrun
+    from picklescope.offline_html import export_html
+    from picklescope.postmortem import as_document
+
+    params = dict(SMALL.get(stem, {})) if small else {}
+    if stem == "05_postmortem_template":
+        params["out_dir"] = str(out / "postmortem")
+    nb = nbrun.execute(nbrun.notebook_path(stem), out / f"{stem}.ipynb", params, cwd=out, timeout_s=1800)
+    html = out / f"{stem}.html"
+    export_html(as_document(nb) if stem == "05_postmortem_template" else nb, html)
+    return html
+
+
+def shoot(pages: list[tuple[Path, Path]], work: Path) -> None:
+    """Open each HTML page in Chromium and save a full-page screenshot."""
+    from browser_lab import browser_unavailable, chromium
+
+    why = browser_unavailable()
+    if why:
+        raise SystemExit(f"screenshots need a browser: {why}")
+    with chromium(work, viewport=(1400, 1000)) as browser:
+        for html, png in pages:
+            page = browser.context.new_page()
+            page.goto(html.as_uri(), wait_until="load")
+            page.wait_for_timeout(1500)  # plotly draws after load
+            page.screenshot(path=str(png), full_page=True)
+            page.close()
+            print(f"wrote {png.relative_to(REPO) if png.is_relative_to(REPO) else png}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(REPO / "out" / "screenshots"))
+    ap.add_argument("--small", action="store_true", help="tiny workloads (fast), not the notebooks' defaults")
+    ap.add_argument("--only", default="", help="comma-separated notebook number prefixes, e.g. 01,02")
+    args = ap.parse_args()
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    stems = sorted(p.stem for p in (REPO / "notebooks").glob("*.py"))
+    if args.only:
+        stems = [s for s in stems if s.split("_")[0] in args.only.split(",")]
+    pages = []
+    for stem in stems:
+        t0 = time.monotonic()
+        html = execute(stem, out, args.small)
+        print(f"executed {stem} in {time.monotonic() - t0:.0f} s")
+        pages.append((html, out / f"{stem}.png"))
+    report = out / "postmortem" / "report.html"
+    if report.is_file():
+        pages.append((report, out / "report.png"))
+    shoot(pages, out / "browser")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
