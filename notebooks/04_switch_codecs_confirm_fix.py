@@ -115,3 +115,42 @@ print(f"The candidate {verdict} the extra copy: its sender peak was {saved / bas
       f"lower than {baseline}'s ({(cand.sender.peak_bytes or 0) / base.payload_bytes:.2f}x against "
       f"{(base.sender.peak_bytes or 0) / base.payload_bytes:.2f}x), with an "
       f"{'exact' if cand.roundtrip['ok'] else 'inexact'} round trip.")
+
+# %% [markdown]
+# ## Your own batch
+# The same verdict on *your* batch instead of a preset. Anything saved with
+# `DataProto.save_to_disk` (either serialization mode), `torch.save` of a TensorDict or of a dict of
+# tensors, or an `.npz` becomes a workload file with `picklescope workload from FILE`: it reads only
+# the file's structure (pickle opcodes, the zip's `data.pkl`, the npz headers), never runs anything
+# in it, and copies no value. A running job can write the same file itself with
+# `picklescope.capture.install("batch-capture/")` ([docs/workload_from.md](../docs/workload_from.md)).
+#
+# Here a batch is saved with `torch.save` into `out/own-batch/` as a stand-in for your file; put the
+# path of your own file in `saved_batch` instead.
+
+# %%
+from pathlib import Path
+
+import torch
+
+from picklescope import cli
+
+own_dir = Path("out") / "own-batch"  # out/ is ignored by git; nothing is written beside the notebooks
+own_dir.mkdir(parents=True, exist_ok=True)
+saved_batch = own_dir / "my_batch.pt"
+torch.save(ps.load_workload(workload).build(scale).batch, saved_batch)  # stand-in for your own saved batch
+own_workload = own_dir / "my_batch.yaml"
+exit_code = cli.main(["workload", "from", str(saved_batch), "--out", str(own_workload), "--force"])  # the command, here
+
+# %% [markdown]
+# Both numpy codecs on that workload, side by side: `numpy-legacy` is verl <= 0.9.0 in numpy mode
+# (the discarded `consolidate()` copy), `numpy` is verl >= 0.9.1.
+
+# %%
+own_runs = [ps.run(c, transport, str(own_workload), 1.0) for c in ("numpy-legacy", "numpy")]
+display(table.Table(table.comparison_rows(own_runs)))
+legacy_run, fixed_run = own_runs
+own_gap = ((legacy_run.sender.peak_bytes or 0) - (fixed_run.sender.peak_bytes or 0)) / legacy_run.payload_bytes
+print(f"On your batch ({legacy_run.payload_bytes / 2**20:.1f} MiB of tensors), numpy-legacy's sender peaked "
+      f"{own_gap:.2f}x the payload above numpy's: "
+      + ("the fix removes one full copy of the batch." if own_gap > 0.5 else "no full copy to remove here."))
