@@ -91,6 +91,8 @@ class Probe:
         return owner, attr, original
 
     def _wrap(self) -> None:
+        from . import workload_from  # noqa: F401 - imported now, so the first recorded call does not pay for it
+
         owner, attr, original = self._resolve()
         probe = self
 
