@@ -157,7 +157,7 @@ def run(
     _check_fits(payload)
     from .transports import check_handoff_space, handoff_root
 
-    handoff_base = handoff_root(handoff_dir)
+    handoff_base = handoff_root(handoff_dir) if handoff_dir is not None else SHM_DIR
     if getattr(get_transport(transport), "run_sides", None) is None:  # Ray's object store is not our hand-off
         check_handoff_space(handoff_base, payload, chosen=handoff_dir is not None)
     limits = plan_limits(budget, receiver_budget, payload, enforcement)
