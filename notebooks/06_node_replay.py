@@ -85,7 +85,7 @@ def replay(codec: str, **kw) -> ps.NodeResult:
 
 # %%
 runs = {codec: replay(codec) for codec in (legacy, fixed)}
-for codec, r in runs.items():
+for r in runs.values():
     print(r.summary())
     print()
     display(figures.node_figure(r))
@@ -102,27 +102,30 @@ print(f"the driver's exact peak: {legacy} is {diff / payload:.2f}x the payload a
 # copy, so the collector does not matter to it.
 
 # %%
-growth = {}
-for mode in ["default", *gc_modes]:
-    for codec in (legacy, fixed):
-        r = runs[codec] if mode == "default" else replay(codec, gc=mode)
+by_mode = {"default": runs}
+for mode in gc_modes:
+    by_mode[mode] = {codec: replay(codec, gc=mode) for codec in (legacy, fixed)}
+for mode, pair in by_mode.items():
+    for codec, r in pair.items():
         ends = [s.driver_bytes for s in r.training_steps]
-        growth[(codec, mode)] = (ends[-1] - ends[0]) / payload
+        grew = (ends[-1] - ends[0]) / payload
         print(f"gc {mode:9} {codec:16} driver at each step's end: {', '.join(fmt_bytes(e) for e in ends)}"
-              f"  (growth {growth[(codec, mode)]:.2f}x payload)")
+              f"  (growth {grew:.2f}x payload)")
 
 # %% [markdown]
 # ## 4. A node budget: which process would the kernel kill, and when?
 # The budget is counted above the node's baseline (after set-up). At the crossing, picklescope kills
 # the process the kernel's OOM killer would pick: the highest `/proc/PID/oom_score`. Ray raises its
 # workers' `oom_score_adj`, so the kernel can pick a worker even though the driver is the one that
-# grew; that is what happens on a real node too. Halfway between the two codecs' peaks, the legacy
-# codec dies and the fixed one completes every step.
+# grew; that is what happens on a real node too. With the collector off (so the legacy growth does
+# not depend on when a collection happens to run) and a budget halfway between the two codecs'
+# peaks, the legacy codec dies and the fixed one completes every step.
 
 # %%
-budget = (runs[legacy].node_peak_bytes + runs[fixed].node_peak_bytes) // 2
-capped = {codec: replay(codec, node_budget=budget) for codec in (legacy, fixed)}
-for codec, r in capped.items():
+off = by_mode.get("off") or {codec: replay(codec, gc="off") for codec in (legacy, fixed)}
+budget = (off[legacy].node_peak_bytes + off[fixed].node_peak_bytes) // 2
+capped = {codec: replay(codec, gc="off", node_budget=budget) for codec in (legacy, fixed)}
+for r in capped.values():
     print(r.summary())
     print()
 fig = figures.node_figure(capped[legacy])
