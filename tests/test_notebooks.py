@@ -27,6 +27,7 @@ PARAMETERS = {
     "02_step_through_getstate": {**TINY, "codecs": ["numpy-legacy", "numpy"]},
     "03_allocation_timelines": {**TINY, "cycle_mib": 8},
     "04_switch_codecs_confirm_fix": TINY,
+    "06_node_replay": {"workload": "flowgrpo", "scale": 0.05, "workers": 2, "steps": 2, "gc_modes": ["off"]},
     # 05 runs through `picklescope postmortem` below, as a user runs it
 }
 POSTMORTEM = "05_postmortem_template"
@@ -101,6 +102,9 @@ def test_notebook_executes_headless(stem, executed):
     elif stem == "03_allocation_timelines":
         assert "in step consolidate (sender)" in out  # memray's largest row
         assert "gc.collect() freed 24 MiB" in out  # three 8 MiB consolidates, freed only by the collector
+    elif stem == "06_node_replay":
+        assert "verdicts: {'numpy-legacy': 'oom-killed', 'numpy': 'ok'}" in out
+        assert "cluster stopped, left: []" in out
     elif stem == "04_switch_codecs_confirm_fix":
         assert "round trip was exact" in out and "1.00x the payload lower than numpy-legacy" in out
         assert "<b>" not in out  # the explorer's status line is displayed, not printed as raw HTML
