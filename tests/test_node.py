@@ -13,10 +13,13 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -243,3 +246,38 @@ def test_real_verl_0_9_0_grows_and_0_9_1_does_not(runs, verl_installed):
     # the consolidate step is verl's own line, run inside the driver's argument serialization
     assert any(s.name == "consolidate" for s in old.driver.steps)
     assert not any(s.name == "consolidate" for s in new.driver.steps)
+
+
+# -- two Ray nodes on one machine: workers pinned to the second one ---------------------------------------
+
+
+def test_two_node_cluster_groups_processes_by_ray_node(cluster):
+    from picklescope.transports_ray import cluster as ray_procs
+
+    tmp = tempfile.mkdtemp(prefix=f"psrayc-{os.getpid()}-", dir="/tmp")
+    log = open(os.path.join(tmp, "node2.log"), "wb")  # noqa: SIM115 - closed below
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    second = subprocess.Popen([sys.executable, "-m", "ray.scripts.scripts", "start", "--block",
+                               f"--address={cluster.address}", "--resources", '{"node2": 1}', "--num-cpus=0",
+                               f"--object-store-memory={256 * MiB}", f"--temp-dir={tmp}"],
+                              stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    ticks = ray_procs.start_ticks(second.pid)
+    try:
+        deadline = time.monotonic() + 240
+        path = Path(tmp) / "node2.log"
+        while b"Ray runtime started" not in path.read_bytes():
+            assert second.poll() is None and time.monotonic() < deadline, path.read_text()
+            time.sleep(0.5)
+        r = node("numpy", scale=0.05, workers=2, steps=1, ray_address=cluster.address,
+                 worker_resources={"node2": 0.01})
+        assert r.outcome == "ok", r.error
+        groups = r.to_json_dict()["node"]["per_ray_node"]
+        workers_on = {r.processes[f"worker-{i}"].node_id for i in range(2)}
+        assert len(workers_on) == 1 and r.driver.node_id not in workers_on, (r.driver.node_id, workers_on)
+        assert sorted(groups[workers_on.pop()]["processes"]) == ["worker-0", "worker-1"]
+        assert all(p.peak_bytes is not None for p in r.processes.values())
+    finally:
+        ray_procs.stop_all(lambda: ray_procs.cluster_processes(second.pid, ticks, (), tmp))
+        second.wait(timeout=30)
+        log.close()
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -127,6 +127,7 @@ class NodeResult:
                 "peak_t_s": self.node_peak_t_s, "at_peak_bytes": self.at_peak_bytes,
                 "store": {"t_s": list(self.store.t_s), "bytes": list(self.store.bytes),
                           "baseline_bytes": self.store_baseline_bytes, "source": self.store_source},
+                "per_ray_node": self.per_ray_node(),
                 "max_gap_s": self.max_gap_s, "sampler_priority": self.sampler_priority,
                 "error": self.error, "wall_s": round(self.wall_s, 3), "cleanup": self.cleanup,
                 "config": {"workload": self.workload, "scale": self.scale, "dispatch": self.dispatch,
@@ -137,6 +138,36 @@ class NodeResult:
                                 "driver_bytes": s.driver_bytes, "per_process_bytes": s.per_process_bytes}
                                for s in self.training_steps],
         }
+
+    def per_ray_node(self) -> dict[str, dict[str, Any]]:
+        """Processes grouped by Ray node id, each group's highest sampled total above its baselines.
+
+        The object store sampled here belongs to the node of the raylet this machine runs for the
+        driver, so it is added to the driver's group. A process on another machine is not sampled
+        from here (its exact peak still is reported by itself).
+        """
+        groups: dict[str, dict[str, Any]] = {}
+        driver_node = self.processes["driver"].node_id if "driver" in self.processes else None
+        for name, p in self.processes.items():
+            g = groups.setdefault(p.node_id or "unknown", {"processes": [], "peak_bytes": None, "sampled": True})
+            g["processes"].append(name)
+            g["sampled"] = g["sampled"] and p.sampled
+        start = self.baseline_s if self.baseline_s is not None else 0.0
+        ticks = [t for t in self.node.t_s if t >= start]
+        for node_id, g in groups.items():
+            total = dict.fromkeys(ticks, 0)
+            for name in g["processes"]:
+                p = self.processes[name]
+                base = p.baseline_bytes or 0
+                for t, v in zip(p.timeline.t_s, p.timeline.bytes):
+                    if t in total:
+                        total[t] += v - base
+            if node_id == driver_node and self.store_baseline_bytes is not None:
+                for t, v in zip(self.store.t_s, self.store.bytes):
+                    if t in total:
+                        total[t] += v - self.store_baseline_bytes
+            g["peak_bytes"] = max(total.values()) if total else None
+        return groups
 
     def step_lines(self) -> list[str]:
         """One line per training step: node and driver above baseline at its end, the growth since step 1."""
