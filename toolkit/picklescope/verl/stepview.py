@@ -93,7 +93,7 @@ def line_tracer() -> tuple[Any | None, str]:
 
 def _row(r: Any) -> dict[str, Any]:
     return {"file": r.filename, "line": r.lineno, "function": r.function, "source": r.source,
-            "added_bytes": r.added_bytes, "depth": r.depth, "hits": r.hits}
+            "added_bytes": r.added_bytes, "self_bytes": r.self_bytes, "depth": r.depth, "hits": r.hits}
 
 
 def trace(codec: str, workload: str, scale: float, transport: str, env: dict[str, str],
@@ -115,13 +115,14 @@ def trace(codec: str, workload: str, scale: float, transport: str, env: dict[str
             out["methods"][method] = {"outcome": "error", "error": f"{type(exc).__name__}: {exc}"}
             continue
         ours = [r for r in st.rows if r.filename in files]
-        top = max(ours, key=lambda r: r.added_bytes, default=None)
+        top = max(ours, key=lambda r: (r.self_bytes, r.time_s), default=None)  # its own code's cost
         culprit = st.culprit()
-        big = [_row(r) for r in st.rows if r.added_bytes >= 0.01 * st.payload_bytes]
+        costly, _quiet = st.ranked()
+        big = [_row(r) for r in costly]  # costliest first, by what each line's own code added
         out["methods"][method] = {
             "outcome": st.outcome, "error": st.error, "peak_bytes": st.peak_bytes, "lines": len(st.rows),
             "culprit": _row(culprit) if culprit else None,
-            "top_line_in_code": _row(top) if top is not None and top.added_bytes > 0 else None,
+            "top_line_in_code": _row(top) if top is not None and top.self_bytes > 0 else None,
             "costly_lines": big,
         }
     return out
