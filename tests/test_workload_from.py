@@ -273,3 +273,29 @@ def test_confirm_with_a_workload_path_steps_through(tmp_path):
             pytest.skip(f"no line tracer here: {t['reason']}")
         for method, m in t["methods"].items():
             assert m["outcome"] == "ok" and m["error"] is None, (role, method, m)
+
+
+def test_describing_reads_no_tensor_data(tmp_path):
+    """Tensor bytes are skipped, not read: describing 64 MiB files raises this process's peak by far less."""
+    import torch
+    from tensordict import TensorDict
+
+    from picklescope import procmem
+    from picklescope.batch import Batch, set_active_codec
+    from picklescope.workload_from import describe_file
+
+    td = TensorDict({"x": torch.ones(64, 1 << 18), "y": torch.ones(64, 4, dtype=torch.int64)}, [64])  # 64 MiB
+    torch.save(td, tmp_path / "td.pt")
+    set_active_codec("torch")  # a pickle carrying the torch archive as bytes, like verl's torch mode
+    try:
+        (tmp_path / "b.pkl").write_bytes(pickle.dumps(Batch(batch=td), protocol=4))
+    finally:
+        set_active_codec(None)
+    del td
+    for name in ("td.pt", "b.pkl"):
+        before = procmem.rss()
+        procmem.reset_hwm()
+        d = describe_file(tmp_path / name)
+        grew = procmem.hwm() - before
+        assert d.file_payload_bytes == 64 * (1 << 20) + 64 * 4 * 8
+        assert grew < 8 << 20, (name, grew)  # the data is 64 MiB; reading it would show
