@@ -272,17 +272,8 @@ def _read_ints(t: _Tensor) -> list[int]:
     return values
 
 
-def _rebuild_njt(values: Any, offsets: Any = None, *rest: Any, **kw: Any) -> Any:
-    return ("njt", values, offsets)
-
-
-class _NJT(_Opaque):
-    """``torch.nested._internal.nested_tensor._rebuild_njt`` is called with a dict of components."""
-
-    _g = ("torch.nested._internal.nested_tensor", "_rebuild_njt")
-
-
 def _njt(components: Any, *rest: Any) -> _Tensor:
+    """``torch.nested._internal.nested_tensor._rebuild_njt(components)``: a jagged tensor's values and offsets."""
     values, offsets = (components.get("values"), components.get("offsets")) if isinstance(components, dict) \
         else (None, None)
     if not (isinstance(values, _Tensor) and isinstance(offsets, _Tensor)):
@@ -597,7 +588,7 @@ def _refuse_leaf(key: str, why: str, hint: str = "") -> Refused:
                    "key before saving (see docs/workload_from.md)")
 
 
-def _tensor_spec(key: str, t: _Tensor, n: int, archive_check: bool = True) -> dict[str, Any]:
+def _tensor_spec(key: str, t: _Tensor, n: int) -> dict[str, Any]:
     """One tensor key as a workload entry: shape with ``N``, dtype, kind."""
     if t.dtype not in _ITEMSIZE:
         raise _refuse_leaf(key, f"dtype {t.dtype} has no entry in the workload format",
@@ -741,7 +732,7 @@ def _build(path: str, fmt: str, n: int | None, tensors: dict[str, _Tensor], non_
     return d
 
 
-def _verl_numpy_batch(state: Any, key: str = "") -> tuple[int | None, dict[str, _Tensor]]:
+def _verl_numpy_batch(state: Any) -> tuple[int | None, dict[str, _Tensor]]:
     """verl's numpy mode: ``(batch_size, device, {key: (dtype, shape, uint8 array) | (layout, [..])})``."""
     batch_size, _device, items = state
     out: dict[str, _Tensor] = {}
