@@ -29,7 +29,9 @@ class Case:
     way_out: tuple[str, ...]  # and these name the fix
     argv: tuple[str, ...] = ()
     call: Callable[[Path], Any] | None = None
-    files: dict[str, str] = field(default_factory=dict)  # the user's folder before the case runs
+    # the user's folder before the case runs: text, bytes, or "@fifo", "@link:TARGET", "@sparse:BYTES",
+    # "@pad:BYTES" (a regular file of comment lines), "@half:BLOB" / "@copy:BLOB" (a reference blob's bytes)
+    files: dict[str, str | bytes] = field(default_factory=dict)
     subprocess: bool = False  # run as 'python -m picklescope' (the case sets environment variables)
     env: dict[str, str] = field(default_factory=dict)
     hide: tuple[str, ...] = ()  # modules made unimportable for the case ("not installed")
@@ -45,6 +47,19 @@ BAD_YAML_SYNTAX = "name: bad\nbatch_size: 8\ntensors:\n  obs: {shape: [N, 64], d
 BAD_YAML_BATCH = "name: bad\nbatch_size: -3\ntensors:\n  obs: {shape: [N, 64], dtype: float32}\n"
 BAD_YAML_EXTRA = "name: bad\nbatch_size: 8\ntensors:\n  obs: {shape: [N, 5], dtype: float32, colour: red}\n"
 BAD_YAML_SHAPE = "name: bad\nbatch_size: 8\ntensors:\n  obs: {shape: [N, -5], dtype: float32}\n"
+W = "name: w\nbatch_size: 8\n"  # the head of a valid workload; the cases add one wrong thing
+OBS = "tensors:\n  obs: {shape: [N, 4], dtype: float32}\n"
+ALIAS_BOMB = ("a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+              "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
+              "e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\nf: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e, *e]\n"
+              "g: &g [*f, *f, *f, *f, *f, *f, *f, *f, *f, *f]\nh: &h [*g, *g, *g, *g, *g, *g, *g, *g, *g, *g]\n"
+              "i: &i [*h, *h, *h, *h, *h, *h, *h, *h, *h, *h]\n" + W + "description: *i\n")
+JAGGED_TRILLION = ("name: w\nbatch_size: 1000000000000\ntensors:\n"
+                   "  r: {shape: [N, J, 64], dtype: float32, kind: jagged-nested}\n")
+JAGGED_2M = "name: w\nbatch_size: 2000000\ntensors:\n  r: {shape: [N, J], dtype: uint8, kind: jagged-nested}\n"
+NO_TENSORS = W + "non_tensor:\n  uid: {kind: strings, length: 8}\n"
+PLUGIN_RAISES = "import os\nraise RuntimeError('the codec needs a GPU')\n"
+DEEP = W + "meta_info: " + "[" * 40 + "]" * 40 + "\n"
 SYNTAX_ERROR_PY = "def __getstate__(self):\n    return (\n"
 NO_FUNCTION_PY = "x = 1\n"
 BROKEN_VERL = "import not_a_real_dependency_xyz\n"
@@ -110,6 +125,243 @@ CASES: list[Case] = [
          ("integers >= 0",), argv=("run", "--workload", "{tmp}/bad.yaml"), files={"bad.yaml": BAD_YAML_SHAPE}),
     Case("workload-missing", "run --workload missing.yaml", ("missing.yaml", "does not exist"),
          ("check the path", "preset"), argv=("run", "--workload", "{tmp}/missing.yaml")),
+    # -- workload files: what the parent reads, and how much (bounded reading) ------------------------
+    Case("workload-alias-bomb", "workload YAML whose description is a 10^9-element alias bomb (300 bytes)",
+         ("anchor &a", "line 1", "aliases and anchors are refused"), ("write each value out",),
+         argv=("run", "--workload", "{tmp}/w.yaml"), files={"w.yaml": ALIAS_BOMB}),
+    Case("workload-alias", "workload YAML using an alias without an anchor", ("alias *x",), ("in full",),
+         argv=("run", "--workload", "{tmp}/w.yaml"), files={"w.yaml": W + "description: *x\n"}),
+    Case("workload-anchor", "workload YAML defining an anchor (&n) on batch_size",
+         ("anchor &n", "line 2"), ("remove the anchor",),
+         argv=("run", "--workload", "{tmp}/w.yaml"), files={"w.yaml": "name: w\nbatch_size: &n 8\n"}),
+    Case("workload-trillion-jagged", "workload YAML with batch_size 10^12 and a jagged-nested leaf",
+         ("1,000,000,000,000 rows", "needs at least", "this machine's"), ("smaller --scale or batch_size",),
+         argv=("run", "--workload", "{tmp}/w.yaml", "--scale", "1"), files={"w.yaml": JAGGED_TRILLION}),
+    Case("workload-2m-nested-rows", "workload YAML with 2,000,000 rows of a nested leaf (lengths drawn per row)",
+         ("2,000,000 rows", "more than the 1,000,000"), ("smaller --scale",),
+         argv=("run", "--workload", "{tmp}/w.yaml", "--scale", "1"), files={"w.yaml": JAGGED_2M}),
+    Case("workload-fifo", "run --workload pipe.yaml (a FIFO)", ("pipe.yaml", "is a FIFO", "not a regular file"),
+         ("regular file",), argv=("run", "--workload", "{tmp}/pipe.yaml"), files={"pipe.yaml": "@fifo"}),
+    Case("workload-folder", "run --workload dir.yaml (a folder)", ("dir.yaml", "is a folder"), ("regular file",),
+         argv=("run", "--workload", "{tmp}/dir.yaml"), files={"dir.yaml/readme.txt": USER_NOTE}),
+    Case("workload-dev-zero", "run --workload zero.yaml (a symlink to /dev/zero)",
+         ("character device", "symlink to /dev/zero"), ("regular file",),
+         argv=("run", "--workload", "{tmp}/zero.yaml"), files={"zero.yaml": "@link:/dev/zero"}),
+    Case("workload-dangling-link", "run --workload gone.yaml (a symlink to nothing)",
+         ("symlink to a path that does not exist",), ("check the path",),
+         argv=("run", "--workload", "{tmp}/gone.yaml"), files={"gone.yaml": "@link:/nonexistent/w.yaml"}),
+    Case("workload-sparse-3g", "run --workload big.yaml (a 3 GB sparse file)", ("3.00 GiB", "over the 4.0 MiB limit"),
+         ("a few lines long",), argv=("run", "--workload", "{tmp}/big.yaml"), files={"big.yaml": "@sparse:3221225472"}),
+    Case("workload-5mib", "run --workload padded.yaml (5 MiB of comments)", ("5.0 MiB", "4.0 MiB limit"),
+         ("a few lines long",), argv=("run", "--workload", "{tmp}/padded.yaml"), files={"padded.yaml": "@pad:5242880"}),
+    Case("workload-folder-no-suffix", "run --workload DIR (an existing folder)", ("is a folder",), ("regular file",),
+         argv=("run", "--workload", "{tmp}/sub"), files={"sub/readme.txt": USER_NOTE}),
+    Case("workload-latin1", "workload YAML saved as Latin-1 (name: café)", ("not UTF-8", "0xe9", "line 1"),
+         ("save it as UTF-8",), argv=("run", "--workload", "{tmp}/w.yaml"), files={"w.yaml": b"name: caf\xe9\n"}),
+    Case("workload-utf16", "workload YAML saved as UTF-16", ("not UTF-8", "offset 0"), ("UTF-8",),
+         argv=("run", "--workload", "{tmp}/w.yaml"), files={"w.yaml": (W + OBS).encode("utf-16")}),
+    Case("workload-nul-byte", "workload YAML holding a NUL byte", ("not valid YAML", "line 1", "0x00"), ("remove it",),
+         argv=("run", "--workload", "{tmp}/w.yaml"), files={"w.yaml": b"name: a\x00b\nbatch_size: 8\n"}),
+    Case("workload-empty", "an empty workload file", ("is empty",), ("tiny.yaml",),
+         argv=("run", "--workload", "{tmp}/w.yaml"), files={"w.yaml": "# nothing\n"}),
+    Case("workload-top-list", "workload YAML that is a list", ("must be a mapping",), ("fix that field",),
+         argv=("run", "--workload", "{tmp}/w.yaml"), files={"w.yaml": "- name: w\n- batch_size: 8\n"}),
+    Case("workload-deep-nesting", "workload YAML with meta_info nested 40 lists deep", ("more than 32 levels",),
+         ("flatten",), argv=("run", "--workload", "{tmp}/w.yaml"), files={"w.yaml": DEEP}),
+    # -- workload files: structure the parser refuses -------------------------------------------------
+    Case("workload-list-key", "workload YAML using a list as a tensor key", ("a list as a key", "line 4"),
+         ("plain name",), argv=("run", "--workload", "{tmp}/w.yaml"),
+         files={"w.yaml": W + "tensors:\n  [a, b]: {shape: [N, 4], dtype: float32}\n"}),
+    Case("workload-mapping-key", "workload YAML using a mapping as a key", ("a mapping as a key",), ("plain name",),
+         argv=("run", "--workload", "{tmp}/w.yaml"), files={"w.yaml": W + "meta_info:\n  ? {a: 1}\n  : x\n"}),
+    Case("workload-int-key", "workload YAML with a tensor named 1 (an integer key)", ("the key 1", "not a string"),
+         ("quote it",), argv=("run", "--workload", "{tmp}/w.yaml"),
+         files={"w.yaml": W + "tensors:\n  1: {shape: [N, 4], dtype: float32}\n"}),
+    Case("workload-duplicate-key", "workload YAML with batch_size given twice", ("repeats the key 'batch_size'",
+         "first at line 2"), ("keep one",), argv=("run", "--workload", "{tmp}/w.yaml"),
+         files={"w.yaml": W + "batch_size: 9\n"}),
+    Case("workload-duplicate-tensor", "workload YAML with two tensors called obs", ("repeats the key 'obs'",),
+         ("keep one",), argv=("run", "--workload", "{tmp}/w.yaml"),
+         files={"w.yaml": W + OBS + "  obs: {shape: [N, 8], dtype: float32}\n"}),
+    Case("workload-python-tag-shape", "workload YAML with shape: !!python/tuple [N, 4]",
+         ("python/tuple", "tags are refused"), ("remove the tag",), argv=("run", "--workload", "{tmp}/w.yaml"),
+         files={"w.yaml": W + "tensors:\n  obs: {shape: !!python/tuple [N, 4], dtype: float32}\n"}),
+    Case("workload-python-tag-meta", "workload YAML with meta_info: !!python/object/apply:os.system",
+         ("python/object/apply:os.system", "tags are refused"), ("remove the tag",),
+         argv=("run", "--workload", "{tmp}/w.yaml"),
+         files={"w.yaml": W + "meta_info: !!python/object/apply:os.system ['echo owned']\n"}),
+    Case("workload-str-tag", "workload YAML with name: !!str w", ("tags are refused",), ("quote the value",),
+         argv=("run", "--workload", "{tmp}/w.yaml"), files={"w.yaml": "name: !!str w\nbatch_size: 8\n"}),
+    Case("workload-custom-tag", "workload YAML with a local tag !mine", ("the tag !mine",), ("remove the tag",),
+         argv=("run", "--workload", "{tmp}/w.yaml"), files={"w.yaml": W + "meta_info: !mine {a: 1}\n"}),
+    Case("workload-escape-name", "workload YAML whose name holds terminal escape sequences",
+         ("name", "\\x1b[31m", "control characters"), ("fix that field",),
+         argv=("run", "--workload", "{tmp}/w.yaml"),
+         files={"w.yaml": 'name: "\\e[31mred\\e]0;title\\a"\nbatch_size: 8\n'}),
+    Case("workload-newline-key", "workload YAML with a newline in a tensor key (a fake second error line)",
+         ("a\\npicklescope: ok", "control characters"), ("fix that field",),
+         argv=("run", "--workload", "{tmp}/w.yaml"),
+         files={"w.yaml": W + 'tensors:\n  "a\\npicklescope: ok, nothing wrong": {shape: [N], dtype: int8}\n'}),
+    Case("workload-bidi-key", "workload YAML with a right-to-left override in a key", ("\\u202e",),
+         ("fix that field",), argv=("run", "--workload", "{tmp}/w.yaml"),
+         files={"w.yaml": W + 'tensors:\n  "evil\\u202etxt": {shape: [N], dtype: int8}\n'}),
+    Case("workload-empty-name", "workload YAML with name: ''", ("name", "1 to 200 characters"), ("fix that field",),
+         argv=("run", "--workload", "{tmp}/w.yaml"), files={"w.yaml": "name: ''\nbatch_size: 8\n"}),
+    Case("workload-long-name", "workload YAML with a 500-character name", ("1 to 200 characters",),
+         ("fix that field",), argv=("run", "--workload", "{tmp}/w.yaml"),
+         files={"w.yaml": "name: " + "n" * 500 + "\nbatch_size: 8\n"}),
+    Case("workload-unknown-top-field", "workload YAML with a top-level field 'tensor' (singular)",
+         ("tensor (line 3)", "unknown field"), ("fix that field",), argv=("run", "--workload", "{tmp}/w.yaml"),
+         files={"w.yaml": W + "tensor: {}\n"}),
+    Case("workload-tensors-list", "workload YAML whose tensors is a list", ("tensors", "must be a mapping"),
+         ("fix that field",), argv=("run", "--workload", "{tmp}/w.yaml"), files={"w.yaml": W + "tensors: [a, b]\n"}),
+    Case("workload-meta-list", "workload YAML whose meta_info is a list", ("meta_info", "must be a mapping"),
+         ("fix that field",), argv=("run", "--workload", "{tmp}/w.yaml"), files={"w.yaml": W + "meta_info: [1, 2]\n"}),
+    Case("workload-description-list", "workload YAML whose description is a list", ("description", "got a list"),
+         ("fix that field",), argv=("run", "--workload", "{tmp}/w.yaml"), files={"w.yaml": W + "description: [a]\n"}),
+    # -- workload files: bounds checked before a child starts -----------------------------------------
+    Case("workload-seed-1e30", "workload YAML with seed: 1e30", ("seed", "must be int", "1e30"), ("fix that field",),
+         argv=("run", "--workload", "{tmp}/w.yaml"), files={"w.yaml": W + "seed: 1e30\n"}),
+    Case("workload-seed-float", "workload YAML with seed: 1.0e+30", ("seed", "must be int", "1e+30"),
+         ("fix that field",), argv=("run", "--workload", "{tmp}/w.yaml"), files={"w.yaml": W + "seed: 1.0e+30\n"}),
+    Case("workload-seed-range", "workload YAML with seed: 2**40", ("seed", "from 0 to 4,294,967,295"),
+         ("fix that field",), argv=("run", "--workload", "{tmp}/w.yaml"),
+         files={"w.yaml": W + "seed: 1099511627776\n"}),
+    Case("workload-seed-negative", "workload YAML with seed: -1 (API)", ("seed", "got -1"), ("fix that field",),
+         call=_api("picklescope.workloads.load_workload", "{tmp}/w.yaml"), files={"w.yaml": W + "seed: -1\n"}),
+    Case("workload-high-1e27", "workload YAML with high: 1e27", ("high", "must be int"), ("fix that field",),
+         argv=("run", "--workload", "{tmp}/w.yaml"),
+         files={"w.yaml": W + "tensors:\n  ids: {shape: [N, 4], dtype: int64, high: 1.0e+27}\n"}),
+    Case("workload-high-int8", "workload YAML with high: 100000 on an int8 leaf", ("high", "from 1 to 128", "100000"),
+         ("fix that field",), argv=("run", "--workload", "{tmp}/w.yaml"),
+         files={"w.yaml": W + "tensors:\n  ids: {shape: [N, 4], dtype: int8, high: 100000}\n"}),
+    Case("workload-high-uint8", "workload YAML with high: 257 on a uint8 leaf", ("from 1 to 256",), ("fix that field",),
+         argv=("run", "--workload", "{tmp}/w.yaml"),
+         files={"w.yaml": W + "tensors:\n  ids: {shape: [N, 4], dtype: uint8, high: 257}\n"}),
+    Case("workload-high-int64", "workload YAML with high: 2**64 on an int64 leaf",
+         ("high", "9,223,372,036,854,775,808"),
+         ("fix that field",), argv=("run", "--workload", "{tmp}/w.yaml"),
+         files={"w.yaml": W + "tensors:\n  ids: {shape: [N, 4], dtype: int64, high: 18446744073709551616}\n"}),
+    Case("workload-high-zero", "workload YAML with high: 0", ("high", "got 0"), ("fix that field",),
+         argv=("run", "--workload", "{tmp}/w.yaml"),
+         files={"w.yaml": W + "tensors:\n  ids: {shape: [N, 4], dtype: int32, high: 0}\n"}),
+    Case("workload-batch-huge", "workload YAML with batch_size 2**50", ("batch_size", "up to 1,099,511,627,776"),
+         ("fix that field",), argv=("run", "--workload", "{tmp}/w.yaml"),
+         files={"w.yaml": "name: w\nbatch_size: 1125899906842624\n" + OBS}),
+    Case("workload-batch-5000-digits", "workload YAML with a 5000-digit batch_size", ("batch_size", "cannot be read"),
+         ("fix that field",), argv=("run", "--workload", "{tmp}/w.yaml"),
+         files={"w.yaml": "name: w\nbatch_size: " + "9" * 5000 + "\n"}),
+    Case("workload-batch-float", "workload YAML with batch_size: 8.5", ("batch_size", "must be int", "8.5"),
+         ("fix that field",), argv=("run", "--workload", "{tmp}/w.yaml"),
+         files={"w.yaml": "name: w\nbatch_size: 8.5\n"}),
+    Case("workload-too-many-dims", "workload YAML with a 20-dimensional shape", ("20 dimensions", "more than 16"),
+         ("fix that field",), argv=("run", "--workload", "{tmp}/w.yaml"),
+         files={"w.yaml": W + "tensors:\n  x: {shape: [N" + ", 1" * 19 + "], dtype: int8}\n"}),
+    Case("workload-dim-huge", "workload YAML with a dimension of 2**50", ("tensors.x.shape", "up to 2**40"),
+         ("fix that field",), argv=("run", "--workload", "{tmp}/w.yaml"),
+         files={"w.yaml": W + "tensors:\n  x: {shape: [N, 1125899906842624], dtype: int8}\n"}),
+    Case("workload-dims-product", "workload YAML with shape [N, 2**40, 2**40] (fine dims, absurd product)",
+         ("needs at least", "this machine's"), ("smaller --scale or batch_size",),
+         argv=("run", "--workload", "{tmp}/w.yaml"),
+         files={"w.yaml": W + "tensors:\n  x: {shape: [N, 1099511627776, 1099511627776], dtype: int8}\n"}),
+    Case("workload-shape-second-n", "workload YAML with shape [N, N]",
+         ("N (the batch dimension) may appear only first",),
+         ("fix that field",), argv=("run", "--workload", "{tmp}/w.yaml"),
+         files={"w.yaml": W + "tensors:\n  x: {shape: [N, N], dtype: int8}\n"}),
+    Case("workload-shape-string", "workload YAML with shape: N (not a list)", ("tensors.x.shape", "must be a list"),
+         ("fix that field",), argv=("run", "--workload", "{tmp}/w.yaml"),
+         files={"w.yaml": W + "tensors:\n  x: {shape: N, dtype: int8}\n"}),
+    Case("workload-shape-nested-list", "workload YAML with shape [N, [4]]", ("tensors.x.shape", "got a list"),
+         ("fix that field",), argv=("run", "--workload", "{tmp}/w.yaml"),
+         files={"w.yaml": W + "tensors:\n  x: {shape: [N, [4]], dtype: int8}\n"}),
+    Case("workload-dtype-list", "workload YAML with dtype: [float32]", ("dtype", "got a list"), ("fix that field",),
+         argv=("run", "--workload", "{tmp}/w.yaml"), files={"w.yaml": W + "tensors:\n  x: {shape: [N], dtype: [a]}\n"}),
+    Case("workload-min-over-max", "workload YAML with min_len 9 > max_len 3", ("min_len <= max_len",),
+         ("fix that field",), argv=("run", "--workload", "{tmp}/w.yaml"),
+         files={"w.yaml": W + "tensors:\n  r: {shape: [N, J], dtype: int8, kind: jagged-nested, min_len: 9, "
+                              "max_len: 3}\n"}),
+    Case("workload-max-len-huge", "workload YAML with max_len 2**40", ("max_len", "2,147,483,647"),
+         ("fix that field",), argv=("run", "--workload", "{tmp}/w.yaml"),
+         files={"w.yaml": W + "tensors:\n  r: {shape: [N, J], dtype: int8, kind: jagged-nested, "
+                              "max_len: 1099511627776}\n"}),
+    Case("workload-string-length-negative", "workload YAML with a non-tensor length of -1", ("length", "got -1"),
+         ("fix that field",), argv=("run", "--workload", "{tmp}/w.yaml"),
+         files={"w.yaml": W + "non_tensor:\n  uid: {kind: strings, length: -1}\n"}),
+    Case("workload-string-length-huge", "workload YAML with a non-tensor length of 2**30", ("length", "1,048,576"),
+         ("fix that field",), argv=("run", "--workload", "{tmp}/w.yaml"),
+         files={"w.yaml": W + "non_tensor:\n  uid: {kind: strings, length: 1073741824}\n"}),
+    Case("workload-non-tensor-field", "workload YAML with a misspelt non-tensor field 'lenght'",
+         ("non_tensor.uid.lenght", "unknown field"), ("fix that field",), argv=("run", "--workload", "{tmp}/w.yaml"),
+         files={"w.yaml": W + "non_tensor:\n  uid: {kind: strings, lenght: 4}\n"}),
+    Case("scale-rows-overflow", "run --scale 1e300 (more rows than any batch)", ("rows", "more than the"),
+         ("smaller --scale",), argv=("run", "--workload", "tiny", "--scale", "1e300")),
+    Case("scale-inf-api", "picklescope.run(scale=float('inf'))", ("scale inf",), ("positive",),
+         call=_api_run(scale=float("inf"))),
+    # -- ratios to a payload of zero ------------------------------------------------------------------
+    Case("headroom-no-tensors", "headroom on a workload with no tensors", ("no tensor bytes", "headroom"),
+         ("at least one non-empty tensor",), argv=("headroom", "--workload", "{tmp}/w.yaml", "--scale", "1"),
+         files={"w.yaml": NO_TENSORS}),
+    Case("headroom-no-tensors-api", "find_headroom on a workload with no tensors (API)", ("payload 0 B",),
+         ("non-empty tensor",), call=_api("picklescope.headroom.find_headroom", "numpy", "pickle", "{tmp}/w.yaml", 1.0),
+         files={"w.yaml": NO_TENSORS}),
+    Case("budget-multiple-no-tensors", "run --budget 0.5x on a workload with no tensors",
+         ("no tensor bytes", "a budget of 0.5x"), ("a budget in bytes",),
+         argv=("run", "--workload", "{tmp}/w.yaml", "--budget", "0.5x"), files={"w.yaml": NO_TENSORS}),
+    Case("budget-zero-size-leaf", "run --receiver-budget 2x on a workload whose only leaf has 0 elements",
+         ("payload 0 B", "2x"), ("a budget in bytes",),
+         argv=("run", "--workload", "{tmp}/w.yaml", "--receiver-budget", "2x"),
+         files={"w.yaml": W + "tensors:\n  empty: {shape: [N, 0], dtype: float32}\n"}),
+    # -- the hand-off ---------------------------------------------------------------------------------
+    Case("shm-too-small", "run on flowgrpo x0.25 where /dev/shm has 64 MiB free (Docker's default)",
+         ("hand-off needs about", "/dev/shm", "64.0 MiB free"), ("--handoff-dir", "--shm-size"),
+         argv=("run", "--workload", "flowgrpo", "--scale", "0.25"), subprocess=True,
+         env={"PICKLESCOPE_SHM_FREE_BYTES": "64MiB"}),
+    Case("shm-too-small-reproduce", "reproduce on flowgrpo x0.25 where /dev/shm has 64 MiB free",
+         ("hand-off needs about", "/dev/shm"), ("--handoff-dir",),
+         argv=("reproduce", "--workload", "flowgrpo", "--scale", "0.25", "--no-ray", "--out", "{tmp}/out"),
+         subprocess=True, env={"PICKLESCOPE_SHM_FREE_BYTES": "64MiB"}),
+    Case("shm-free-override-bad", "PICKLESCOPE_SHM_FREE_BYTES=lots", ("PICKLESCOPE_SHM_FREE_BYTES 'lots'",
+         "not a size"), ("700MiB",), argv=("run", "--workload", "tiny"), subprocess=True,
+         env={"PICKLESCOPE_SHM_FREE_BYTES": "lots"}),
+    Case("handoff-dir-missing", "run --handoff-dir nothere/", ("--handoff-dir", "nothere", "does not exist"),
+         ("existing folder",), argv=("run", "--workload", "tiny", "--handoff-dir", "{tmp}/nothere")),
+    Case("handoff-dir-file", "run --handoff-dir notes.txt (a file)", ("notes.txt", "is not a folder"),
+         ("existing folder",), argv=("run", "--workload", "tiny", "--handoff-dir", "{tmp}/notes.txt"),
+         files={"notes.txt": USER_NOTE}),
+    Case("handoff-dir-api", "picklescope.run(handoff_dir='nothere')", ("--handoff-dir", "does not exist"),
+         ("existing folder",), call=_api_run(handoff_dir="{tmp}/nothere")),
+    # -- blobs and plugins: what inspect and plugins read ---------------------------------------------
+    Case("inspect-dev-zero", "inspect /dev/zero", ("/dev/zero", "character device"), ("regular file",),
+         argv=("inspect", "/dev/zero")),
+    Case("inspect-fifo", "inspect pipe.pkl (a FIFO)", ("pipe.pkl", "FIFO"), ("regular file",),
+         argv=("inspect", "{tmp}/pipe.pkl"), files={"pipe.pkl": "@fifo"}),
+    Case("inspect-folder", "inspect blobs.pkl (a folder)", ("blobs.pkl", "is a folder"), ("regular file",),
+         argv=("inspect", "{tmp}/blobs.pkl"), files={"blobs.pkl/readme.txt": USER_NOTE}),
+    Case("inspect-zero-link", "inspect zero.pkl (a symlink to /dev/zero)", ("symlink to /dev/zero",),
+         ("regular file",), argv=("inspect", "{tmp}/zero.pkl"), files={"zero.pkl": "@link:/dev/zero"}),
+    Case("inspect-over-limit", "inspect a sparse 3 GB .pkl (over the 1 GiB blob limit)",
+         ("3.00 GiB", "over the 1.00 GiB limit"), ("PICKLESCOPE_MAX_BLOB_BYTES",),
+         argv=("inspect", "{tmp}/big.pkl"), files={"big.pkl": "@sparse:3221225472"}),
+    Case("inspect-trust-fifo", "inspect --as numpy --trust pipe.pkl (a FIFO)", ("FIFO",), ("regular file",),
+         argv=("inspect", "{tmp}/pipe.pkl", "--as", "numpy", "--trust"), files={"pipe.pkl": "@fifo"}),
+    Case("blob-limit-bad", "PICKLESCOPE_MAX_BLOB_BYTES=0.5x", ("PICKLESCOPE_MAX_BLOB_BYTES", "multiple"),
+         ("16GiB",), argv=("inspect", str(BLOBS / "verl-0.9.0-numpy.pkl")), subprocess=True,
+         env={"PICKLESCOPE_MAX_BLOB_BYTES": "0.5x"}),
+    Case("plugin-raises-at-import", "picklescope.run(plugins=['plug.py']) whose import raises",
+         ("plug.py", "at line 2", "RuntimeError: the codec needs a GPU"), ("fix the file",),
+         call=_api_run(plugins=["{tmp}/plug.py"]), files={"plug.py": PLUGIN_RAISES}),
+    Case("plugin-fifo", "stepthrough --plugin pipe.py (a FIFO)", ("pipe.py", "FIFO"), ("regular file",),
+         argv=("stepthrough", "--codec", "numpy", "--plugin", "{tmp}/pipe.py"), files={"pipe.py": "@fifo"}),
+    # -- Ray addresses --------------------------------------------------------------------------------
+    Case("ray-long-host", "run --transport ray --ray-address <300-character host>:6379",
+         ("host name that cannot exist", "253"), ("host:port",),
+         argv=("run", "--transport", "ray", "--workload", "tiny", "--ray-address", "h" * 300 + ":6379")),
+    Case("ray-control-host", "run --transport ray --ray-address with an escape sequence in the host",
+         ("\\x1b", "control characters"), ("host:port",),
+         argv=("run", "--transport", "ray", "--workload", "tiny", "--ray-address", "evil\x1b[2J:6379")),
+    Case("ray-long-port", "run --transport ray --ray-address 127.0.0.1:000000000080", ("000000000080",),
+         ("1 to 65535",), argv=("run", "--transport", "ray", "--workload", "tiny", "--ray-address",
+                                "127.0.0.1:000000000080")),
     # -- scale ---------------------------------------------------------------------------------
     Case("scale-zero", "run --scale 0", ("scale 0.0 must be a positive number",), ("--scale 0.25",),
          argv=("run", "--scale", "0")),
@@ -117,7 +369,7 @@ CASES: list[Case] = [
          argv=("run", "--scale", "-1")),
     Case("scale-nan-api", "picklescope.run(scale=float('nan'))", ("scale nan",), ("positive",),
          call=_api_run(scale=float("nan"))),
-    Case("scale-too-big", "run --scale 100000 (45 TiB of batch)", ("needs about", "available"),
+    Case("scale-too-big", "run --scale 100000 (45 TiB of batch)", ("needs at least", "this machine's"),
          ("smaller --scale",), argv=("run", "--scale", "100000")),
     # -- budgets -------------------------------------------------------------------------------
     Case("budget-unparsable", "run --budget lots", ("--budget 'lots' is not a size",), ("700MiB", "1.5x"),
@@ -243,10 +495,24 @@ CASES: list[Case] = [
 
 def materialize(case: Case, tmp: Path) -> None:
     """Write the user's folder of ``case`` (``@half:`` / ``@copy:`` take bytes of a reference blob)."""
+    import os
+
     for rel, text in case.files.items():
         p = tmp / rel
         p.parent.mkdir(parents=True, exist_ok=True)
-        if text.startswith("@"):
+        if isinstance(text, bytes):
+            p.write_bytes(text)
+        elif text == "@fifo":
+            os.mkfifo(p)
+        elif text.startswith("@link:"):
+            os.symlink(text[6:], p)
+        elif text.startswith("@sparse:"):
+            with open(p, "wb") as f:
+                f.truncate(int(text[8:]))
+        elif text.startswith("@pad:"):
+            line = b"# " + b"x" * 77 + b"\n"
+            p.write_bytes(line * (int(text[5:]) // len(line) + 1))
+        elif text.startswith("@"):
             how, _, name = text[1:].partition(":")
             data = (BLOBS / name).read_bytes()
             p.write_bytes(data[: len(data) // 2] if how == "half" else data)

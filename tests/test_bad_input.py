@@ -4,7 +4,9 @@ no traceback, nothing of the user's changed; and the docs page lists exactly the
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import stat
 import sys
 from pathlib import Path
 
@@ -12,19 +14,34 @@ import pytest
 
 from picklescope.cli import main
 
+CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
 from bad_input_cases import CASES, ROOT, error_line, materialize, prepare_needs, run_case  # noqa: E402
 
 
+def _fingerprint(p: Path) -> str:
+    """What a file is: its checksum, or for a FIFO, a link, a device or a file over 16 MiB (a sparse
+    giant) its kind, target, size and mtime (reading those would hang or cost gigabytes)."""
+    st = p.lstat()
+    if stat.S_ISLNK(st.st_mode):
+        return f"link -> {os.readlink(p)}"
+    if not stat.S_ISREG(st.st_mode):
+        return f"mode {st.st_mode:o}"
+    if st.st_size > 16 * 1024**2:
+        return f"{st.st_size} bytes, mtime {st.st_mtime_ns}"
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
 def _snapshot(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file() and ".cache" not in p.parts}
+    return {str(p.relative_to(folder)): _fingerprint(p)
+            for p in sorted(folder.rglob("*")) if not p.is_dir() and ".cache" not in p.parts}
 
 
 def test_catalogue_is_big_and_distinct():
     ids = [c.id for c in CASES]
     assert len(ids) == len(set(ids))
-    assert len(CASES) >= 25
+    assert len(CASES) >= 100
     assert {c.surface for c in CASES} == {"CLI", "API"}
     assert len({(c.argv, c.what) for c in CASES}) == len(CASES)
 
@@ -39,6 +56,7 @@ def test_bad_input(case, tmp_path):
     assert "Traceback" not in text, text
     msg = text.strip() if case.call is not None else error_line(text)
     assert msg.count("\n") == 0 and msg, f"want exactly one error line, got: {text!r}"
+    assert not CONTROL.search(text.strip()), f"unescaped control characters reach the terminal: {text!r}"
     low = msg.lower()
     for frag in case.cause + case.way_out:
         assert frag.lower() in low, f"{frag!r} missing from: {msg}"

@@ -331,13 +331,19 @@ def parse_workload(text: str, source: str = "<string>") -> Workload:
     if not isinstance(text, str):
         raise PicklescopeError(f"workload {safe_text(source, 300)} is not text", "give the YAML file's text")
     source = safe_text(source, 300)
-    loader = WorkloadLoader(text)
+    loader = None
     try:
         try:
+            loader = WorkloadLoader(text)  # its reader refuses control characters at once
             root = loader.get_single_node()
         except _Refused as exc:
             line = f" (line {exc.mark.line + 1})" if exc.mark is not None else ""
             raise PicklescopeError(f"workload {source}{line} {exc.problem}", exc.way_out) from None
+        except yaml.reader.ReaderError as exc:
+            line = text.count("\n", 0, exc.position) + 1
+            raise PicklescopeError(f"workload file {source} is not valid YAML at line {line}: it holds the control "
+                                   f"character 0x{exc.character:02x} at offset {exc.position}",
+                                   "remove it (a workload file is plain text)") from None
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             at = f" at line {mark.line + 1}" if mark else ""
@@ -349,7 +355,8 @@ def parse_workload(text: str, source: str = "<string>") -> Workload:
                                    "flatten the structure") from None
         return _parse(root, _Values(loader), source)
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def _parse(root: Any, value_of: _Values, source: str) -> Workload:
