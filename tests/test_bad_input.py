@@ -87,3 +87,59 @@ def test_output_piped_into_head_ends_without_a_traceback():
                        shell=True, capture_output=True, text=True, timeout=300)
     assert p.stdout == '{"codec": '[:10], p.stdout
     assert "Traceback" not in p.stderr and "BrokenPipe" not in p.stderr, p.stderr
+
+
+# The cases of the "Why" list that once grew the parent without bound or hung it; the growth of the CLI
+# process while it handles each is read from the kernel (VmHWM after writing 5 to clear_refs).
+HEAVY = ("workload-alias-bomb", "workload-trillion-jagged", "workload-2m-nested-rows", "workload-sparse-3g",
+         "workload-fifo", "workload-dev-zero", "workload-5mib", "workload-batch-5000-digits", "workload-deep-nesting",
+         "workload-dims-product", "inspect-dev-zero", "inspect-fifo", "inspect-over-limit", "scale-rows-overflow")
+
+_MEASURE = """
+import contextlib, io, json, sys, time
+from picklescope.cli import main
+
+def status(key):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+
+out = []
+for argv in json.loads(sys.argv[1]):
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    start, t0 = status("VmRSS"), time.monotonic()
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main(argv)
+    out.append({"code": code, "growth": status("VmHWM") - start, "s": time.monotonic() - t0, "err": err.getvalue()})
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc/self/clear_refs")
+def test_parsing_never_grows_the_cli_by_200_mib(tmp_path):
+    """Each once-unbounded case, in a real CLI process: exit 2, one line, and its peak RSS above the
+    memory it had before the case stays under 200 MiB (before: an alias bomb passed 6 GB, a 10^12-row
+    jagged batch 1.26 GB and growing, /dev/zero forever)."""
+    import json
+    import subprocess
+
+    from bad_input_cases import fill
+
+    by_id = {c.id: c for c in CASES}
+    argvs = []
+    for cid in HEAVY:
+        case = by_id[cid]
+        folder = tmp_path / cid
+        folder.mkdir()
+        materialize(case, folder)
+        argvs.append(fill(case, folder)[0])
+    p = subprocess.run([sys.executable, "-c", _MEASURE, json.dumps(argvs)], capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    for cid, r in zip(HEAVY, json.loads(p.stdout.strip().splitlines()[-1]), strict=True):
+        assert r["code"] == 2, (cid, r)
+        assert error_line(r["err"]) and "Traceback" not in r["err"], (cid, r)
+        assert r["growth"] < 200 * 1024**2, f"{cid}: the CLI grew by {r['growth'] / 1024**2:.1f} MiB"
