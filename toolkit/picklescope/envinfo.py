@@ -13,6 +13,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from . import procmem
+from .cgroup import describe
 
 PACKAGES = ("picklescope", "torch", "tensordict", "numpy", "ray", "plotly", "memray")
 
@@ -26,8 +27,6 @@ def _version(name: str) -> str | None:
 
 def collect() -> dict[str, Any]:
     """Versions of Python and the packages that matter, machine memory and CPUs, and budget support."""
-    from .cgroup import describe
-
     mem = procmem.machine_memory()
     return {
         "python": platform.python_version(),

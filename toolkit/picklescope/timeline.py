@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from .result import RunResult
+from .units import fmt_bytes
 
 
 @dataclass
@@ -90,8 +91,6 @@ class RunTimeline:
 
     @classmethod
     def from_result(cls, r: RunResult) -> RunTimeline:
-        from .units import fmt_bytes
-
         title = (f"{r.codec} over {r.transport} on {r.workload} x{r.scale:g} "
                  f"(payload {fmt_bytes(r.payload_bytes)}): {r.outcome}")
         tl = cls(title=title, payload_bytes=r.payload_bytes, outcome=r.outcome, error=r.error,

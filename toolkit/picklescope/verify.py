@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from .batch import Batch
+from .codecs.base import iter_leaves
 
 
 def _digest_dense(t: torch.Tensor, h: Any) -> None:
@@ -58,8 +59,6 @@ def _obj_digest(obj: Any) -> str:
 
 def manifest(b: Batch) -> dict[str, Any]:
     """What the receiver must reproduce exactly."""
-    from .codecs.base import iter_leaves
-
     out: dict[str, Any] = {"batch_none": b.batch is None}
     if b.batch is not None:
         out["batch_size"] = list(b.batch.batch_size)

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .budget import Limits
+from .budget import BudgetBelowBaseline, Limits
 from .procmem import machine_memory
 
 EventHook = Callable[[dict[str, Any]], None]
@@ -173,8 +173,6 @@ class Watchdog:
 
         Called by the runner after the run's processes are gone, so refusing leaves nothing behind.
         """
-        from .budget import BudgetBelowBaseline
-
         for side, (total, baseline) in self.refused.items():
             raise BudgetBelowBaseline(side, total, baseline)
 

@@ -16,6 +16,7 @@ import torch
 
 from ..batch import Batch
 from ..errors import PicklescopeError, UnsupportedCase
+from ..steps import step
 
 FP8_DTYPES = tuple(
     getattr(torch, n)
@@ -155,15 +156,11 @@ class Codec:
         return feature not in {u.feature for u in self.unsupported}
 
     def getstate(self, b: Batch) -> Any:
-        from ..steps import step
-
         with step("__getstate__"):
             self.check(b)
             return self.encode(b)
 
     def setstate(self, b: Batch, state: Any) -> None:
-        from ..steps import step
-
         with step("__setstate__"):
             self.decode(b, state)
 

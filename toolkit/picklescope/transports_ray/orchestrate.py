@@ -27,6 +27,8 @@ from ..result import RunResult
 from ..runner import _finish, _Run
 from ..sampler import Sampler
 from . import cluster, report
+from .driver import driver_main, object_store_bytes
+from .events import machine_id
 from .store import ShmFileReader, StoreSampler, store_trace
 
 RELEASE_WAIT_S = 30.0  # ray.shutdown on a busy 2-core machine takes a few seconds
@@ -171,8 +173,6 @@ class RayRun:
             self.result.extra["object_store"] = {"unavailable": f"cannot sample {ev.get('what')} pid {pid}: {exc}"}
 
     def _on_hello(self, ev: dict[str, Any], sampler: Sampler) -> None:
-        from .events import machine_id
-
         self.result.receiver.pid = ev["pid"]
         if ev.get("machine") == machine_id():
             sampler.add("receiver", ev["pid"])
@@ -216,8 +216,6 @@ def run_sides(state: _Run, cfg: dict[str, Any], *, ray_path: str, timeout_s: flo
 
     ``guard`` is the runner's watchdog (budgets and the machine guard), fed with both sides' samples.
     """
-    from .driver import driver_main, object_store_bytes
-
     _refuse_unsupported(cfg, limits)
     options = dict(options or {})
     result = state.result
@@ -227,7 +225,6 @@ def run_sides(state: _Run, cfg: dict[str, Any], *, ray_path: str, timeout_s: flo
     remote = bool(run.address)
     listener = _Listener(cfg["run_dir"], remote)
     ray_tmp = None if remote else tempfile.mkdtemp(prefix=temp_name("psray-"), dir="/tmp")
-    from .events import machine_id
 
     cfg = {**cfg, "ray_path": ray_path, "ray_address": run.address, "ray_temp_dir": ray_tmp,
            "object_store_bytes": object_store_bytes(result.payload_bytes, options.get("object_store_bytes")),

@@ -15,6 +15,8 @@ from __future__ import annotations
 import bisect
 from typing import Any
 
+from ..codecs.base import iter_leaves
+
 COPIED = "copied"  # private memory of the receiver
 SHARED = "shared"  # inside the object store (or another shared mapping), writable
 READ_ONLY = "read-only"  # inside a mapping without write permission (a write would crash)
@@ -66,8 +68,6 @@ def classify(ptr: int, maps: list[tuple[int, int, str, str]], store_hint: str = 
 
 def inspect(batch: Any) -> dict[str, Any]:
     """Per tensor leaf of a received :class:`~picklescope.batch.Batch`: copied, shared or read-only."""
-    from ..codecs.base import iter_leaves
-
     out: dict[str, Any] = {"leaves": {}, "status": None, "shared_bytes": 0, "copied_bytes": 0}
     td = getattr(batch, "batch", None)
     if td is None:

@@ -33,7 +33,7 @@ from typing import Any
 from ..errors import PicklescopeError
 from ..steps import step
 from ..trust import file_sha256
-from .envs import VerlEnv, verl_root
+from .envs import VerlEnv, get_env, verl_root
 
 MODE_ENV = "VERL_DATAPROTO_SERIALIZATION_METHOD"
 MODES = ("torch", "numpy")
@@ -196,8 +196,6 @@ def loaded() -> Loaded | None:
 
 def import_report(label: str) -> dict[str, Any]:
     """Child side of ``picklescope verl check``: import one environment, say what is on the path."""
-    from .envs import get_env
-
     env = get_env(label)
     info = load(env).info
     root = str(verl_root())
