@@ -19,6 +19,7 @@ import textwrap
 import time
 
 import psutil
+import pytest
 
 from picklescope import leftovers
 
@@ -118,3 +119,138 @@ def test_a_run_sweeps_temporaries_of_dead_creators_only(tmp_path):
     finally:
         shutil.rmtree(live, ignore_errors=True)
         shutil.rmtree(stale, ignore_errors=True)
+
+
+# -- a run's descendants, multiprocessing's folder, stale cgroups, dead creators' Ray processes ---------
+ESCAPER = textwrap.dedent('''
+    import os, subprocess, time
+    from picklescope.codecs import CODECS, get_codec, register_codec
+
+    PIDS = {pids!r}  # the forkserver's environment is fixed when it starts, so the path is written here
+
+    class Escaper(type(get_codec("numpy"))):
+        """numpy, plus a grandchild in its own session whose pid goes to a file the test reads."""
+        name = "test-escaper"
+
+        def encode(self, b):
+            p = subprocess.Popen(["sleep", "600"], start_new_session=True)
+            with open(PIDS, "a") as f:
+                f.write(f"{p.pid}\\n")
+            return super().encode(b)
+
+    if "test-escaper" not in CODECS:
+        register_codec(Escaper())
+''')
+
+
+@pytest.mark.parametrize("tracking", ["cgroup", "subreaper"])
+def test_a_grandchild_in_its_own_session_ends_with_the_run(tmp_path, monkeypatch, tracking):
+    """The sender starts ``sleep 600`` with ``setsid``: a process group and session of its own, which no
+    process-group kill reaches. The run's tracking (a cgroup, else a subreaper) still ends it."""
+    import picklescope as ps
+    from picklescope import cgroup
+
+    if tracking == "cgroup" and cgroup.tracking_base() is None:
+        pytest.skip("no writable v1 pids/freezer cgroup here")
+    if tracking == "subreaper":
+        monkeypatch.setattr(cgroup, "tracking_base", lambda: None)
+
+    plugin = tmp_path / "escaper.py"
+    pids = tmp_path / "pids.txt"
+    plugin.write_text(ESCAPER.replace("{pids!r}", repr(str(pids))))
+    r = ps.run("test-escaper", "pickle5-oob", "tiny", 0.25, plugins=[str(plugin)])
+    escaped = [int(x) for x in pids.read_text().split()]
+    assert escaped, r.error
+    try:
+        assert all(gone(pid) for pid in escaped), [psutil.Process(p).cmdline() for p in escaped if not gone(p)]
+        assert set(escaped) <= set(r.extra.get("killed_descendants", []))
+    finally:
+        for pid in escaped:
+            if not gone(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+KILLED_PARENT = textwrap.dedent('''
+    import sys, time
+    from multiprocessing import process
+    import picklescope as ps
+
+    def hook(ev):
+        if ev.get("type") == "baseline" and ev.get("side") == "sender":
+            print("TEMPDIR", process.current_process()._config.get("tempdir"), flush=True)
+            time.sleep(600)
+
+    ps.run("numpy", "pickle5-oob", "tiny", 0.25, on_event=hook)
+''')
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+def test_multiprocessing_folder_of_a_killed_parent_is_swept(tmp_path):
+    """multiprocessing's folder (the forkserver's socket) is picklescope-named, so the next run's sweep
+    removes it once its creator is gone (a ``/tmp/pymp-*`` folder would stay forever)."""
+    script = tmp_path / "parent.py"
+    script.write_text(KILLED_PARENT)
+    p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not line.startswith("TEMPDIR"):
+            line = p.stdout.readline()
+            if not line and p.poll() is not None:
+                break
+        folder = line.split()[1]
+        assert os.path.basename(folder).startswith(f"picklescope-mp-{p.pid}-"), folder
+        assert os.path.basename(folder) in os.listdir(os.path.dirname(folder))
+    finally:
+        p.kill()
+        p.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and psutil.pid_exists(p.pid):
+        time.sleep(0.1)
+    assert folder in leftovers.sweep_orphans()
+    assert not os.path.exists(folder)
+
+
+def test_a_stale_tracking_cgroup_is_emptied_and_removed(tmp_path):
+    """A parent killed mid-run leaves its tracking cgroup (named with its pid) and whatever still runs in
+    it; any later run's sweep kills those processes and removes the cgroup."""
+    from picklescope import cgroup
+
+    base = cgroup.tracking_base()
+    if base is None:
+        pytest.skip("no writable v1 pids/freezer cgroup here (the subreaper path is the one used)")
+    path = cgroup.create(base, f"picklescope-{_dead_pid()}-1-stale")
+    sleeper = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    try:
+        assert cgroup.add_process(path, sleeper.pid)
+        removed = leftovers.sweep_orphans()
+        assert path in removed and not os.path.exists(path)
+        sleeper.wait(timeout=10)
+        assert sleeper.returncode == -signal.SIGKILL
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+        if os.path.exists(path):
+            cgroup.kill_all(path)
+            cgroup.remove(path)
+
+
+def test_processes_of_a_dead_creators_ray_folder_are_killed(tmp_path):
+    """A parent SIGKILLed while Ray starts leaves Ray's agents running; they name the run's private Ray
+    temp folder on their command line, so the next sweep kills them before removing the folder."""
+    folder = tempfile.mkdtemp(prefix=f"psray-{_dead_pid()}-", dir="/tmp")
+    stray = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", f"--temp-dir={folder}"],
+                             start_new_session=True)
+    try:
+        assert folder in leftovers.sweep_orphans()
+        stray.wait(timeout=10)
+        assert stray.returncode == -signal.SIGKILL and not os.path.exists(folder)
+    finally:
+        if stray.poll() is None:
+            stray.kill()
+        shutil.rmtree(folder, ignore_errors=True)

@@ -21,7 +21,7 @@ from multiprocessing import context as mp_context
 from multiprocessing import forkserver, popen_forkserver, spawn
 from typing import Any
 
-PRELOAD = ["torch", "tensordict", "numpy", "picklescope.child"]
+PRELOAD = ["torch", "tensordict", "numpy", "picklescope.child", "picklescope.forkserver_setup"]
 _lock = threading.Lock()
 _preload_set = False
 

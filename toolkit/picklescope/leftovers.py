@@ -181,7 +181,34 @@ class RunTracker:
         if self.path is not None:
             cgroup.remove(self.path)
             self.path = None
+        else:
+            killed += _kill_adopted()
         return killed
+
+
+def _kill_adopted() -> list[int]:
+    """Kill the orphans the forkserver adopted (:mod:`picklescope.forkserver_setup`): its children that are
+    no live process of this parent's. Only used where no tracking cgroup exists."""
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    if pid is None:
+        return []
+    ours = {p.pid for p in multiprocessing.active_children()}
+    killed = []
+    try:
+        adopted = [p for p in psutil.Process(pid).children() if p.pid not in ours]
+    except psutil.Error:
+        return []
+    for p in adopted:
+        try:
+            for q in [p, *p.children(recursive=True)]:
+                q.kill()
+                killed.append(q.pid)
+        except psutil.Error:
+            continue
+    return killed
 
 
 def temp_roots() -> list[str]:
