@@ -717,7 +717,7 @@ def _drive(conn: Any, cfg: dict[str, Any]) -> None:
     niceness = os.getpriority(os.PRIO_PROCESS, 0)
     import ray
 
-    _init_ray(conn, cfg)
+    _start_ray(conn, cfg, _init_ray)
     info = _cluster_info()
     info["node_id"] = ray.get_runtime_context().get_node_id()
     conn.send({"type": "ray_info", "side": "driver", **info})
@@ -766,6 +766,28 @@ def _drive(conn: Any, cfg: dict[str, Any]) -> None:
                "t_s": end_t})
     conn.send({"type": "finished"})
     _wait(conn)
+
+
+def _start_ray(conn: Any, cfg: dict[str, Any], init: Any, attempts: int = 3) -> None:
+    """Start (or join) the cluster; a cluster of our own that fails to come up is started again.
+
+    On a loaded 2-core machine Ray's own start-up deadlines (GCS registration, agents' port files)
+    are sometimes missed; that is set-up, never the measured phase, and each failure is reported.
+    """
+    import ray
+
+    from .transports_ray.cluster import cluster_processes, kill
+
+    for i in range(1 if cfg.get("ray_address") else attempts):
+        try:
+            init(conn, cfg)
+            return
+        except Exception as exc:
+            if cfg.get("ray_address") or i == attempts - 1:
+                raise
+            conn.send({"type": "note", "side": "driver", "message": f"Ray start-up attempt {i + 1} failed: {exc}"})
+            ray.shutdown()
+            kill(cluster_processes(os.getpid(), None))
 
 
 def _one_step(ray: Any, hooks: Any, data: _Data, whole: Any, workers: list[Any], cfg: dict[str, Any]) -> None:
