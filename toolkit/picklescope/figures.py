@@ -413,7 +413,7 @@ def stepthrough_figure(rows: Any, *, payload_bytes: int | None = None, scale_byt
     times = [r["time_s"] * 1000 for r in shown]
     colors = [ALARM_COLOR if r in costly else QUIET_COLOR for r in shown]
     if folded:
-        labels.append(f"{len(folded)} quiet lines, each under 1% of the payload by itself")
+        labels.append(f"{len(folded)} quiet lines (each < 1% of payload)")
         selfs.append(_mib(sum(r["self_bytes"] for r in folded)))
         incl.append(0.0)
         times.append(sum(r["time_s"] for r in folded if r["depth"] == 0) * 1000)

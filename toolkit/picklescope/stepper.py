@@ -148,11 +148,15 @@ def stepthrough_html(st: Any, limit: int = 40) -> str:
     head = (f"<p><b>{html.escape(st.target)}</b> {html.escape(st.method)} on {html.escape(st.workload)} "
             f"x{st.scale:g} (payload {fmt_bytes(p)}) {html.escape(verb)}; the whole call rose "
             f"{fmt_bytes(st.peak_bytes)} above where it started at its highest")
-    if culprit is not None:
+    quiet_share = 0.01
+    if culprit is not None and culprit.self_bytes >= quiet_share * p:
         mult = f" ({culprit.self_bytes / p:.2f}x payload)" if p else ""
         head += (f". The costliest line is {html.escape(os.path.basename(culprit.filename))}:{culprit.lineno} in "
                  f"{html.escape(culprit.function)}: <code>{html.escape(culprit.source.strip())}</code>, which "
                  f"added {fmt_bytes(culprit.self_bytes)}{mult} by itself")
+    elif culprit is not None:
+        head += (f". No line added 1% of the payload by itself (the most any line added was "
+                 f"{fmt_bytes(culprit.self_bytes)})")
     else:
         head += ". No line added memory of its own"
     head += ".</p>"

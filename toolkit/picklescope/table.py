@@ -64,6 +64,10 @@ def comparison_rows(results: Sequence[RunResult]) -> list[dict[str, Any]]:
             "deserialize s": _secs(r.deserialize_s),
             "round trip": {True: "exact", False: "MISMATCH", None: "-"}[r.roundtrip.get("ok")],
         }
+        if r.killed_side in ("sender", "receiver") and r.memory_at_death_bytes is not None:
+            # a killed side has no peak (its mark died with it): say what it had reached instead of "-"
+            row[f"{r.killed_side} peak"] = f"killed at {fmt_bytes(r.memory_at_death_bytes)} " \
+                                           f"{_mult(r.memory_at_death_bytes, p)}"
         if "headroom" in r.extra:
             h = r.extra["headroom"]
             row["sender headroom"] = "-" if h is None else f"{h / p:.2f}x"
@@ -89,7 +93,7 @@ def steps_rows(r: RunResult) -> list[dict[str, Any]]:
 
 
 _NUM_RE = re.compile(r"^[+-]?[\d.,]+(\s?(B|KiB|MiB|GiB|TiB|x|%|s|ms))?(\s\S+)?$")
-_CELL = "padding:2px 8px;border-bottom:1px solid #e5e5e5;vertical-align:top;white-space:nowrap"
+_CELL = "padding:2px 8px;border-bottom:1px solid #e5e5e5;vertical-align:top"
 
 
 def _numeric(s: str) -> bool:
@@ -115,13 +119,15 @@ def html_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = N
             for c in cols:
                 v = r.get(c, "")
                 s = "" if v is None else str(v)
-                align = "right" if _numeric(s) else "left"
+                # numbers never wrap (no "0.11" over two lines); long text may, so a table fits the page
+                align = "right;white-space:nowrap" if _numeric(s) else "left"
                 font = ";font-family:monospace" if c in ("code", "source", "line", "stack") else ""
                 cells.append(f"<td style='{_CELL};text-align:{align}{font}'>{esc(s)}</td>")
             out.append("<tr>" + "".join(cells) + "</tr>")
         return "".join(out)
 
-    head = "".join(f"<th style='{_CELL};text-align:left;background:#f3f3f3'>{esc(c)}</th>" for c in cols)
+    head = "".join(f"<th style='{_CELL};text-align:left;background:#f3f3f3;white-space:nowrap'>{esc(c)}</th>"
+                   for c in cols)
     cap = f"<caption style='caption-side:top;text-align:left;padding:4px 0'>{esc(caption)}</caption>" if caption else ""
     style = "border-collapse:collapse;font-size:13px;margin:4px 0"
     cls = f" class='{esc(css_class)}'" if css_class else ""

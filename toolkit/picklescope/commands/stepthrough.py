@@ -60,6 +60,8 @@ def summary(st: StepThrough) -> str:
     p = st.payload_bytes or 1
     if c is None:
         return "no line added memory of its own"
+    if c.self_bytes < 0.01 * p:
+        return f"no line added 1% of the payload by itself (the most was {fmt_bytes(c.self_bytes)}, {where(c)})"
     what = (f"adds {fmt_bytes(c.self_added_bytes, signed=True)} ({c.self_added_bytes / p:.2f}x payload) by itself"
             if c.self_added_bytes >= c.self_retained_bytes else
             f"keeps {fmt_bytes(c.self_retained_bytes, signed=True)} ({c.self_retained_bytes / p:.2f}x payload) "
