@@ -602,6 +602,30 @@ def markdown(rows: list[tuple[Case, str]]) -> str:
         "`python tests/bad_input_cases.py` with the messages printed on the machine that ran it",
         "(sizes differ by machine).",
         "",
+        "What the parent reads and how much is bounded before anything is parsed or allocated:",
+        "",
+        "- a file picklescope reads for the user (a workload, a blob, a plugin) must be a regular file:",
+        "  a folder, a FIFO, a socket, a device or a symlink to one is named as such and never opened for",
+        "  reading; a workload file may hold 4 MiB, a blob 1 GiB (`PICKLESCOPE_MAX_BLOB_BYTES` raises it),",
+        "  a plugin 16 MiB;",
+        "- workload YAML is read by a strict loader: UTF-8 only, and no aliases or anchors, no tags (`!!python/...`",
+        "  or any other), no duplicate keys, no keys that are not strings, no nesting deeper than 32 levels;",
+        "- every bound a child relies on is checked by arithmetic first: rows (at most 2^40, and 1,000,000",
+        "  for nested leaves, whose lengths are drawn per row), the least the batch can hold against the",
+        "  machine's physical memory, 16 dimensions of at most 2^40, `high` within the dtype's range, the",
+        "  seed in 0..2^32-1, string lengths up to 1 MiB; names and keys carry no control characters;",
+        "- a payload of 0 bytes is refused wherever a multiple of it is asked for (a budget like `0.5x`,",
+        "  `headroom`);",
+        "- the hand-off must fit: `/dev/shm`'s free space is read (`statvfs`) before any child starts;",
+        "  `--handoff-dir DIR` (Python `handoff_dir=`) writes it to a folder on disk instead.",
+        "  `PICKLESCOPE_SHM_FREE_BYTES` replaces the reading of `/dev/shm` (to act out a 64 MiB Docker",
+        "  container, as the `shm-too-small` case does).",
+        "",
+        "Every message is one line: control characters in anything the user named are printed escaped",
+        "(`\\x1b`, `\\n`). `tests/test_bad_input.py` also runs the once-unbounded cases in a real CLI",
+        "process and checks, from the kernel's `VmHWM`, that it grows by less than 200 MiB, and",
+        "`tests/test_fuzz_workloads.py` feeds random and mutated workload files to the parser.",
+        "",
         f"{len(rows)} cases.",
         "",
         "| case | surface | input | message |",
@@ -613,11 +637,13 @@ def markdown(rows: list[tuple[Case, str]]) -> str:
 
 
 def main() -> None:  # pragma: no cover - writes the docs page
+    import os
     import tempfile
 
     rows = []
     for case in CASES:
-        with tempfile.TemporaryDirectory(prefix="picklescope-badinput-") as d:
+        with tempfile.TemporaryDirectory(prefix=f"picklescope-badinput-{os.getpid()}-") as d:  # creator pid: a
+            # concurrent leftover check then knows the folder is another live process's
             tmp = Path(d)
             materialize(case, tmp)
             prepare_needs(case, tmp)
