@@ -289,3 +289,27 @@ def test_two_node_cluster_groups_processes_by_ray_node(cluster):
         second.wait(timeout=30)
         log.close()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_node_figure_stacks_processes_over_the_store_and_marks_the_kill():
+    """The view alone, on a --json document: layers, grouping, step bands, budget line, kill marker."""
+    from picklescope import figures
+
+    ts = [0.0, 0.001, 0.002, 0.003]
+    procs = {name: {"baseline_bytes": 100, "timeline": {"t_s": ts, "bytes": [100, 100 + k, 100 + 2 * k, 100 + 3 * k]}}
+             for name, k in (("driver", 30), *((f"worker-{i}", 1) for i in range(8)))}
+    doc = {"codec": "numpy-legacy", "workers": 8, "steps": 2, "payload_bytes": 50, "outcome": "oom-killed",
+           "killed": {"process": "worker-3", "training_step": 2, "step": "frombuffer", "t_s": 0.003, "node_bytes": 120},
+           "node": {"baseline_s": 0.0, "budget_bytes": 110, "timeline": {"t_s": ts, "bytes": [0, 0, 0, 0]},
+                    "store": {"t_s": ts, "bytes": [10, 20, 20, 20], "baseline_bytes": 10}},
+           "processes": procs,
+           "training_steps": [{"index": 1, "start_s": 0.0, "end_s": 0.0015}, {"index": 2, "start_s": 0.0015,
+                                                                               "end_s": None}]}
+    fig = figures.node_figure(doc)
+    names = [t.name for t in fig.data]
+    assert names == ["driver", "workers (8)", "store", "kill"]  # 8 workers are one layer
+    assert [round(v * 2**20) for v in fig.data[1].y] == [0, 8, 16, 24]  # their sum above their baselines
+    assert len(fig.layout.shapes) == 2  # one finished step band and the budget line
+    assert "killed worker-3" in fig.data[-1].text[0]
+    ungrouped = figures.node_figure(doc, group_workers=False)
+    assert [t.name for t in ungrouped.data][:3] == ["driver", "worker-0", "worker-1"]
