@@ -100,10 +100,24 @@ def timeline_figure(result: RunResult | RunTimeline, *, show_tracers: bool = Tru
                          row=i, col=1)
     fig.update_xaxes(range=[x0, x1])
     fig.update_xaxes(title_text="seconds since the run started (zoom out to see set-up)", row=len(names), col=1)
-    fig.update_layout(title={"text": plain(tl.title), "font": {"size": 14}}, height=260 + 230 * len(names),
+    fig.update_layout(title={"text": plain(run_title(result, tl)), "font": {"size": 14}}, height=260 + 230 * len(names),
                       template="plotly_white", hovermode="x unified",
                       legend={"orientation": "h", "yanchor": "top", "y": -0.2 if len(names) < 2 else -0.1})
     return fig
+
+
+def run_title(result: Any, tl: RunTimeline) -> str:
+    """The figure's title: what ran and how it ended, in words (a measured cell has no codec,
+    transport or payload, so it is named as what it is)."""
+    outcome = {"ok": "finished", "oom-killed": "killed: out of memory", "running": "running",
+               "memory-error": "ran out of memory (MemoryError)", "error": "failed",
+               "timeout": "ran out of time"}.get(tl.outcome, tl.outcome)
+    if isinstance(result, RunResult) and (result.transport in (None, "none") or not result.payload_bytes):
+        return f"a notebook cell, run in its own process: {outcome}"
+    if isinstance(result, RunResult):
+        return (f"{result.codec} over {result.transport} on {result.workload} x{result.scale:g} "
+                f"(payload {fmt_bytes(result.payload_bytes)}): {outcome}")
+    return tl.title
 
 
 def side_title(tl: RunTimeline, name: str, death_bytes: int | None = None) -> str:
