@@ -170,9 +170,8 @@ def _sender_peak_in_figure(figure: dict | None) -> int | None:
 
 def _status(explorer) -> str:
     """The explorer's status line (the HTML widget beside the run button)."""
-    texts = explorer.locator(".widget-hbox").filter(has=explorer.locator("button.jupyter-button")).locator(
-        ".widget-html").all_text_contents()
-    return " ".join(t.strip() for t in texts)
+    status = explorer.locator(".widget-html").first  # the controls have none; the table comes after it
+    return (status.text_content() or "").strip() if status.count() else ""
 
 
 def _budgeted_kill(page, explorer, run_button, output_dir: Path) -> dict:
@@ -188,7 +187,8 @@ def _budgeted_kill(page, explorer, run_button, output_dir: Path) -> dict:
     n = len(_table(explorer))
     run_button.click()
     deadline = time.monotonic() + RUN_S
-    while len(_table(explorer)) <= n or not run_button.is_enabled():
+    busy = explorer.locator("button.jupyter-button", has_text=re.compile(r"running"))
+    while len(_table(explorer)) <= n or busy.count():
         assert time.monotonic() < deadline, f"no budgeted row within {RUN_S}s; status: {_status(explorer)}"
         time.sleep(0.5)
     explorer.screenshot(path=str(output_dir / "explorer_budget_kill.png"))
@@ -225,12 +225,16 @@ def _drive_explorer(page, server, output_dir: Path) -> dict:
     t_click = time.monotonic()
     deadline = t_click + RUN_S
     during: list[dict[str, str]] = []  # what the status line and the figure said while the run went
-    while len(_table(explorer)) <= len(rows0) or not run_button.is_enabled():
+    # while a run goes the button reads "running..." (so ``run_button`` matches nothing): poll that one
+    busy = explorer.locator("button.jupyter-button", has_text=re.compile(r"running"))
+    while len(_table(explorer)) <= len(rows0) or busy.count():
         assert time.monotonic() < deadline, (
             f"no new row within {RUN_S}s; status: {explorer.locator('.widget-html').all_text_contents()}")
-        if not run_button.is_enabled():
+        if busy.count():
             fig = explorer.evaluate(_FIGURE_JS) or {}
-            during.append({"status": _status(explorer), "title": fig.get("title", "")})
+            status = _status(explorer)
+            if busy.count():  # still running after the reads: what they saw was said during the run
+                during.append({"status": status, "title": fig.get("title", "")})
         time.sleep(0.2)
     rows1 = _table(explorer)
     # The figure is updated in place from the kernel; wait until it shows the finished run's peak.
