@@ -39,8 +39,6 @@ class Size:
         """Bytes for a run whose batch payload is ``payload_bytes``."""
         if self.multiple is not None:
             if payload_bytes <= 0:
-                from .workloads import require_tensor_payload
-
                 require_tensor_payload(payload_bytes, f"a budget of {self.multiple:g}x")
             return int(round(self.multiple * payload_bytes))
         assert self.bytes is not None
@@ -50,6 +48,14 @@ class Size:
         if self.multiple is not None:
             return f"{self.multiple:g}x"
         return ("total:" if self.total else "") + fmt_bytes(self.bytes or 0)
+
+
+def require_tensor_payload(payload: int, what: str) -> None:
+    """Refuse a payload of zero bytes where ``what`` is a ratio to it (a budget as a multiple, a headroom)."""
+    if payload <= 0:
+        raise PicklescopeError(
+            f"the workload has no tensor bytes (payload 0 B), so {what} has nothing to be a multiple of",
+            "give a workload with at least one non-empty tensor, or a budget in bytes (e.g. 200MiB)")
 
 
 def parse_size(text: str | int | float | Size, what: str = "size") -> Size:

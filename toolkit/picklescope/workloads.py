@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from .errors import PicklescopeError, UnknownNameError, safe_text
+from .units import require_tensor_payload  # noqa: F401 - re-exported: headroom imports it from here
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 WORKLOAD_DIR = DATA_DIR / "workloads"
@@ -143,14 +144,6 @@ def physical_memory() -> int:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return 0
-
-
-def require_tensor_payload(payload: int, what: str) -> None:
-    """Refuse a payload of zero bytes where ``what`` is a ratio to it (a budget as a multiple, a headroom)."""
-    if payload <= 0:
-        raise PicklescopeError(
-            f"the workload has no tensor bytes (payload 0 B), so {what} has nothing to be a multiple of",
-            "give a workload with at least one non-empty tensor, or a budget in bytes (e.g. 200MiB)")
 
 
 def available_workloads() -> list[str]:
