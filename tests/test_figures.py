@@ -73,8 +73,7 @@ def test_killed_run_still_draws_its_partial_timeline_and_budget():
     assert "killed in consolidate" in texts
     assert {"pickle.dumps (killed here)", "consolidate (killed here)"} <= texts
     # titles say what happened, in words, with the memory at death and the budget
-    assert "sender: killed during consolidate at 70.0 MiB (0.70x payload) above its start, over its budget of " \
-           "60.0 MiB" in texts
+    assert "sender killed in consolidate at 70.0 MiB (0.70x payload; budget 60.0 MiB)" in texts
     assert "receiver never started: the sender was killed first" in texts
     assert not any(t and ("no exact peak" in t or "unfinished" in t or "over none" in t) for t in texts)
     rects = [sh for sh in fig.layout.shapes if sh.type == "rect"]

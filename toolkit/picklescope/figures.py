@@ -132,12 +132,15 @@ def side_title(tl: RunTimeline, name: str, death_bytes: int | None = None) -> st
         return f"{name}: nothing was recorded"
     if tl.killed_side == name:
         top = death_bytes if death_bytes is not None else s.rss.peak()
-        text = f"{name}: killed during {tl.killed_in_step or 'its set-up'}"
+        text = f"{name} killed in {tl.killed_in_step or 'its set-up'}"
+        extra = []
         if top is not None:
-            text += f" at {amount(top)} above its start"
+            text += f" at {fmt_bytes(top)}"
+            extra.append(f"{top / p:.2f}x payload" if p else "")
         if s.budget_bytes:
-            text += f", over its budget of {fmt_bytes(s.budget_bytes)}"
-        return text
+            extra.append(f"budget {fmt_bytes(s.budget_bytes)}")
+        extra = [x for x in extra if x]
+        return text + (f" ({'; '.join(extra)})" if extra else "")
     if tl.killed_side and s.peak_bytes is None and not s.bands:
         return f"{name} never started: the {tl.killed_side} was killed first"
     if tl.outcome == "running":

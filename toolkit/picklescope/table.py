@@ -120,7 +120,8 @@ def html_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = N
                 v = r.get(c, "")
                 s = "" if v is None else str(v)
                 # numbers never wrap (no "0.11" over two lines); long text may, so a table fits the page
-                align = "right;white-space:nowrap" if _numeric(s) else "left"
+                align = "right;white-space:nowrap" if _numeric(s) else \
+                    ("left;white-space:nowrap" if len(s) <= 24 else "left")
                 font = ";font-family:monospace" if c in ("code", "source", "line", "stack") else ""
                 cells.append(f"<td style='{_CELL};text-align:{align}{font}'>{esc(s)}</td>")
             out.append("<tr>" + "".join(cells) + "</tr>")

@@ -97,8 +97,8 @@ class Explorer(widgets.VBox):
                  plugins: list[str] | None = None) -> None:
         import plotly.graph_objects as go
 
-        style = {"description_width": "150px"}  # wide enough for "sender budget (x payload)"
-        wide = widgets.Layout(width="420px")
+        style = {"description_width": "185px"}  # wide enough for "sender budget (x payload)"
+        wide = widgets.Layout(width="470px")
         self.codec = widgets.Dropdown(options=CODECS.names(), value=codec, description="codec", style=style,
                                        layout=wide)
         self.transport = widgets.Dropdown(options=TRANSPORTS.names(), value=transport, description="transport",
