@@ -240,3 +240,104 @@ def test_sigterm_to_the_cli_ends_the_run_like_ctrl_c(files):
         assert os.listdir(files / "runs") == []
     finally:
         kill_all(procs)
+
+
+# -- the fault matrix: SIGINT, SIGTERM and SIGKILL at each point of a run, then a leftover check ---------
+MATRIX_PARENT = textwrap.dedent('''
+    import functools, os, sys, time
+    from multiprocessing import process
+    from picklescope import runner
+    import picklescope.commands.run as command
+
+    runner.SHM_DIR = sys.argv[1]
+    side, kind, name = sys.argv[2].split(":")
+
+    def hook(ev):
+        if ev.get("side") == side and ev.get("type") == kind and (name == "*" or ev.get("name") == name):
+            print("AT", process.current_process()._config.get("tempdir"), flush=True)
+            time.sleep(600)
+
+    command.run = functools.partial(command.run, on_event=hook)
+    from picklescope.cli import main
+
+    print("STARTING", flush=True)
+    sys.exit(main(["run", "--codec", "numpy-legacy", "--transport", "pickle", "--workload", "tiny", "--scale", "1",
+                   *sys.argv[3:]]))
+''')
+POINTS = {  # where the parent is when the signal arrives
+    "forkserver-warm-up": ("none:none:none", ()),
+    "sender-setup": ("sender:ready:*", ()),
+    "consolidate": ("sender:step_start:consolidate", ()),
+    "hand-off": ("sender:step_start:handoff", ()),
+    "receiver": ("receiver:step_start:pickle.loads", ()),
+    "budgeted-kill": ("sender:step_start:consolidate", ("--budget", "0.3x")),
+}
+
+
+def _session_processes(pid: int) -> list[psutil.Process]:
+    """Processes whose session is the parent's (it was started in a session of its own)."""
+    found = []
+    for q in psutil.process_iter():
+        try:
+            if q.pid != pid and os.getsid(q.pid) == pid and q.status() != psutil.STATUS_ZOMBIE:
+                found.append(q)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+SIGNALS = {"SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM, "SIGKILL": signal.SIGKILL}
+# Each point once and each signal at two points keeps the suite's share near a minute and a half;
+# PICKLESCOPE_FULL_FAULT_MATRIX=1 runs every signal at every point (18 parents, several minutes).
+ROTATION = [("forkserver-warm-up", "SIGINT"), ("sender-setup", "SIGTERM"), ("consolidate", "SIGKILL"),
+            ("hand-off", "SIGINT"), ("receiver", "SIGTERM"), ("budgeted-kill", "SIGKILL")]
+MATRIX = ([(p, s) for p in POINTS for s in SIGNALS] if os.environ.get("PICKLESCOPE_FULL_FAULT_MATRIX")
+          else ROTATION)
+
+
+@pytest.mark.parametrize(("point", "signame"), MATRIX, ids=[f"{p}-{s}" for p, s in MATRIX])
+def test_fault_matrix_leaves_nothing(tmp_path, point, signame):
+    """Each signal at each point: SIGINT (to the group, as a terminal sends it) and SIGTERM end with one
+    line; after any of them, within 5 s, no process of the run is alive and, once the next run's sweep
+    has run (a SIGKILLed parent cannot clean up), no temporary of it is left."""
+    from picklescope import leftovers
+
+    sig = SIGNALS[signame]
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    script = tmp_path / "parent.py"
+    script.write_text(MATRIX_PARENT)
+    where, extra = POINTS[point]
+    p = subprocess.Popen([sys.executable, str(script), str(runs), where, *extra], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    mp_dir = None
+    try:
+        if point == "forkserver-warm-up":
+            wait_for_line(p, "STARTING", 240)
+            deadline = time.monotonic() + 60  # until the forkserver exists, while it still imports torch
+            while time.monotonic() < deadline and not [q for q in descendants(p.pid) if "forkserver" in
+                                                       " ".join(q.cmdline())]:
+                time.sleep(0.05)
+        else:
+            mp_dir = wait_for_line(p, "AT", 240).split("AT", 1)[1].split()[0]
+        seen = descendants(p.pid)
+        if sig == signal.SIGINT:
+            os.killpg(p.pid, sig)
+        else:
+            os.kill(p.pid, sig)
+        _, err = p.communicate(timeout=120)
+        if sig != signal.SIGKILL:
+            word = "interrupted" if sig == signal.SIGINT else "terminated"
+            assert err.strip() == f"picklescope: {word}", err
+            assert p.returncode == (130 if sig == signal.SIGINT else 143)
+        assert alive(seen, wait_s=5.0) == []
+        assert _session_processes(p.pid) == []
+        leftovers.sweep_orphans([str(runs)])  # what the next run does first
+        assert os.listdir(runs) == []
+        if mp_dir and mp_dir != "None":
+            assert not os.path.exists(mp_dir)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+        kill_all(descendants(p.pid) if psutil.pid_exists(p.pid) else [])
