@@ -99,7 +99,8 @@ figures.comparison_figure(matrix_results(inv))
 # %%
 traced = [r for r in inv.results if r.tracer not in ("sampler", "none")]
 for r in traced:
-    display(table.Table(trackers.tracker_table(r), caption=f"{r.codec}: memory added per step, x payload"))
+    seen_table = table.Table(trackers.tracker_table(r), caption=f"{r.codec}: memory added per step, x payload")
+    display(seen_table)  # Table escapes its caption and cells
     for sentence in trackers.blind_spots(r):
         display(HTML(f"<p>{report.e(sentence)}</p>"))
     display(figures.attribution_figure(r))
@@ -112,7 +113,8 @@ if not traced:
 
 # %%
 for r in matrix_results(inv):
-    display(table.Table(table.steps_rows(r), caption=f"{r.codec} over {r.transport}: {r.outcome}"))
+    steps_table = table.Table(table.steps_rows(r), caption=f"{r.codec} over {r.transport}: {r.outcome}")
+    display(steps_table)  # Table escapes its caption and cells
 
 # %% [markdown]
 # ## Where was it measured, and how to run it again?
