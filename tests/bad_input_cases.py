@@ -335,7 +335,7 @@ CASES: list[Case] = [
          argv=("inspect", "/dev/zero")),
     Case("inspect-fifo", "inspect pipe.pkl (a FIFO)", ("pipe.pkl", "FIFO"), ("regular file",),
          argv=("inspect", "{tmp}/pipe.pkl"), files={"pipe.pkl": "@fifo"}),
-    Case("inspect-folder", "inspect blobs.pkl (a folder)", ("blobs.pkl", "is a folder"), ("regular file",),
+    Case("inspect-folder", "inspect blobs.pkl (a folder)", ("blobs.pkl", "is a directory"), ("a file inside it",),
          argv=("inspect", "{tmp}/blobs.pkl"), files={"blobs.pkl/readme.txt": USER_NOTE}),
     Case("inspect-zero-link", "inspect zero.pkl (a symlink to /dev/zero)", ("symlink to /dev/zero",),
          ("regular file",), argv=("inspect", "{tmp}/zero.pkl"), files={"zero.pkl": "@link:/dev/zero"}),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from .common import print_json
@@ -27,6 +28,8 @@ def main(args: argparse.Namespace) -> int:
     from ..verl.blobinfo import describe_blob, mode_hint, require_pickle
     from ..verl.blobs import load_blob, manifest_entry
 
+    if os.path.isdir(args.blob):
+        raise PicklescopeError(f"{args.blob} is a directory, not a blob", "give the path of a file inside it")
     check_file(args.blob, "blob", blob_limit())  # a FIFO, /dev/zero or a sparse giant is named, never read
     info = describe_blob(args.blob)  # reads only; nothing is written next to the blob
     if info.kind != "torch-zip":  # a bare torch.save archive is identified, but is no pickle to load
