@@ -143,3 +143,30 @@ def test_parsing_never_grows_the_cli_by_200_mib(tmp_path):
         assert r["code"] == 2, (cid, r)
         assert error_line(r["err"]) and "Traceback" not in r["err"], (cid, r)
         assert r["growth"] < 200 * 1024**2, f"{cid}: the CLI grew by {r['growth'] / 1024**2:.1f} MiB"
+
+
+def test_handoff_dir_runs_where_shm_is_too_small(tmp_path):
+    """flowgrpo x0.15 (about 70 MiB) where /dev/shm has 64 MiB free (Docker's default, acted out with
+    PICKLESCOPE_SHM_FREE_BYTES): refused with the one line naming /dev/shm and --handoff-dir; with
+    --handoff-dir on disk the same run works, its hand-off is bigger than 64 MiB, and the folder is
+    left empty."""
+    import json
+    import subprocess
+
+    env = {**os.environ, "PICKLESCOPE_SHM_FREE_BYTES": "64MiB"}
+    cmd = [sys.executable, "-m", "picklescope", "run", "--codec", "numpy", "--transport", "pickle5-oob",
+           "--workload", "flowgrpo", "--scale", "0.15"]
+    refused = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert refused.returncode == 2, refused.stderr
+    line = error_line(refused.stderr)
+    assert "/dev/shm" in line and "64.0 MiB free" in line and "--handoff-dir" in line, refused.stderr
+    disk = tmp_path / "handoff"
+    disk.mkdir()
+    ok = subprocess.run([*cmd, "--handoff-dir", str(disk), "--json"], capture_output=True, text=True, env=env,
+                        timeout=600)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    r = json.loads(ok.stdout)
+    assert r["outcome"] == "ok" and r["roundtrip"]["ok"], r.get("error")
+    assert r["blob_bytes"] > 64 * 1024**2
+    assert r["extra"]["run_dir"].startswith(str(disk) + os.sep)
+    assert os.listdir(disk) == []
