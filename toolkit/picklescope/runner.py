@@ -20,13 +20,14 @@ from .budget import plan as plan_limits
 from .codecs import get_codec
 from .errors import PicklescopeError
 from .leftovers import sweep_orphans, temp_name
-from .result import RunResult, Side, Step
+from .result import RunResult, Side, Step, Variation
 from .sampler import Sampler
 from .transports import get_transport
 from .watchdog import Watchdog
 from .workloads import DEFAULT_WORKLOAD, check_scale, load_workload
 
 DEFAULT_TIMEOUT_S = 900.0
+MAX_REPEAT = 1000
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
 EventHook = Callable[[dict[str, Any]], None]
 
@@ -111,6 +112,7 @@ def run(
     enforcement: str = "watchdog",
     tracer: str | list[str] | None = "sampler",
     transport_options: dict[str, Any] | None = None,
+    repeat: int = 1,
 ) -> RunResult:
     """Serialize ``workload`` with ``codec`` over ``transport`` in two isolated processes.
 
@@ -131,7 +133,54 @@ def run(
 
     ``transport_options`` go to a transport that runs its own receiver (``ray``: ``ray_address`` to
     join an existing cluster, ``object_store_bytes``); see :mod:`picklescope.transports_ray`.
+
+    ``repeat=N`` runs the case N times, each in fresh children, and returns the run with the largest
+    sender peak (the one a budget must survive) with ``variation`` holding min / median / max of every
+    exact peak over the N runs and whether it varies by more than 1% of the payload. A run that does
+    not end ``ok`` stops the repetition and is returned as it is.
     """
+    if not (isinstance(repeat, int) and not isinstance(repeat, bool) and 1 <= repeat <= MAX_REPEAT):
+        raise PicklescopeError(f"repeat {repeat!r} must be a whole number from 1 to {MAX_REPEAT}",
+                               "use e.g. --repeat 5 (1 runs the case once)")
+    kw = dict(receiver_codec=receiver_codec, timeout_s=timeout_s, sample_interval_s=sample_interval_s, env=env,
+              on_event=on_event, on_sample=on_sample, probe=probe, plugins=plugins, budget=budget,
+              receiver_budget=receiver_budget, enforcement=enforcement, tracer=tracer,
+              transport_options=transport_options)
+    results: list[RunResult] = []
+    for _ in range(repeat):
+        results.append(_run_once(codec, transport, workload, scale, **kw))
+        if results[-1].outcome != "ok":
+            break
+    if repeat == 1:
+        return results[0]
+    variation = Variation.of(results)
+    failed = next((r for r in results if r.outcome != "ok"), None)
+    worst = failed or max(results, key=lambda r: r.sender.peak_bytes or 0)
+    worst.variation = variation
+    return worst
+
+
+def _run_once(
+    codec: str,
+    transport: str,
+    workload: str,
+    scale: float,
+    *,
+    receiver_codec: str | None,
+    timeout_s: float,
+    sample_interval_s: float,
+    env: dict[str, dict[str, str]] | None,
+    on_event: EventHook | None,
+    on_sample: Callable[[str, float, int], None] | None,
+    probe: dict[str, str | None] | None,
+    plugins: list[str] | None,
+    budget: Any,
+    receiver_budget: Any,
+    enforcement: str,
+    tracer: str | list[str] | None,
+    transport_options: dict[str, Any] | None,
+) -> RunResult:
+    """One run of :func:`run`: two fresh children, one result."""
     from .plugins import load_plugins
 
     plugins = [str(p) for p in plugins or []]
