@@ -5,7 +5,10 @@ same from run to run. This benchmark runs the case ``--repeat`` times (each run 
 under four conditions, each in a fresh interpreter with a fresh forkserver, and counts each value
 (rounded to 0.01x payload):
 
-- ``default``: as a user runs it;
+- ``default``: as a user runs it (``--repeat``: every run's children come from a freshly started
+  forkserver, a new process with its own address-space layout, as every production worker is);
+- ``one-forkserver``: the same number of runs, all forked from one forkserver (``picklescope.run``
+  called in a loop in one process);
 - ``no-aslr``: the same, with the kernel's address-space layout randomization turned off for the
   process tree (``setarch -R``, inherited by the forkserver and every child);
 - ``mmap-threshold-128k`` / ``mmap-threshold-32m``: glibc's mmap threshold fixed by
@@ -42,7 +45,34 @@ def one_condition(name: str, codec: str, transport: str, scale: float, repeat: i
     p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})
     if p.returncode != 0:
         return {"condition": name, "error": p.stderr.strip().splitlines()[-1:] or [f"exit {p.returncode}"]}
+    return _row(name, scale, json.loads(p.stdout), t0, load)
+
+
+ONE_FORKSERVER = """
+import json, sys
+import picklescope as ps
+from picklescope.result import Variation
+codec, transport, scale, n = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+runs = [ps.run(codec, transport, "flowgrpo", scale) for _ in range(n)]
+r = runs[-1]
+r.variation = Variation.of(runs)
+print(r.to_json())
+"""
+
+
+def one_forkserver(codec: str, transport: str, scale: float, repeat: int) -> dict:
+    """Like one_condition, but every run forked from the same forkserver."""
+    t0 = time.monotonic()
+    load = os.getloadavg()[0]
+    p = subprocess.run([sys.executable, "-c", ONE_FORKSERVER, codec, transport, str(scale), str(repeat)],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        return {"condition": "one-forkserver", "error": p.stderr.strip().splitlines()[-1:] or ["failed"]}
     d = json.loads(p.stdout)
+    return _row("one-forkserver", scale, d, t0, load)
+
+
+def _row(name: str, scale: float, d: dict, t0: float, load: float) -> dict:
     payload = d["payload_bytes"]
     sender = next(pk for pk in d["variation"]["peaks"] if pk["name"] == "sender")
     values = [round(v / payload, 2) for v in sender["values"]]
@@ -62,6 +92,7 @@ def main() -> int:
     setarch = shutil.which("setarch")
     conditions = [
         ("default", 0.05, {}, []),
+        ("one-forkserver", 0.05, {}, []),
         ("no-aslr", 0.05, {}, [setarch, "-R"] if setarch else None),
         ("mmap-threshold-128k", 0.05, {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}, []),
         ("mmap-threshold-32m", 0.05, {"MALLOC_MMAP_THRESHOLD_": str(32 * 1024 * 1024)}, []),
@@ -75,7 +106,10 @@ def main() -> int:
         if prefix is None:
             rows.append({"condition": name, "error": ["setarch not found"]})
             continue
-        row = one_condition(name, args.codec, args.transport, scale, args.repeat, env, prefix)
+        if name == "one-forkserver":
+            row = one_forkserver(args.codec, args.transport, scale, args.repeat)
+        else:
+            row = one_condition(name, args.codec, args.transport, scale, args.repeat, env, prefix)
         rows.append(row)
         if "error" in row:
             print(f"{name}: not measured: {row['error'][0]}", flush=True)

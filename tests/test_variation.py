@@ -122,7 +122,8 @@ def test_repeat_runs_the_case_in_fresh_processes_and_keeps_the_worst():
     v = r.variation
     assert v is not None and v.runs == 3 and v.outcomes == ["ok"] * 3
     assert r.sender.peak_bytes == v.peak("sender").max  # the run kept is the worst
-    assert len({pid for pid in (r.sender.pid, r.receiver.pid)}) == 2
+    # every run's children came from a forkserver of their own (a new address-space layout each time)
+    assert len(v.forkserver_pids) == 3 and len(set(v.forkserver_pids)) == 3 and None not in v.forkserver_pids
 
 
 def test_run_command_reports_the_range_and_refuses_a_bad_count():

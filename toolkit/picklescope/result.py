@@ -107,6 +107,7 @@ class Variation:
     payload_bytes: int
     outcomes: list[str]
     peaks: list[PeakRange] = field(default_factory=list)
+    forkserver_pids: list[int | None] = field(default_factory=list)  # one fresh forkserver per run
 
     @property
     def varies(self) -> bool:
@@ -145,7 +146,8 @@ class Variation:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Variation:
         return cls(d["runs"], d["payload_bytes"], list(d["outcomes"]),
-                   [PeakRange(p["name"], list(p["values"]), bool(p["varies"])) for p in d.get("peaks", [])])
+                   [PeakRange(p["name"], list(p["values"]), bool(p["varies"])) for p in d.get("peaks", [])],
+                   list(d.get("forkserver_pids", [])))
 
 
 @dataclass

@@ -134,7 +134,9 @@ def run(
     ``transport_options`` go to a transport that runs its own receiver (``ray``: ``ray_address`` to
     join an existing cluster, ``object_store_bytes``); see :mod:`picklescope.transports_ray`.
 
-    ``repeat=N`` runs the case N times, each in fresh children, and returns the run with the largest
+    ``repeat=N`` runs the case N times, each in fresh children forked from a freshly started forkserver
+    (children of one forkserver share its address-space layout, and with it the value a varying peak
+    takes: see docs/varying_peaks.md), and returns the run with the largest
     sender peak (the one a budget must survive) with ``variation`` holding min / median / max of every
     exact peak over the N runs and whether it varies by more than 1% of the payload. A run that does
     not end ``ok`` stops the repetition and is returned as it is.
@@ -147,13 +149,18 @@ def run(
               receiver_budget=receiver_budget, enforcement=enforcement, tracer=tracer,
               transport_options=transport_options)
     results: list[RunResult] = []
-    for _ in range(repeat):
+    forkservers: list[int | None] = []
+    for i in range(repeat):
+        if i:  # a fresh forkserver: a new process, as each production worker is (docs/varying_peaks.md)
+            launcher.shutdown()
         results.append(_run_once(codec, transport, workload, scale, **kw))
+        forkservers.append(launcher.forkserver_pid())
         if results[-1].outcome != "ok":
             break
     if repeat == 1:
         return results[0]
     variation = Variation.of(results)
+    variation.forkserver_pids = forkservers
     failed = next((r for r in results if r.outcome != "ok"), None)
     worst = failed or max(results, key=lambda r: r.sender.peak_bytes or 0)
     worst.variation = variation
