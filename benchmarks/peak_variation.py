@@ -11,6 +11,8 @@ under four conditions, each in a fresh interpreter with a fresh forkserver, and 
   called in a loop in one process);
 - ``no-aslr``: the same, with the kernel's address-space layout randomization turned off for the
   process tree (``setarch -R``, inherited by the forkserver and every child);
+- ``no-aslr-fixed-hash``: also with Python's hash seed fixed (``PYTHONHASHSEED=0``), so the
+  forkserver's imports allocate in the same order on every start;
 - ``mmap-threshold-128k`` / ``mmap-threshold-32m``: glibc's mmap threshold fixed by
   ``MALLOC_MMAP_THRESHOLD_`` (which also turns off its dynamic adjustment);
 - ``scale-0.25``: the default condition on a batch five times larger (buffers above glibc's largest
@@ -94,6 +96,7 @@ def main() -> int:
         ("default", 0.05, {}, []),
         ("one-forkserver", 0.05, {}, []),
         ("no-aslr", 0.05, {}, [setarch, "-R"] if setarch else None),
+        ("no-aslr-fixed-hash", 0.05, {"PYTHONHASHSEED": "0"}, [setarch, "-R"] if setarch else None),
         ("mmap-threshold-128k", 0.05, {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}, []),
         ("mmap-threshold-32m", 0.05, {"MALLOC_MMAP_THRESHOLD_": str(32 * 1024 * 1024)}, []),
         ("scale-0.25", 0.25, {}, []),
