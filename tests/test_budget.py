@@ -18,7 +18,12 @@ import picklescope as ps
 from picklescope import budget, cgroup, verdicts
 from picklescope.units import Size
 
-SWEEP = (0.2, 1.05, 2.05, 3.0)  # 0.5x has its own test below
+# Budgets kept clear of every peak these cases are known to reach. In-band pickle peaks take one of
+# two exact values from run to run (numpy-legacy 2.64x or 3.00x, numpy 1.64x or 2.00x: whether glibc
+# grows pickle's output buffer in place or by a copy, see docs/varying_peaks.md), so a budget of exactly
+# 3.0x would be a coin toss between two correct verdicts.
+SWEEP = (0.2, 1.05, 2.05, 3.2)  # 0.5x has its own test below
+REPEAT = 3  # unbudgeted runs per case: the range of its exact peak, not one draw
 CASES = [(c, t) for c in ("torch", "numpy-legacy", "numpy") for t in ("pickle", "pickle5-oob")]
 FLOW_SCALE = 0.05  # about 24 MiB of payload: quick, and far above the noise of a few hundred KiB
 
@@ -42,7 +47,7 @@ def gone(pid: int | None) -> bool:
 def sweep():
     """Unbudgeted peaks, then every case at every budget from 0.2x to 3x, on flowgrpo and tiny."""
     me = os.getpid()
-    peaks = {case: ps.run(*case, "flowgrpo", FLOW_SCALE) for case in CASES}
+    peaks = {case: ps.run(*case, "flowgrpo", FLOW_SCALE, repeat=REPEAT) for case in CASES}
     runs = []
     for (codec, transport) in CASES:
         for mult in SWEEP:
@@ -67,21 +72,36 @@ def test_every_budgeted_run_ends_with_a_verdict_and_leaves_nothing(sweep):
     assert any(r.outcome == "oom-killed" for *_, r in runs) and any(r.outcome == "ok" for *_, r in runs)
 
 
-def test_verdict_follows_the_exact_peak(sweep):
-    """Killed exactly when the unbudgeted exact peak is over the budget (cases within 3% skipped)."""
+def test_every_verdict_follows_its_own_exact_peak(sweep):
+    """A run survives only if its own exact sender peak stayed within the budget, and is killed only
+    after its memory crossed it: the verdict is checked against the same run's kernel reading."""
+    _, runs = sweep
+    for workload, mult, r in runs:
+        budget = r.sender.budget_bytes
+        if r.outcome == "ok":
+            assert r.sender.peak_bytes is not None and r.sender.peak_bytes <= budget, (workload, mult, r.codec,
+                                                                                       r.transport)
+            assert r.roundtrip["ok"] is True and r.sender.exit_code == 0
+        else:
+            assert r.memory_at_death_bytes > budget, (workload, mult, r.codec, r.transport)
+
+
+def test_verdict_follows_the_range_of_unbudgeted_peaks(sweep):
+    """Killed when the budget is under every unbudgeted exact peak of the case, alive when it is over
+    all of them (3% margin); a budget inside the case's own range may go either way."""
     peaks, runs = sweep
     checked = 0
     for workload, mult, r in runs:
         if workload != "flowgrpo":
             continue
-        need = peaks[(r.codec, r.transport)].sender.peak_bytes / r.payload_bytes
-        if abs(need - mult) < 0.03:
+        seen = peaks[(r.codec, r.transport)].variation.peak("sender")
+        assert seen is not None and len(seen.values) == REPEAT
+        low, high = seen.min / r.payload_bytes, seen.max / r.payload_bytes
+        if low - 0.03 <= mult <= high + 0.03:
             continue
         checked += 1
-        expected = "oom-killed" if need > mult else "ok"
-        assert r.outcome == expected, (r.codec, r.transport, mult, need, r.error)
-        if expected == "ok":
-            assert r.roundtrip["ok"] is True and r.sender.exit_code == 0
+        expected = "oom-killed" if mult < low else "ok"
+        assert r.outcome == expected, (r.codec, r.transport, mult, seen.values, r.error)
     assert checked >= 18
 
 

@@ -11,7 +11,7 @@ from picklescope.headroom import find_headroom
 
 
 def test_legacy_needs_one_payload_more_than_the_fix(flowgrpo_quarter):
-    """BRIEF: the legacy numpy mode pays one full copy; its headroom minus the fix's is 1.0x payload."""
+    """The legacy numpy mode pays one full copy (verl PR #7539): its headroom minus the fix's is 1.0x payload."""
     legacy_peak = flowgrpo_quarter[("numpy-legacy", "pickle5-oob")].sender.peak_bytes
     fixed_peak = flowgrpo_quarter[("numpy", "pickle5-oob")].sender.peak_bytes
     legacy = find_headroom("numpy-legacy", "pickle5-oob", "flowgrpo", 0.25, peak_bytes=legacy_peak)

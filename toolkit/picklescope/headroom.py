@@ -3,9 +3,14 @@
 Searching blindly would cost a dozen budgeted runs per codec. The exact peak (``VmHWM``) of one
 unbudgeted run already predicts the answer, because the watchdog kills on that same quantity; so the
 prediction is only *confirmed*: one run with a budget just above the peak (it must survive) and one
-just below (it must be killed), half the resolution (1% of payload) each side. Only if either
-confirmation fails (a noisy machine, a codec whose peak varies) does a bisection take over, down to
-the same resolution. Every run that decided the answer is kept in :attr:`Headroom.runs`.
+just below (it must be killed), half the resolution (1% of payload) each side. Only if the run above
+is killed, or the one below survives while no measured run peaked higher, does a bisection take over,
+down to the same resolution. Every run that decided the answer is kept in :attr:`Headroom.runs`.
+
+Some peaks vary from run to run (in-band pickle: two exact values, see docs/varying_peaks.md). The
+headroom is the budget the *worst* run survives: the prediction is the largest exact peak of
+``repeat`` unbudgeted runs, and a run just below it that survives because it drew the smaller value
+does not lower the answer (a run that peaked higher would have been killed there).
 """
 
 from __future__ import annotations
@@ -15,12 +20,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .result import RunResult
+from .result import VARIES_FRACTION, RunResult
 from .runner import run
 from .units import Size, fmt_bytes
 
 RESOLUTION = 0.02  # of the payload
 MAX_RUNS = 16
+REPEAT = 3  # unbudgeted runs behind a prediction: the worst of them decides
 
 
 @dataclass
@@ -33,7 +39,9 @@ class Headroom:
     scale: float
     payload_bytes: int
     resolution_bytes: int
-    predicted_bytes: int | None = None  # the exact peak of an unbudgeted run
+    predicted_bytes: int | None = None  # the largest exact peak of the unbudgeted runs
+    peak_min_bytes: int | None = None  # the smallest, when several were run: the case's range
+    varies: bool = False  # the unbudgeted peaks, or a confirmation, showed the peak varies by over 1% of payload
     headroom_bytes: int | None = None  # smallest budget confirmed to survive
     killed_below_bytes: int | None = None  # largest budget confirmed to be killed (None: none tried)
     method: str = ""  # "prediction confirmed" | "bisection" | "" (no answer)
@@ -50,8 +58,14 @@ class Headroom:
             return f"{self.codec} over {self.transport}: no headroom found ({self.error})"
         below = ("" if self.killed_below_bytes is not None
                  else ", needs less than the resolution: nothing smaller to kill")
+        varies = ""
+        if self.varies and self.peak_min_bytes is not None and self.predicted_bytes is not None:
+            varies = (f"; its peak varies from run to run ({self.peak_min_bytes / self.payload_bytes:.2f}x to "
+                      f"{self.predicted_bytes / self.payload_bytes:.2f}x): the headroom covers the worst")
+        elif self.varies:
+            varies = "; its peak varies from run to run: the headroom covers the worst run seen"
         return (f"{self.codec} over {self.transport}: survives a sender budget of {self.multiple:.2f}x payload "
-                f"({fmt_bytes(self.headroom_bytes)}), {self.method}{below}")
+                f"({fmt_bytes(self.headroom_bytes)}), {self.method}{below}{varies}")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -72,14 +86,17 @@ def find_headroom(
     scale: float = 0.25,
     *,
     peak_bytes: int | None = None,
+    peak_min_bytes: int | None = None,
+    repeat: int = REPEAT,
     resolution: float = RESOLUTION,
     on_run: Callable[[str], None] | None = None,
     **run_kw: Any,
 ) -> Headroom:
     """Smallest sender budget ``codec`` survives over ``transport``, to ``resolution`` x payload.
 
-    ``peak_bytes`` is the exact sender peak of an unbudgeted run of the same case if one was already
-    measured (``reproduce`` passes it); otherwise one is run first. ``on_run`` is told before each run.
+    ``peak_bytes`` is the largest exact sender peak of unbudgeted runs of the same case if they were
+    already measured (``reproduce`` passes it, and ``peak_min_bytes`` the smallest); otherwise
+    ``repeat`` of them are run first. ``on_run`` is told before each run.
     """
 
     from .workloads import load_workload, require_tensor_payload
@@ -103,13 +120,18 @@ def find_headroom(
 
     if peak_bytes is None:
         if on_run:
-            on_run(f"{codec} over {transport} (exact peak)")
-        first = run(codec, transport, workload, scale, **run_kw)
+            on_run(f"{codec} over {transport} (exact peak, {repeat} run{'s' if repeat != 1 else ''})")
+        first = run(codec, transport, workload, scale, repeat=repeat, **run_kw)
         if first.outcome != "ok" or first.sender.peak_bytes is None:
             h.error = f"the unbudgeted run ended {first.outcome}: {first.error}"
             return h
-        peak_bytes = first.sender.peak_bytes
+        peak_bytes = first.sender.peak_bytes  # the worst of the runs
+        seen = first.variation.peak("sender") if first.variation is not None else None
+        peak_min_bytes = seen.min if seen is not None else peak_bytes
     h.predicted_bytes = peak_bytes
+    h.peak_min_bytes = peak_min_bytes
+    if peak_min_bytes is not None and peak_bytes - peak_min_bytes > VARIES_FRACTION * payload:
+        h.varies = True
     above = max(peak_bytes, 0) + res // 2
     below = peak_bytes - res // 2 if peak_bytes - res // 2 > 0 else None
     hi_ok = budgeted(above)
@@ -120,6 +142,11 @@ def find_headroom(
         return h
     if hi_ok == "survived" and lo_ok == "killed":
         h.headroom_bytes, h.killed_below_bytes, h.method = above, below, "prediction confirmed"
+        return h
+    if hi_ok == "survived" and h.varies:
+        # The run below drew a smaller peak than the worst measured one: a real outcome of a varying
+        # peak, not a wrong prediction. The worst run needs `above`; going lower would not cover it.
+        h.headroom_bytes, h.method = above, "worst run confirmed"
         return h
     return _bisect(h, budgeted, above, hi_ok, below, lo_ok, res)
 

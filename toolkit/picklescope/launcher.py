@@ -267,6 +267,11 @@ def _drop_mp_tempdir() -> None:
         config.pop("tempdir", None)
 
 
+def forkserver_pid() -> int | None:
+    """The running forkserver's pid (None before the first child): who forked the measured children."""
+    return forkserver._forkserver._forkserver_pid
+
+
 def _close_and_reap(alive_fd: int | None, pid: int, wait_s: float) -> bool:
     """Close the pipe whose end-of-file stops a helper process, then reap it; False if it outlived ``wait_s``."""
     if alive_fd is not None:

@@ -225,13 +225,24 @@ def render(inv: Investigation) -> str:
 
     parts.append("<h2>Comparison</h2>")
     parts.append(_table(table.comparison_rows(matrix)))
+    repeated = [r for r in matrix if r.variation is not None]
+    if repeated:
+        runs = max(r.variation.runs for r in repeated)
+        varying = [r for r in repeated if r.variation.varies]
+        parts.append(f"<p>Each case ran {runs} times in fresh processes; the table shows its worst run. "
+                     + ("No exact peak spread by more than 1% of the payload." if not varying else
+                        "Some exact peaks took different values from run to run (every reading is exact: the "
+                        "allocator's behaviour varies; a budget must cover the largest):") + "</p>")
+        if varying:
+            parts.append("<ul>" + "".join(f"<li>{e(_label(r))}: {e(table.variation_summary(r))}</li>"
+                                          for r in varying) + "</ul>")
     parts.append(figs.block(figures.comparison_figure, matrix, caption="Peak, held and cycle-held memory and time, "
                                                                   "by codec and transport."))
     hr = _headroom_rows(matrix)
     if hr:
         parts.append("<h3>Sender headroom</h3><p>The smallest sender budget each case survives, predicted from "
-                     "its exact peak and confirmed by one run just above (survives) and one just below (killed), "
-                     "to 2% of the payload.</p>")
+                     "its worst exact peak and confirmed by one run just above (survives) and one just below (killed, "
+                     "unless that run drew a smaller value of a varying peak), to 2% of the payload.</p>")
         parts.append(_table(hr))
 
     parts.append("<h2>Timelines of the unbudgeted runs</h2>")

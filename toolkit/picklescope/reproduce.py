@@ -25,6 +25,7 @@ IN_PROCESS_TRANSPORTS = ("pickle", "pickle5-oob")
 BUILTIN_CODECS = ("torch", "numpy-legacy", "numpy")
 LEGACY, FIXED = "numpy-legacy", "numpy"
 BUDGET_TRANSPORT = "pickle5-oob"  # what Ray does: the transport of the production failure
+REPEAT = 2  # runs of each unbudgeted case: enough to flag a peak that takes two values, see docs/varying_peaks.md
 
 
 def default_scale(workload: str = DEFAULT_WORKLOAD) -> float:
@@ -59,9 +60,13 @@ def matrix(
     codecs: tuple[str, ...] = BUILTIN_CODECS,
     transports: tuple[str, ...] = IN_PROCESS_TRANSPORTS,
     progress: Callable[[str], None] | None = None,
+    repeat: int = 1,
     **run_kw: Any,
 ) -> Investigation:
-    """Run every codec over every transport; unknown names fail before anything runs."""
+    """Run every codec over every transport; unknown names fail before anything runs.
+
+    ``repeat`` > 1 runs each case that many times and keeps its worst run, with the spread of every
+    peak in ``result.variation``."""
     for c in codecs:
         CODECS.get(c)
     for t in transports:
@@ -73,7 +78,7 @@ def matrix(
         for t in transports:
             if progress:
                 progress(f"{c} over {t}")
-            inv.results.append(run(c, t, workload, scale, **run_kw))
+            inv.results.append(run(c, t, workload, scale, repeat=repeat, **run_kw))
     return inv
 
 
@@ -106,9 +111,13 @@ def investigate(
     command: str | None = None,
     ray: bool | None = None,
     ray_address: str | None = None,
+    repeat: int = REPEAT,
     **run_kw: Any,
 ) -> Investigation:
     """The main job: the matrix, each case's sender headroom, and one budgeted run per codec.
+
+    Each unbudgeted case runs ``repeat`` times: a peak that varies is flagged (``result.variation``),
+    the report shows its range, and the headroom covers its worst run.
 
     ``ray`` (default: when Ray is installed) adds one row per codec over the ``ray`` transport, all
     on one cluster: ``ray_address``, or a local one started and stopped for them (no headroom search
@@ -128,12 +137,13 @@ def investigate(
     given = None if budget is None else parse_size(budget, "--budget")
     if given is not None:
         plan_limits(given, None, spec.payload_bytes(scale))  # refuse an impossible budget up front
-    inv = matrix(workload, scale, codecs, transports, progress=progress, **run_kw)
+    inv = matrix(workload, scale, codecs, transports, progress=progress, repeat=repeat, **run_kw)
     for r in inv.results:
         r.extra["role"] = "matrix"
         if headroom and r.outcome == "ok" and r.sender.peak_bytes is not None:
+            seen = r.variation.peak("sender") if r.variation is not None else None
             h = find_headroom(r.codec, r.transport, workload, scale, peak_bytes=r.sender.peak_bytes,
-                              on_run=progress, **run_kw)
+                              peak_min_bytes=seen.min if seen is not None else None, on_run=progress, **run_kw)
             r.extra["headroom"] = h.headroom_bytes
             r.extra["headroom_detail"] = h.to_dict()
     from .transports_ray import ray_available

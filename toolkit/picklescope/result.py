@@ -7,8 +7,12 @@ a :class:`RunResult`.
 from __future__ import annotations
 
 import json
+import statistics
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+VARIES_FRACTION = 0.01  # a peak whose runs spread by more than this fraction of the payload "varies"
 
 
 @dataclass
@@ -67,6 +71,83 @@ class Side:
 
 
 @dataclass
+class PeakRange:
+    """One peak (a side's, or one of its steps') over repeated runs of the same case, in bytes."""
+
+    name: str  # "sender", "receiver", "sender: consolidate", ...
+    values: list[int]  # one per run that reached it, in run order
+    varies: bool = False  # max - min exceeds VARIES_FRACTION of the payload
+
+    @property
+    def min(self) -> int:
+        return min(self.values)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values)
+
+    @property
+    def max(self) -> int:
+        return max(self.values)
+
+
+@dataclass
+class Variation:
+    """How much the exact peaks of one case changed from run to run (``run(..., repeat=N)``).
+
+    Every reading is exact; what varies is the phenomenon itself (for in-band pickle, whether glibc's
+    ``realloc`` grows pickle's output buffer in place or by a copy; see docs/varying_peaks.md). A budget,
+    a headroom or a test that compares with one run must use the range, not one value.
+    """
+
+    runs: int
+    payload_bytes: int
+    outcomes: list[str]
+    peaks: list[PeakRange] = field(default_factory=list)
+    forkserver_pids: list[int | None] = field(default_factory=list)  # one fresh forkserver per run
+
+    @property
+    def varies(self) -> bool:
+        return any(p.varies for p in self.peaks)
+
+    def peak(self, name: str) -> PeakRange | None:
+        return next((p for p in self.peaks if p.name == name), None)
+
+    @classmethod
+    def of(cls, results: Sequence[RunResult]) -> Variation:
+        """Min / median / max of every side's and every step's exact peak over ``results``."""
+        payload = results[0].payload_bytes
+        values: dict[str, list[int]] = {}
+        for r in results:
+            for side_name, side in r.sides.items():
+                if side.peak_bytes is not None:
+                    values.setdefault(side_name, []).append(side.peak_bytes)
+                seen: set[str] = set()
+                for st in side.steps:
+                    key = f"{side_name}: {st.name}"
+                    if st.peak_bytes is None or key in seen:  # a repeated step name: its first occurrence
+                        continue
+                    seen.add(key)
+                    values.setdefault(key, []).append(st.peak_bytes)
+        limit = VARIES_FRACTION * payload
+        peaks = [PeakRange(k, v, varies=(max(v) - min(v)) > limit) for k, v in values.items()]
+        return cls(len(results), payload, [r.outcome for r in results], peaks)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["varies"] = self.varies
+        for p, out in zip(self.peaks, d["peaks"]):
+            out.update(min_bytes=p.min, median_bytes=p.median, max_bytes=p.max)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Variation:
+        return cls(d["runs"], d["payload_bytes"], list(d["outcomes"]),
+                   [PeakRange(p["name"], list(p["values"]), bool(p["varies"])) for p in d.get("peaks", [])],
+                   list(d.get("forkserver_pids", [])))
+
+
+@dataclass
 class RunResult:
     """One codec x transport x workload run, both sides, with verdict and round trip."""
 
@@ -99,6 +180,7 @@ class RunResult:
     wall_s: float | None = None
     command: str | None = None
     environment: dict[str, Any] = field(default_factory=dict)
+    variation: Variation | None = None  # run(..., repeat=N): this is the worst run, this the spread of all N
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -110,7 +192,10 @@ class RunResult:
         return self.sides["receiver"]
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if self.variation is not None:
+            d["variation"] = self.variation.to_dict()
+        return d
 
     def to_json(self, **kw: Any) -> str:
         return json.dumps(self.to_dict(), **kw)
@@ -120,6 +205,8 @@ class RunResult:
         known = {f.name for f in fields(cls)}
         kw = {k: v for k, v in d.items() if k in known}
         kw["sides"] = {name: _side_from_dict(s) for name, s in d.get("sides", {}).items()}
+        if kw.get("variation") is not None:
+            kw["variation"] = Variation.from_dict(kw["variation"])
         return cls(**kw)
 
     @classmethod

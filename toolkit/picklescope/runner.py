@@ -20,13 +20,14 @@ from .budget import plan as plan_limits
 from .codecs import get_codec
 from .errors import PicklescopeError
 from .leftovers import RunTracker, sweep_orphans, temp_name
-from .result import RunResult, Side, Step
+from .result import RunResult, Side, Step, Variation
 from .sampler import Sampler
 from .transports import get_transport
 from .watchdog import Watchdog
 from .workloads import DEFAULT_WORKLOAD, check_scale, load_workload
 
 DEFAULT_TIMEOUT_S = 900.0
+MAX_REPEAT = 1000
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
 EventHook = Callable[[dict[str, Any]], None]
 
@@ -112,6 +113,7 @@ def run(
     tracer: str | list[str] | None = "sampler",
     transport_options: dict[str, Any] | None = None,
     handoff_dir: str | None = None,
+    repeat: int = 1,
 ) -> RunResult:
     """Serialize ``workload`` with ``codec`` over ``transport`` in two isolated processes.
 
@@ -136,7 +138,62 @@ def run(
     ``handoff_dir`` puts the run's hand-off file (and its other temporaries) in that folder instead of
     ``/dev/shm``; a hand-off that does not fit the free space there is refused before any child starts
     (see :func:`picklescope.transports.check_handoff_space`).
+
+    ``repeat=N`` runs the case N times, each in fresh children forked from a freshly started forkserver
+    (children of one forkserver share its address-space layout, and with it the value a varying peak
+    takes: see docs/varying_peaks.md), and returns the run with the largest
+    sender peak (the one a budget must survive) with ``variation`` holding min / median / max of every
+    exact peak over the N runs and whether it varies by more than 1% of the payload. A run that does
+    not end ``ok`` stops the repetition and is returned as it is.
     """
+    if not (isinstance(repeat, int) and not isinstance(repeat, bool) and 1 <= repeat <= MAX_REPEAT):
+        raise PicklescopeError(f"repeat {repeat!r} must be a whole number from 1 to {MAX_REPEAT}",
+                               "use e.g. --repeat 5 (1 runs the case once)")
+    kw = dict(receiver_codec=receiver_codec, timeout_s=timeout_s, sample_interval_s=sample_interval_s, env=env,
+              on_event=on_event, on_sample=on_sample, probe=probe, plugins=plugins, budget=budget,
+              receiver_budget=receiver_budget, enforcement=enforcement, tracer=tracer,
+              transport_options=transport_options, handoff_dir=handoff_dir)
+    results: list[RunResult] = []
+    forkservers: list[int | None] = []
+    for i in range(repeat):
+        if i:  # a fresh forkserver: a new process, as each production worker is (docs/varying_peaks.md)
+            launcher.shutdown()
+        results.append(_run_once(codec, transport, workload, scale, **kw))
+        forkservers.append(launcher.forkserver_pid())
+        if results[-1].outcome != "ok":
+            break
+    if repeat == 1:
+        return results[0]
+    variation = Variation.of(results)
+    variation.forkserver_pids = forkservers
+    failed = next((r for r in results if r.outcome != "ok"), None)
+    worst = failed or max(results, key=lambda r: r.sender.peak_bytes or 0)
+    worst.variation = variation
+    return worst
+
+
+def _run_once(
+    codec: str,
+    transport: str,
+    workload: str,
+    scale: float,
+    *,
+    receiver_codec: str | None,
+    timeout_s: float,
+    sample_interval_s: float,
+    env: dict[str, dict[str, str]] | None,
+    on_event: EventHook | None,
+    on_sample: Callable[[str, float, int], None] | None,
+    probe: dict[str, str | None] | None,
+    plugins: list[str] | None,
+    budget: Any,
+    receiver_budget: Any,
+    enforcement: str,
+    tracer: str | list[str] | None,
+    transport_options: dict[str, Any] | None,
+    handoff_dir: str | None,
+) -> RunResult:
+    """One run of :func:`run`: two fresh children, one result."""
     from .plugins import load_plugins
 
     plugins = [str(p) for p in plugins or []]

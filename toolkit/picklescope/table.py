@@ -46,6 +46,14 @@ def _secs(s: float | None) -> str:
     return "-" if s is None else f"{s:.3f}"
 
 
+def _range(r: RunResult, name: str) -> str:
+    """' (varies 2.64-3.00x)' when repeated runs of the case spread by over 1% of the payload."""
+    pk = r.variation.peak(name) if r.variation is not None else None
+    if pk is None or not pk.varies:
+        return ""
+    return f" (varies {pk.min / r.payload_bytes:.2f}-{pk.max / r.payload_bytes:.2f}x)"
+
+
 def comparison_rows(results: Sequence[RunResult]) -> list[dict[str, Any]]:
     """One row per run: the numbers an engineer compares across codecs and transports."""
     rows = []
@@ -56,7 +64,8 @@ def comparison_rows(results: Sequence[RunResult]) -> list[dict[str, Any]]:
             "codec": r.codec,
             "transport": r.transport,
             "outcome": r.outcome + (f" ({r.killed_side}:{r.killed_in_step})" if r.killed_side else ""),
-            "sender peak": f"{fmt_bytes(s.peak_bytes) if s else '-'} {_mult(s.peak_bytes if s else None, p)}",
+            "sender peak": f"{fmt_bytes(s.peak_bytes) if s else '-'} {_mult(s.peak_bytes if s else None, p)}"
+                           + _range(r, "sender"),
             "held": _mult(s.held_bytes if s else None, p),
             "cycle-held": _mult(s.cycle_held_bytes if s else None, p),
             "receiver peak": f"{fmt_bytes(v.peak_bytes) if v else '-'} {_mult(v.peak_bytes if v else None, p)}",
@@ -160,3 +169,41 @@ class Table:
 
     def __repr__(self) -> str:
         return str(self)
+
+
+def variation_rows(r: RunResult) -> list[dict[str, Any]]:
+    """One row per exact peak of a repeated case (``run --repeat N``): min / median / max over the runs."""
+    v = r.variation
+    if v is None:
+        return []
+    p = v.payload_bytes
+    return [{
+        "peak": pk.name,
+        "runs": len(pk.values),
+        "min": _mult(pk.min, p),
+        "median": _mult(round(pk.median), p),
+        "max": _mult(pk.max, p),
+        "spread": _mult(pk.max - pk.min, p),
+        "varies": "VARIES" if pk.varies else "",
+    } for pk in v.peaks]
+
+
+def variation_summary(r: RunResult) -> str:
+    """One sentence on a repeated case: does its sender peak vary, and between which values."""
+    v = r.variation
+    if v is None:
+        return ""
+    pk = v.peak("sender")
+    if pk is None:
+        return f"{v.runs} runs; no sender peak was measured ({', '.join(v.outcomes)})"
+    p = v.payload_bytes
+    counts: dict[str, int] = {}
+    for value in pk.values:
+        key = _mult(value, p)
+        counts[key] = counts.get(key, 0) + 1
+    seen = ", ".join(f"{k} in {n} of {len(pk.values)}" for k, n in sorted(counts.items()))
+    if not pk.varies:
+        return (f"sender peak {_mult(pk.max, p)} payload in all {len(pk.values)} runs "
+                f"(spread {_mult(pk.max - pk.min, p)}, under 1% of the payload)")
+    return (f"sender peak VARIES from run to run: {seen} (min {_mult(pk.min, p)}, max {_mult(pk.max, p)}); "
+            f"every reading is exact, the phenomenon varies: budget for the max (docs/varying_peaks.md)")

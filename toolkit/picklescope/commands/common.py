@@ -32,6 +32,19 @@ def seconds(text: str) -> float:
     return value
 
 
+def repeat_count(text: str) -> int:
+    """argparse type of ``--repeat``: a whole number of runs, at least 1."""
+    from ..errors import PicklescopeError
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise PicklescopeError(f"--repeat {text!r} is not a whole number of runs", "use e.g. --repeat 5") from None
+    if not 1 <= value <= 1000:
+        raise PicklescopeError(f"--repeat {text!r} must be from 1 to 1000", "use e.g. --repeat 5") from None
+    return value
+
+
 def add_run_args(p: argparse.ArgumentParser, codec: bool = True) -> None:
     if codec:
         p.add_argument("--codec", default="numpy", help="codec (see 'picklescope list'); default numpy")

@@ -6,10 +6,10 @@ import argparse
 import sys
 from typing import Any
 
-from ..headroom import RESOLUTION, find_headroom
+from ..headroom import REPEAT, RESOLUTION, find_headroom
 from ..reproduce import DEFAULT_SCALE
 from ..units import fmt_bytes
-from .common import add_run_args, print_json, run_kwargs
+from .common import add_run_args, print_json, repeat_count, run_kwargs
 
 ORDER = 20
 
@@ -17,6 +17,9 @@ ORDER = 20
 def register(sub: Any) -> None:
     p = sub.add_parser("headroom", help="find the smallest sender budget a codec survives (to 2%% of payload)")
     add_run_args(p)
+    p.add_argument("--repeat", type=repeat_count, default=REPEAT, metavar="N",
+                   help=f"unbudgeted runs whose worst exact peak predicts the answer (default {REPEAT}): "
+                        "some peaks vary from run to run")
     p.add_argument("--json", action="store_true", help="print the answer and its runs as one JSON object")
     p.set_defaults(func=main)
 
@@ -29,7 +32,7 @@ def main(args: argparse.Namespace) -> int:
             print(f"  run: {label}", file=sys.stderr, flush=True)
 
     h = find_headroom(args.codec, args.transport, args.workload, scale, resolution=RESOLUTION, on_run=say,
-                      **run_kwargs(args))
+                      repeat=args.repeat, **run_kwargs(args))
     if args.json:
         print_json(h.to_dict())
         return 0 if h.headroom_bytes is not None else 1

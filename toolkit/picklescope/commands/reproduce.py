@@ -19,6 +19,7 @@ from ..budget import plan
 from ..reproduce import (
     BUILTIN_CODECS,
     IN_PROCESS_TRANSPORTS,
+    REPEAT,
     budgeted_results,
     default_scale,
     investigate,
@@ -26,7 +27,7 @@ from ..reproduce import (
 )
 from ..units import fmt_bytes, parse_size
 from ..workloads import DEFAULT_WORKLOAD, load_workload
-from .common import add_handoff_arg, run_kwargs, seconds
+from .common import add_handoff_arg, repeat_count, run_kwargs, seconds
 
 ORDER = 1
 DEFAULT_OUT = os.path.join("out", "reproduce")
@@ -42,6 +43,9 @@ def register(sub: Any) -> None:
                         "default: halfway between numpy's and numpy-legacy's headroom")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"folder for report.html and results.json; default {DEFAULT_OUT}")
     p.add_argument("--force", action="store_true", help="write into --out even if it holds other files")
+    p.add_argument("--repeat", type=repeat_count, default=REPEAT, metavar="N",
+                   help=f"runs of each unbudgeted case (default {REPEAT}): a peak that varies from run to run is "
+                        "flagged and its range reported")
     p.add_argument("--no-headroom", action="store_true", help="skip the headroom search (faster)")
     p.add_argument("--no-trace", action="store_true",
                    help="skip the run with every tracer attached (the report's attribution and tracker sections)")
@@ -81,7 +85,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         inv = investigate(args.workload, args.scale, args.budget, headroom=not args.no_headroom,
                           trace=None if args.no_trace else "all", progress=progress, command=command,
-                          ray=False if args.no_ray else None, ray_address=args.ray_cluster, **run_kwargs(args))
+                          ray=False if args.no_ray else None, ray_address=args.ray_cluster, repeat=args.repeat,
+                          **run_kwargs(args))
         bar.update(1)
         bar.total = bar.n
         bar.refresh()
@@ -90,6 +95,9 @@ def main(args: argparse.Namespace) -> int:
     payload = inv.extra.get("payload_bytes") or 0
     print(f"workload {inv.workload} x{inv.scale:g}: payload {fmt_bytes(payload)}")
     print(table.render(table.comparison_rows(matrix_results(inv))))
+    for r in matrix_results(inv):
+        if r.variation is not None and r.variation.varies:
+            print(f"{r.codec} over {r.transport}: {table.variation_summary(r)}")
     ray_error = (inv.extra.get("ray_cluster") or {}).get("error")
     if ray_error:
         print(f"ray rows: not measured, the local Ray cluster did not start ({ray_error})")

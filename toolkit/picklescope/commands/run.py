@@ -11,7 +11,7 @@ from ..reproduce import DEFAULT_SCALE
 from ..runner import run
 from ..tracers import tracer_report
 from ..units import fmt_bytes
-from .common import add_run_args, print_json, run_kwargs
+from .common import add_run_args, print_json, repeat_count, run_kwargs
 
 ORDER = 10
 
@@ -21,6 +21,9 @@ def register(sub: Any) -> None:
     add_run_args(p)
     add_budget_args(p)
     p.add_argument("--receiver-codec", default=None, help="codec the receiver uses (default: same)")
+    p.add_argument("--repeat", type=repeat_count, default=1, metavar="N",
+                   help="run the case N times in fresh processes; report min / median / max of every peak "
+                        "and the run with the largest sender peak")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.set_defaults(func=main)
 
@@ -28,7 +31,7 @@ def register(sub: Any) -> None:
 def main(args: argparse.Namespace) -> int:
     scale = DEFAULT_SCALE if args.scale is None else args.scale
     r = run(args.codec, args.transport, args.workload, scale, receiver_codec=args.receiver_codec, **run_kwargs(args),
-            **budget_kwargs(args))
+            **budget_kwargs(args), repeat=args.repeat)
     if args.json:
         print_json(r.to_dict())
         return 0
@@ -40,6 +43,11 @@ def main(args: argparse.Namespace) -> int:
     print(table.render(table.steps_rows(r)))
     print()
     print(table.render(table.comparison_rows([r])))
+    if r.variation is not None:
+        print()
+        print(f"over {r.variation.runs} runs (the tables above show the run with the largest sender peak):")
+        print(table.render(table.variation_rows(r)))
+        print(table.variation_summary(r))
     if r.tracer not in ("sampler", "none"):
         print()
         print(tracer_report(r))
