@@ -122,6 +122,9 @@ def main() -> int:
                   f"(load average {row['load_average']:.1f})", flush=True)
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "peak_variation.json"
+    if only and out.is_file():  # --only re-measures some conditions: keep the others' rows
+        kept = [r for r in json.loads(out.read_text()).get("conditions", []) if r["condition"] not in only]
+        rows = kept + rows
     out.write_text(json.dumps({"cpus": os.cpu_count(), "codec": args.codec, "transport": args.transport,
                                "repeat": args.repeat, "conditions": rows}, indent=1))
     print(f"wrote {out}")

@@ -18,6 +18,9 @@
 # process was killed. Which process grew, at which training step would the node have died, and would
 # the fixed serialization (or the garbage collector) have saved it?
 #
+# Every term printed below (payload, baseline, peak, held, cycle-held, VmHWM, ...) is defined in the
+# [glossary](../docs/glossary.md).
+#
 # How verl moves a batch, in one paragraph. The *driver* (verl's TaskRunner) holds each training
 # step's batch, a `DataProto`. For a method registered as `DP_COMPUTE_PROTO`, verl's single
 # controller splits the batch into one *chunk* per worker (`DataProto.chunk`) and calls the method on

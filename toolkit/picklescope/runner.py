@@ -140,7 +140,7 @@ def run(
     (see :func:`picklescope.transports.check_handoff_space`).
 
     ``repeat=N`` runs the case N times, each in fresh children forked from a freshly started forkserver
-    (children of one forkserver share its address-space layout, and with it the value a varying peak
+    (children of one forkserver inherit its allocator state, and with it the value a varying peak
     takes: see docs/varying_peaks.md), and returns the run with the largest
     sender peak (the one a budget must survive) with ``variation`` holding min / median / max of every
     exact peak over the N runs and whether it varies by more than 1% of the payload. A run that does
