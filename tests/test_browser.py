@@ -448,7 +448,10 @@ def test_every_notebook_runs_in_lab_and_leaves_the_checkout_clean(output_dir, tm
     assert {p: _sha(NOTEBOOKS / p) for p in shas} == shas, "running or saving a notebook changed its .py file"
     # On a clean checkout `git status --porcelain` stays empty. Other work in the tree may change it
     # meanwhile, so what must not appear is anything the notebooks could have written.
-    new = set(_git_status().splitlines()) - set(before.splitlines())
+    after = _git_status()
+    if not before:  # a clean checkout (CI's fresh clone) must stay exactly clean
+        assert after == "", f"running the notebooks changed the checkout: {after.splitlines()}"
+    new = set(after.splitlines()) - set(before.splitlines())
     ours = [e for e in new if "notebooks/" in e or e.endswith((".html", ".json", ".ipynb", ".png"))]
     assert ours == [], f"running the notebooks left files in the checkout: {ours}"
     first = seen["02_step_through_getstate.py"]["legacy_first_row"]
