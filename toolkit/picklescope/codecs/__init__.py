@@ -7,6 +7,7 @@ cell, for example).
 
 from __future__ import annotations
 
+from ..errors import PicklescopeError, UnknownNameError
 from ..registry import Registry
 from .base import FEATURES, Codec, ModeMismatch, Unsupported, batch_features, describe_state
 from .numpy_codec import NumpyCodec, NumpyLegacyCodec
@@ -29,8 +30,24 @@ CODECS.add_provider(_real_verl_codecs)
 
 
 def get_codec(name: str) -> Codec:
-    """The codec called ``name``; an unknown name lists the known ones."""
-    return CODECS.get(name)
+    """The codec called ``name``; an unknown name lists the known ones.
+
+    A real verl codec (``verl-<version>:<mode>``) exists only when its version is in the cache; if the
+    cache itself cannot be used, the error names the cache instead of calling the codec unknown.
+    """
+    try:
+        return CODECS.get(name)
+    except UnknownNameError:
+        if name.startswith("verl-"):
+            from ..verl.envs import CACHE_ENV, cache_problem
+
+            problem = cache_problem()
+            if problem:
+                label = name[len("verl-"):].partition(":")[0]
+                raise PicklescopeError(f"codec {name!r} needs verl {label} from {problem}",
+                                       f"point {CACHE_ENV} at a readable folder (or unset it), then run "
+                                       f"'picklescope verl install {label}'") from None
+        raise
 
 
 def register_codec(codec: Codec, *, replace: bool = False) -> Codec:

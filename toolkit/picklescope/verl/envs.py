@@ -47,6 +47,25 @@ def verl_root() -> Path:
     return cache_root() / "verl"
 
 
+def cache_problem() -> str | None:
+    """Why the verl cache cannot be used at all (None if it can, or simply holds nothing yet).
+
+    A codec name such as ``verl-0.9.0:numpy`` is only known when its version is installed in the
+    cache, so an unusable cache would otherwise surface as "unknown codec": this names the folder.
+    """
+    root = cache_root()
+    where = f"{root} (from ${CACHE_ENV})" if os.environ.get(CACHE_ENV) else str(root)
+    for path in (root, root / "verl"):
+        if not path.exists():
+            return f"the picklescope cache {where} does not exist" if path == root and os.environ.get(CACHE_ENV) \
+                else None
+        if not path.is_dir():
+            return f"the picklescope cache {where}: {path} is not a folder"
+        if not os.access(path, os.R_OK | os.X_OK):
+            return f"the picklescope cache {where}: {path} cannot be read"
+    return None
+
+
 @dataclass(frozen=True)
 class VerlEnv:
     """One installed verl: its label (a version, or ``local`` for a checkout) and where it lives."""
