@@ -12,6 +12,7 @@ import json
 import pickle
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -299,3 +300,17 @@ def test_describing_reads_no_tensor_data(tmp_path):
         grew = procmem.hwm() - before
         assert d.file_payload_bytes == 64 * (1 << 20) + 64 * 4 * 8
         assert grew < 8 << 20, (name, grew)  # the data is 64 MiB; reading it would show
+
+
+def test_a_relative_workload_path_reaches_children_as_an_absolute_one(tmp_path, monkeypatch):
+    """Children that run in another folder (a Ray worker, the node's driver) get a path they can open."""
+    from picklescope.workloads import load_workload
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "mine.yaml").write_text((Path(__file__).resolve().parents[1] / "data" / "workloads" /
+                                                  "tiny.yaml").read_text())
+    monkeypatch.chdir(tmp_path)
+    spec = load_workload("sub/mine.yaml")
+    assert spec.source == str(tmp_path / "sub" / "mine.yaml")
+    monkeypatch.chdir("/")
+    assert load_workload(spec.source).payload_bytes(1.0) == spec.payload_bytes(1.0)

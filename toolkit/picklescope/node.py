@@ -303,7 +303,7 @@ def node(codec: str = "numpy", workload: str = "flowgrpo", scale: float = DEFAUL
     accepter = _Accepter(run_dir)
     from .transports_ray.orchestrate import _ray_env
 
-    cfg = {"codec": codec, "workload": workload if isinstance(workload, str) else str(workload), "scale": scale,
+    cfg = {"codec": codec, "workload": wl.source or wl.name, "scale": scale,
            "workers": workers, "steps": steps, "returns": returns, "dispatch": dispatch, "gc": gc,
            "transport": transport, "ray_path": "arg", "ray_address": ray_address, "ray_temp_dir": ray_tmp,
            "object_store_bytes": store, "run_dir": run_dir, "t0": t0,

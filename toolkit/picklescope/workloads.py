@@ -173,7 +173,7 @@ def load_workload(name_or_path: str | Path) -> Workload:
     elif not os.path.lexists(text):
         raise PicklescopeError(f"workload file {safe_text(text, 300)!r} does not exist",
                                "check the path, or use a preset name")
-    source = str(Path(text))
+    source = str(Path(text).absolute())  # children (a Ray worker, a node's driver) run from other folders
     return parse_workload(read_text(text, "workload file", WORKLOAD_LIMIT, "check the path, or use a preset name"),
                           source)
 
