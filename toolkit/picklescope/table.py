@@ -139,14 +139,16 @@ def html_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = N
     head = "".join(f"<th style='{_CELL};text-align:left;background:#f3f3f3;white-space:nowrap'>{esc(c)}</th>"
                    for c in cols)
     cap = f"<caption style='caption-side:top;text-align:left;padding:4px 0'>{esc(caption)}</caption>" if caption else ""
-    style = "border-collapse:collapse;font-size:13px;margin:4px 0"
+    # JupyterLab's own CSS lays tables out fixed, which clips the last columns of a wide table: auto
+    # layout lets long text wrap instead, and the scrolling wrapper keeps every column reachable
+    style = "border-collapse:collapse;font-size:13px;margin:4px 0;table-layout:auto"
     cls = f" class='{esc(css_class)}'" if css_class else ""
     table = f"<table{cls} style='{style}'>{cap}<thead><tr>{head}</tr></thead><tbody>{body(rows)}</tbody></table>"
     if folded:
         label = folded_label or f"{len(folded)} more rows"
         table += (f"<details><summary>{esc(label)}</summary><table style='{style}'><thead><tr>{head}</tr>"
                   f"</thead><tbody>{body(folded)}</tbody></table></details>")
-    return table
+    return f"<div style='overflow-x:auto;max-width:100%'>{table}</div>"
 
 
 class Table:
