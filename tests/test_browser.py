@@ -168,6 +168,13 @@ def _sender_peak_in_figure(figure: dict | None) -> int | None:
     return None
 
 
+_RECORD_STATUS_JS = """el => {
+    el.__statuses = [];
+    new MutationObserver(() => el.__statuses.push(el.textContent)).observe(
+        el, {childList: true, subtree: true, characterData: true});
+}"""
+
+
 def _status(explorer) -> str:
     """The explorer's status line (the HTML widget beside the run button)."""
     status = explorer.locator(".widget-html").first  # the controls have none; the table comes after it
@@ -221,6 +228,8 @@ def _drive_explorer(page, server, output_dir: Path) -> dict:
     rows0 = _table(explorer)
     figure0 = explorer.evaluate(_FIGURE_JS)
     codec.select_option("numpy-legacy")
+    # every text the status line takes, however briefly (a 47 MiB consolidate lasts a few ms)
+    explorer.locator(".widget-html").first.evaluate(_RECORD_STATUS_JS)
     run_button.click()
     t_click = time.monotonic()
     deadline = t_click + RUN_S
@@ -237,6 +246,11 @@ def _drive_explorer(page, server, output_dir: Path) -> dict:
                 during.append({"status": status, "title": fig.get("title", "")})
         time.sleep(0.2)
     rows1 = _table(explorer)
+    recorded = [t.strip() for t in explorer.locator(".widget-html").first.evaluate("el => el.__statuses || []")]
+    # the run's texts, then its verdict: nothing before the verdict may skip "running", nothing after it differs
+    cut = next((i for i, t in enumerate(recorded) if "running" not in t), len(recorded))
+    assert len(set(recorded[cut:])) <= 1, f"the status changed after the run had ended: {recorded[cut:]}"
+    during += [{"status": t, "title": ""} for t in recorded[:cut]]
     # The figure is updated in place from the kernel; wait until it shows the finished run's peak.
     want = _bytes(rows1[-1].get("sender peak", "")) if rows1[-1].get("sender peak", "-") != "-" else None
     figure1 = explorer.evaluate(_FIGURE_JS)

@@ -27,6 +27,8 @@ from .transports import TRANSPORTS
 from .units import fmt_bytes, parse_size
 from .workloads import available_workloads, load_workload
 
+# child events that move a side to another step: the status line follows each one as it arrives
+STATUS_EVENTS = frozenset({"baseline", "step_start", "step_end"})
 REDRAW_S = 0.2
 DEFAULT_TRACER = "sampler"
 
@@ -207,7 +209,13 @@ class Explorer(widgets.VBox):
             redraw.start()
             from .runner import run
 
-            result = run(s["codec"], s["transport"], s["workload"], s["scale"], on_event=live.on_event,
+            def on_event(ev: dict[str, Any]) -> None:
+                live.on_event(ev)
+                if ev.get("type") in STATUS_EVENTS:  # a step starts or ends: say so now, not at the next redraw
+                    snap = live.snapshot()
+                    self.status.value = self._progress(snap, s)
+
+            result = run(s["codec"], s["transport"], s["workload"], s["scale"], on_event=on_event,
                          on_sample=live.on_sample, **kw)
             stop.set()
             redraw.join()
