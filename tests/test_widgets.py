@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
@@ -149,3 +150,18 @@ def test_step_reveal_shows_one_step_at_a_time(switched):
     assert f"step {i + 1} of {len(names)}" in shown[i] and "consolidate" in shown[i] and "x payload" in shown[i]
     rv.prev_button.click()
     assert rv.index == len(rv.sequence) - 2
+
+
+def test_a_workload_file_joins_the_menu(tmp_path):
+    """A converted or captured workload file is offered like a preset; a bad path is refused in one line."""
+    from picklescope.errors import PicklescopeError
+    from picklescope.widgets import Explorer
+
+    mine = tmp_path / "mine.yaml"
+    mine.write_text((Path(__file__).resolve().parents[1] / "data" / "workloads" / "tiny.yaml").read_text())
+    ex = Explorer(workload=str(mine))
+    assert ex.workload.value == str(mine) and ex.settings()["workload"] == str(mine)
+    assert "flowgrpo" in ex.workload.options  # the presets are still there
+    with pytest.raises(PicklescopeError):
+        ex.offer_workload(str(tmp_path / "missing.yaml"))
+    assert ex.workload.value == str(mine)

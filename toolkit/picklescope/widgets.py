@@ -105,8 +105,9 @@ class Explorer(widgets.VBox):
                                        layout=wide)
         self.transport = widgets.Dropdown(options=TRANSPORTS.names(), value=transport, description="transport",
                                           style=style, layout=wide)
-        self.workload = widgets.Dropdown(options=available_workloads(), value=workload, description="workload",
-                                         style=style, layout=wide)
+        self.workload = widgets.Dropdown(options=available_workloads(), description="workload", style=style,
+                                         layout=wide)
+        self.offer_workload(workload)
         self.tracer = widgets.Dropdown(options=tracer_names(), value=tracer, description="tracer", style=style,
                                         layout=wide)
         self.scale = widgets.FloatLogSlider(value=scale, base=10, min=-3, max=0, step=0.05, description="scale",
@@ -156,8 +157,21 @@ class Explorer(widgets.VBox):
             self._thread.start()
             return self._thread
 
+    def offer_workload(self, workload: str) -> None:
+        """Select ``workload``: a preset, or the path of a workload file (one written by ``picklescope
+        workload from`` or ``picklescope.capture``), which joins the menu after it is checked."""
+        if workload not in self.workload.options:
+            spec = load_workload(workload)  # a bad path or file: its one-line error, before the menu changes
+            workload = spec.source or workload
+            if workload not in self.workload.options:
+                self.workload.options = [*self.workload.options, workload]
+        self.workload.value = workload
+
     def run_with(self, **settings: Any) -> threading.Thread | None:
-        """Set controls by name (``codec="numpy-legacy"``, ``budget=0.5``...) and press run."""
+        """Set controls by name (``codec="numpy-legacy"``, ``budget=0.5``, ``workload="my.yaml"``...) and
+        press run."""
+        if "workload" in settings:
+            self.offer_workload(settings.pop("workload"))
         for name, value in settings.items():
             control = getattr(self, name, None)
             if not isinstance(control, widgets.ValueWidget) or control not in self._controls:
