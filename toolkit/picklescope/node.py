@@ -657,15 +657,41 @@ def driver_main(conn: Any, cfg: dict[str, Any]) -> None:
         except (OSError, BrokenPipeError):
             pass
     finally:
+        started = _descendants()  # the Ray processes this driver started (GCS, raylet, workers)
         ray = sys.modules.get("ray")
         if ray is not None:
             try:
                 ray.shutdown()
-            except Exception:  # noqa: BLE001 - the parent kills whatever is left
+            except BaseException:  # noqa: BLE001 - a second signal or a Ray error: the kill below still runs
                 pass
+        _kill_all(started)  # whatever ray.shutdown left, e.g. when the driver was ended in the middle of a call
         for path in (cfg.get("ray_temp_dir"), cfg.get("run_dir")):  # gone already unless our parent died
             if path and os.path.isdir(path) and not _parent_alive(cfg):
                 shutil.rmtree(path, ignore_errors=True)
+
+
+def _descendants() -> list[Any]:
+    """Every process below this one (psutil handles), read before Ray is shut down."""
+    import psutil
+
+    try:
+        return psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _kill_all(procs: list[Any], wait_s: float = 5.0) -> None:
+    """SIGKILL the processes that are still running and wait for them (bounded)."""
+    import psutil
+
+    alive = []
+    for proc in procs:
+        try:
+            proc.kill()
+            alive.append(proc)
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=wait_s)
 
 
 def _parent_alive(cfg: dict[str, Any]) -> bool:
