@@ -658,16 +658,31 @@ def driver_main(conn: Any, cfg: dict[str, Any]) -> None:
             pass
     finally:
         started = _descendants()  # the Ray processes this driver started (GCS, raylet, workers)
-        ray = sys.modules.get("ray")
-        if ray is not None:
-            try:
-                ray.shutdown()
-            except BaseException:  # noqa: BLE001 - a second signal or a Ray error: the kill below still runs
-                pass
-        _kill_all(started)  # whatever ray.shutdown left, e.g. when the driver was ended in the middle of a call
-        for path in (cfg.get("ray_temp_dir"), cfg.get("run_dir")):  # gone already unless our parent died
-            if path and os.path.isdir(path) and not _parent_alive(cfg):
-                shutil.rmtree(path, ignore_errors=True)
+        if _parent_alive(cfg):  # the parent reports the run and removes the temporaries
+            ray = sys.modules.get("ray")
+            if ray is not None:
+                _shutdown_quietly(ray)
+            _kill_all(started)  # whatever ray.shutdown left
+        else:
+            # The parent is gone (SIGKILL): nobody reads this run any more. Remove the temporaries first,
+            # then kill the cluster: once its raylet is gone, Ray's core worker ends this process at once
+            # (no Python code runs after that), so a graceful ray.shutdown would never get to them.
+            _remove_temporaries(cfg)
+            _kill_all(started)
+            _remove_temporaries(cfg)
+
+
+def _remove_temporaries(cfg: dict[str, Any]) -> None:
+    for path in (cfg.get("ray_temp_dir"), cfg.get("run_dir")):
+        if path and os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _shutdown_quietly(ray: Any) -> None:
+    try:
+        ray.shutdown()
+    except BaseException:  # noqa: BLE001 - a Ray error while stopping: the kill that follows still runs
+        pass
 
 
 def _descendants() -> list[Any]:
@@ -695,10 +710,18 @@ def _kill_all(procs: list[Any], wait_s: float = 5.0) -> None:
 
 
 def _parent_alive(cfg: dict[str, Any]) -> bool:
-    """Whether the measuring process still exists (it removes the temporaries itself when it does)."""
+    """Whether the measuring process still runs (it removes the temporaries itself when it does). A
+    parent killed with SIGKILL stays a zombie until its own parent reaps it: that is not running."""
     from .transports_ray.cluster import start_ticks
 
-    return start_ticks(cfg["parent_pid"]) == cfg["parent_ticks"]
+    if start_ticks(cfg["parent_pid"]) != cfg["parent_ticks"]:
+        return False
+    try:
+        with open(f"/proc/{cfg['parent_pid']}/stat") as f:
+            state = f.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
