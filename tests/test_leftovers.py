@@ -190,9 +190,10 @@ def _dead_pid() -> int:
     return p.pid
 
 
-def test_multiprocessing_folder_of_a_killed_parent_is_swept(tmp_path):
-    """multiprocessing's folder (the forkserver's socket) is picklescope-named, so the next run's sweep
-    removes it once its creator is gone (a ``/tmp/pymp-*`` folder would stay forever)."""
+def test_multiprocessing_folder_of_a_killed_parent_is_removed(tmp_path):
+    """multiprocessing's folder (the forkserver's socket) of a SIGKILLed parent is removed by the
+    forkserver as it exits (see picklescope/forkserver_setup.py); it is picklescope-named, so the next
+    run's sweep would remove it too (a ``/tmp/pymp-*`` folder would stay forever)."""
     script = tmp_path / "parent.py"
     script.write_text(KILLED_PARENT)
     p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
@@ -210,8 +211,18 @@ def test_multiprocessing_folder_of_a_killed_parent_is_swept(tmp_path):
         p.kill()
         p.wait()
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and psutil.pid_exists(p.pid):
+    while time.monotonic() < deadline and os.path.exists(folder):
         time.sleep(0.1)
+    assert not os.path.exists(folder), "the forkserver left its killed starter's folder behind"
+    assert folder not in leftovers.sweep_orphans()  # nothing left for the sweep
+
+
+def test_the_sweep_removes_a_multiprocessing_folder_whose_creator_is_gone(tmp_path):
+    """The backstop: a ``picklescope-mp-<pid>-*`` folder of a dead creator (whose forkserver could not
+    remove it, e.g. killed too) goes at the next run's sweep."""
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix=f"picklescope-mp-{_dead_pid()}-")
     assert folder in leftovers.sweep_orphans()
     assert not os.path.exists(folder)
 
