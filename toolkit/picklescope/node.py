@@ -35,6 +35,7 @@ from multiprocessing.connection import Listener, wait
 from typing import Any
 
 from . import launcher, steps
+from .child import arm_stack_dump, error_event, held_memory
 from .errors import PicklescopeError
 from .leftovers import temp_name
 from .session import KillRecord, ProcessRecord, Series, Session, TrainingStep
@@ -532,34 +533,6 @@ def _private_bytes() -> int:
     return (_field(data, b"VmRSS:") or 0) - (_field(data, b"RssShmem:") or 0)
 
 
-def _arm_stack_dump(run_dir: str, name: str) -> Any:
-    """SIGUSR1 writes every thread's Python stack to ``run_dir/name.stack`` (sent before a budget kill)."""
-    import faulthandler
-
-    f = open(os.path.join(run_dir, f"{name}.stack"), "w")  # noqa: SIM115 - stays open for the handler
-    faulthandler.register(signal.SIGUSR1, file=f, all_threads=True)
-    return f
-
-
-def _error_event(side: str, exc: BaseException) -> dict[str, Any]:
-    import traceback
-
-    ev = {"type": "error", "side": side, "exc_type": type(exc).__name__, "message": str(exc),
-          "traceback": traceback.format_exc(limit=30)}
-    if isinstance(exc, PicklescopeError):  # the user's input, found where it is used: the parent raises it
-        ev["bad_input"] = [exc.problem, exc.hint]
-    return ev
-
-
-def _held(meter: steps.Meter) -> tuple[int, int]:
-    """(still held above the baseline, freed by ``gc.collect()``) after the last step, in bytes."""
-    from . import procmem
-
-    before = procmem.rss()
-    gc.collect()
-    return before - meter.baseline, before - procmem.rss()
-
-
 def _apply_gc(mode: str) -> None:
     if mode == "off":
         gc.disable()
@@ -645,14 +618,14 @@ def driver_main(conn: Any, cfg: dict[str, Any]) -> None:
     os.setsid()
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     launcher.die_with_parent(signal.SIGTERM)
-    _stack = _arm_stack_dump(cfg["run_dir"], "driver")  # noqa: F841 - kept open for the signal handler
+    _stack = arm_stack_dump(cfg, "driver")  # noqa: F841 - kept open for the signal handler
     for key, value in (cfg.get("ray_env") or {}).items():
         os.environ.setdefault(key, value)
     try:
         _drive(conn, cfg)
     except BaseException as exc:  # noqa: BLE001 - reported, the parent decides
         try:
-            conn.send(_error_event("driver", exc))
+            conn.send(error_event("driver", exc))
             _wait(conn)
         except (OSError, BrokenPipeError):
             pass
@@ -810,7 +783,7 @@ def _drive(conn: Any, cfg: dict[str, Any]) -> None:
     steps.install(None)
     end_t = meter.now()
     ray.get([w.finish.remote() for w in workers])
-    held, cycle = _held(meter)
+    held, cycle = held_memory(meter)
     conn.send({"type": "done", "side": "driver", "peak_bytes": peak, "held_bytes": held, "cycle_held_bytes": cycle,
                "t_s": end_t})
     conn.send({"type": "finished"})
@@ -887,7 +860,7 @@ class NodeWorker:
         self.conn.send({"type": "hello", "name": name, "pid": os.getpid(), "machine": events.machine_id(),
                         "node_id": ray.get_runtime_context().get_node_id()})
         if os.path.isdir(cfg["run_dir"]):  # the budget check's SIGUSR1 writes our stack there before a kill
-            self._stack = _arm_stack_dump(cfg["run_dir"], name)
+            self._stack = arm_stack_dump(cfg, name)
         for module in launcher.PRELOAD:
             importlib.import_module(module)
         import torch
@@ -935,6 +908,6 @@ class NodeWorker:
             return
         peak = meter.finish()
         steps.install(None)
-        held, cycle = _held(meter)
+        held, cycle = held_memory(meter)
         self.conn.send({"type": "done", "side": self.name, "peak_bytes": peak, "held_bytes": held,
                         "cycle_held_bytes": cycle, "t_s": meter.now()})

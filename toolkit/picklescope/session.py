@@ -28,7 +28,6 @@ This module imports neither Ray nor torch: it only reads ``/proc`` and sends sig
 from __future__ import annotations
 
 import os
-import signal
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -36,7 +35,7 @@ from typing import Any
 
 from .procmem import PAGE  # noqa: F401 - re-exported for readers of statm-based figures
 from .sampler import _hold_gc, raise_priority
-from .watchdog import _wait_for_dump
+from .watchdog import dump_stack_then_kill
 
 # -- typed records: what the parent folds the streamed events into --------------------------------
 
@@ -299,19 +298,7 @@ class Session:
         kill = KillRecord(victim, rec.pid, t, over, int(self.budget_bytes or 0), self.current_training_step(),
                           open_in[-1].name if open_in else None, scores, memory)
         self.kill = kill
-        path = os.path.join(self.run_dir, f"{victim}.stack")
-        try:
-            os.kill(rec.pid, signal.SIGUSR1)
-            _wait_for_dump(path)
-            kill.sigkill_t_s = round(time.monotonic() - self.t0, 6)
-            os.kill(rec.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        try:
-            with open(path) as f:
-                kill.stack = f.read() or None
-        except OSError:
-            pass
+        dump_stack_then_kill(rec.pid, os.path.join(self.run_dir, f"{victim}.stack"), self.t0, kill)
 
     # -- events ---------------------------------------------------------------------------------------
     def current_training_step(self, at: float | None = None) -> int | None:

@@ -153,20 +153,7 @@ class Watchdog:
             kill = Kill(side, reason, via, round(time.monotonic() - self.t0, 6), above,
                         self.limits.budgets.get(side), step)
             self.kills[side] = kill
-        pid = self.pids[side]
-        path = os.path.join(self.run_dir, f"{side}.stack")
-        try:
-            os.kill(pid, signal.SIGUSR1)
-            wait_for_dump(path)
-            kill.sigkill_t_s = round(time.monotonic() - self.t0, 6)
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        try:
-            with open(path) as f:
-                kill.stack = f.read() or None
-        except OSError:
-            pass
+        dump_stack_then_kill(self.pids[side], os.path.join(self.run_dir, f"{side}.stack"), self.t0, kill)
 
     def check_refused(self) -> None:
         """Raise :class:`~picklescope.budget.BudgetBelowBaseline` if a whole-process limit was refused.
@@ -183,6 +170,23 @@ class Watchdog:
             except OSError:
                 pass
         self._status = {}
+
+
+def dump_stack_then_kill(pid: int, path: str, t0: float, kill: Any) -> None:
+    """SIGUSR1 (the process's faulthandler writes its Python stack to ``path``), then SIGKILL; sets
+    ``kill.sigkill_t_s`` (seconds since ``t0``) and ``kill.stack``. Shared by every budget that kills."""
+    try:
+        os.kill(pid, signal.SIGUSR1)
+        wait_for_dump(path)
+        kill.sigkill_t_s = round(time.monotonic() - t0, 6)
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        with open(path) as f:
+            kill.stack = f.read() or None
+    except OSError:
+        pass
 
 
 def wait_for_dump(path: str) -> None:
@@ -206,4 +210,3 @@ def wait_for_dump(path: str) -> None:
 
 
 # Old private names, kept while the modules named below still import them; use the public names.
-_wait_for_dump = wait_for_dump  # session.py
