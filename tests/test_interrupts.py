@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 
 import psutil
 import pytest
@@ -252,11 +253,17 @@ MATRIX_PARENT = textwrap.dedent('''
     runner.SHM_DIR = sys.argv[1]
     side, kind, name = sys.argv[2].split(":")
 
+    def at():
+        print("AT", process.current_process()._config.get("tempdir"), flush=True)
+        time.sleep(600)
+
     def hook(ev):
         if ev.get("side") == side and ev.get("type") == kind and (name == "*" or ev.get("name") == name):
-            print("AT", process.current_process()._config.get("tempdir"), flush=True)
-            time.sleep(600)
+            at()
 
+    if side == "report":  # the run is over; the parent is printing its tables
+        import picklescope.table as table
+        table.render = lambda *a, **k: at()
     command.run = functools.partial(command.run, on_event=hook)
     from picklescope.cli import main
 
@@ -271,7 +278,14 @@ POINTS = {  # where the parent is when the signal arrives
     "hand-off": ("sender:step_start:handoff", ()),
     "receiver": ("receiver:step_start:pickle.loads", ()),
     "budgeted-kill": ("sender:step_start:consolidate", ("--budget", "0.3x")),
+    # over Ray: during ray.init (the test signals once the driver's session has a raylet), while the
+    # driver puts the batch, while the actor gets it; and after the run, while the CLI writes its report
+    "ray-start-up": ("none:none:none", ("--transport", "ray")),
+    "ray-put": ("sender:step_start:ray.put", ("--transport", "ray")),
+    "actor-get": ("receiver:step_start:ray.get", ("--transport", "ray")),
+    "report-writing": ("report:none:none", ()),
 }
+RAY_POINTS = ("ray-start-up", "ray-put", "actor-get")
 
 
 def _session_processes(pid: int) -> list[psutil.Process]:
@@ -287,12 +301,72 @@ def _session_processes(pid: int) -> list[psutil.Process]:
 
 
 SIGNALS = {"SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM, "SIGKILL": signal.SIGKILL}
-# Each point once and each signal at two points keeps the suite's share near a minute and a half;
-# PICKLESCOPE_FULL_FAULT_MATRIX=1 runs every signal at every point (18 parents, several minutes).
+# By default each point runs once, with the signals rotated so that each is sent at three or four
+# points (SIGKILL during Ray start-up among them); PICKLESCOPE_FULL_FAULT_MATRIX=1 runs every signal at
+# every point (30 parents, 12 of them over Ray).
 ROTATION = [("forkserver-warm-up", "SIGINT"), ("sender-setup", "SIGTERM"), ("consolidate", "SIGKILL"),
-            ("hand-off", "SIGINT"), ("receiver", "SIGTERM"), ("budgeted-kill", "SIGKILL")]
+            ("hand-off", "SIGINT"), ("receiver", "SIGTERM"), ("budgeted-kill", "SIGKILL"),
+            ("ray-start-up", "SIGKILL"), ("ray-put", "SIGTERM"), ("actor-get", "SIGINT"),
+            ("report-writing", "SIGKILL")]
 MATRIX = ([(p, s) for p in POINTS for s in SIGNALS] if os.environ.get("PICKLESCOPE_FULL_FAULT_MATRIX")
           else ROTATION)
+
+
+def _marked(marker: str, parent: int) -> list[psutil.Process]:
+    """Live processes whose environment carries ``marker`` (every Ray process the run started does) or
+    whose command line names the Ray temp dir of ``parent``'s run."""
+    from picklescope.leftovers import SESSION_ENV
+
+    found = []
+    for q in psutil.process_iter():
+        try:
+            if q.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if q.environ().get(SESSION_ENV) == marker or any(f"psray-{parent}-" in a for a in q.cmdline()):
+                found.append(q)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def _wait_for_raylet(p: subprocess.Popen, timeout_s: float) -> int:
+    """The driver's pid, once its session (which ray.init fills) has a raylet: ray.init is then under way."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and p.poll() is None:
+        for d in descendants(p.pid):
+            if _sid(d.pid) == d.pid:
+                for q in psutil.process_iter():
+                    try:
+                        if _sid(q.pid) == d.pid and "raylet" in q.name():
+                            return d.pid
+                    except psutil.Error:
+                        continue
+        time.sleep(0.05)
+    p.kill()
+    raise AssertionError(f"no raylet appeared in the driver's session: {p.communicate()}")
+
+
+def _temporaries_of(pid: int, runs: str) -> list[str]:
+    """Entries named after ``pid`` by the toolkit (``<prefix>-<pid>-...``) in the temp roots and ``runs``."""
+    from picklescope import leftovers
+
+    found = []
+    for root in [*leftovers.temp_roots(), runs]:
+        for name in os.listdir(root):
+            path = os.path.join(root, name)
+            if leftovers.creator_pid(path) == pid:
+                found.append(path)
+    return found
+
+
+def _poll(fn, wait_s: float):
+    """``fn()`` until it is empty or ``wait_s`` has passed; returns the last value."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        value = fn()
+        if not value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.1)
 
 
 @pytest.mark.parametrize(("point", "signame"), MATRIX, ids=[f"{p}-{s}" for p, s in MATRIX])
@@ -302,17 +376,23 @@ def test_fault_matrix_leaves_nothing(tmp_path, point, signame):
     has run (a SIGKILLed parent cannot clean up), no temporary of it is left."""
     from picklescope import leftovers
 
+    if point in RAY_POINTS and not ray_available():
+        pytest.skip("ray is not installed (pip install 'picklescope[ray]')")
     sig = SIGNALS[signame]
     runs = tmp_path / "runs"
     runs.mkdir()
     script = tmp_path / "parent.py"
     script.write_text(MATRIX_PARENT)
     where, extra = POINTS[point]
+    marker = f"fault-matrix-{uuid.uuid4().hex}"
+    env = {**os.environ, leftovers.SESSION_ENV: marker}
     p = subprocess.Popen([sys.executable, str(script), str(runs), where, *extra], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+                         stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)
     mp_dir = None
     try:
-        if point == "forkserver-warm-up":
+        if point == "ray-start-up":
+            _wait_for_raylet(p, 240)
+        elif point == "forkserver-warm-up":
             wait_for_line(p, "STARTING", 240)
             deadline = time.monotonic() + 60  # until the forkserver exists, while it still imports torch
             while time.monotonic() < deadline and not [q for q in descendants(p.pid) if "forkserver" in
@@ -330,8 +410,15 @@ def test_fault_matrix_leaves_nothing(tmp_path, point, signame):
             word = "interrupted" if sig == signal.SIGINT else "terminated"
             assert err.strip() == f"picklescope: {word}", err
             assert p.returncode == (130 if sig == signal.SIGINT else 143)
-        assert alive(seen, wait_s=5.0) == []
-        assert _session_processes(p.pid) == []
+
+        def left() -> list[str]:
+            """Every process of the run (Ray's included, whatever session they are in) and, over Ray, every
+            temporary: the driver removes them itself when its parent was SIGKILLed."""
+            procs = alive(seen, wait_s=0) + [f"{q.pid} {q.name()}" for q in
+                                             _session_processes(p.pid) + _marked(marker, p.pid)]
+            return procs + (_temporaries_of(p.pid, str(runs)) if point in RAY_POINTS else [])
+
+        assert _poll(left, 5.0) == []  # 5 s from the parent's end
         leftovers.sweep_orphans([str(runs)])  # what the next run does first
         assert os.listdir(runs) == []
         if mp_dir and mp_dir != "None":
@@ -341,3 +428,4 @@ def test_fault_matrix_leaves_nothing(tmp_path, point, signame):
             p.kill()
             p.communicate()
         kill_all(descendants(p.pid) if psutil.pid_exists(p.pid) else [])
+        kill_all(_marked(marker, p.pid))  # a failed case must not leave its cluster to the next one

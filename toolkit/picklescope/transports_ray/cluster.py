@@ -13,7 +13,10 @@ a leftover raylet holds the object store's shared memory until it dies.
 from __future__ import annotations
 
 import os
+import select
+import shutil
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterable
 
@@ -164,3 +167,101 @@ def raylet_serving(socket_name: str) -> int | None:
         if "raylet" in cmd and f"--raylet_socket_name={socket_name}" in cmd:
             return pid
     return None
+
+
+def running(pid: int, ticks: int | None) -> bool:
+    """Whether ``pid`` is still the process that started at ``ticks`` and has not ended (a zombie has)."""
+    return start_ticks(pid) == ticks and not _is_zombie(pid)
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent pid of ``pid`` (read from ``/proc``), or None if it is gone."""
+    st = _stat(pid)
+    return None if st is None else st[0]
+
+
+def wait_gone(pid: int, ticks: int | None, stop: threading.Event | None = None, poll_s: float = 0.1) -> None:
+    """Block until ``pid`` (started at ``ticks``) has ended, or ``stop`` is set.
+
+    A pidfd becomes readable the moment the process ends (a zombie included), so the wait costs no
+    CPU; where pidfds are missing (an old kernel) the start time is polled instead.
+    """
+    fd = None
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        fd = None
+    try:
+        while not (stop is not None and stop.is_set()):
+            if not running(pid, ticks):  # also covers a pid already gone or reused before pidfd_open
+                return
+            if fd is not None:
+                if select.select([fd], [], [], 1.0)[0]:
+                    return
+            else:
+                time.sleep(poll_s)
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+class ParentWatch:
+    """End a cluster we started, and the run's temporaries, as soon as the run's parent process dies.
+
+    The driver starts a cluster the parent cannot stop once it is gone: a parent SIGKILLed during
+    ``ray.init`` (or any later moment) would leave gcs_server, the raylet, its agents and workers until
+    Ray's own health checks (about a minute) or the next run's sweep. A thread of the driver waits on
+    the parent; when it dies, it removes the temporaries first, then freezes and kills every process
+    of the driver's session (:func:`stop_all`), then removes the temporaries again and ends the driver.
+    The order matters: once its raylet is gone, Ray's core worker ends the driver at once, so the
+    files go before the processes. A thread rather than a signal handler, because a handler only runs
+    when the main thread is back in Python, which a call blocked inside Ray's C++ may never be.
+    """
+
+    def __init__(self, parent: int, temporaries: Iterable[str | None], temp_dir: str | None = None,
+                 exit_code: int = 1) -> None:
+        self.parent = parent
+        self.ticks = start_ticks(parent)
+        self.temporaries = [t for t in temporaries if t]
+        self.temp_dir = temp_dir
+        self.exit_code = exit_code
+        self.stop_event = threading.Event()
+        self.lock = threading.Lock()
+        self.report: dict[str, object] = {}
+        self.thread = threading.Thread(target=self._watch, name="picklescope-parent-watch", daemon=True)
+
+    def start(self) -> ParentWatch:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop watching (a run that ended normally: the parent reaps the cluster and the files)."""
+        self.stop_event.set()
+
+    def parent_alive(self) -> bool:
+        return running(self.parent, self.ticks)
+
+    def _watch(self) -> None:
+        wait_gone(self.parent, self.ticks, self.stop_event)
+        if not self.stop_event.is_set():
+            self.end_orphaned()
+
+    def remove_temporaries(self) -> None:
+        for path in self.temporaries:
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            elif os.path.lexists(path):
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+
+    def end_orphaned(self) -> None:
+        """The parent is gone: remove the files, end the session's cluster, end this process."""
+        with self.lock:  # the main thread may get here too (its SIGTERM from the parent's death)
+            self.remove_temporaries()
+            me = os.getpid()
+            killed, remaining = stop_all(lambda: cluster_processes(me, None, (), self.temp_dir))
+            self.report = {"killed": killed, "remaining": remaining}
+            self.remove_temporaries()
+            os._exit(self.exit_code)

@@ -21,10 +21,11 @@ from .. import launcher, steps
 from ..batch import set_active_codec
 from ..child import arm_stack_dump, error_event, held_memory
 from ..codecs import get_codec
+from ..leftovers import creator_pid
 from ..verify import manifest
 from ..workloads import load_workload
 from . import events, hooks
-from .cluster import cluster_processes, kill
+from .cluster import ParentWatch, cluster_processes, kill, parent_of
 
 SIDE = "sender"
 OBJECT_STORE_MINIMUM = 80 * 1024 * 1024  # Ray refuses less than 75 MiB
@@ -118,8 +119,12 @@ def restore_priority(niceness: int) -> None:
 def driver_main(conn: Any, cfg: dict[str, Any]) -> None:
     """Run the sender side; always ends the Ray session it started."""
     os.setsid()
-    # If our parent dies (SIGKILL, closed terminal), end through the finally below, which stops the
-    # cluster, rather than by the launcher's default SIGKILL, which would orphan every Ray process.
+    # If the run's parent dies (SIGKILL, closed terminal) at any moment, ray.init included, a thread
+    # removes the run's temporaries and kills the cluster this driver started (see ParentWatch). The
+    # forkserver's death also sends SIGTERM, which ends the main thread through the finally below
+    # rather than by the launcher's default SIGKILL, which would leave the watch no time.
+    watch = ParentWatch(run_parent(cfg), (cfg.get("ray_temp_dir"), cfg.get("run_dir")),
+                        cfg.get("ray_temp_dir")).start()
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     launcher.die_with_parent(signal.SIGTERM)
     arm_stack_dump(cfg, SIDE)
@@ -130,12 +135,24 @@ def driver_main(conn: Any, cfg: dict[str, Any]) -> None:
     try:
         _run(conn, cfg)
     finally:
+        if not watch.parent_alive():  # nobody reads this run any more: no graceful shutdown, just end it
+            watch.end_orphaned()
+        watch.stop()
         ray = sys.modules.get("ray")
         if ray is not None:
             try:
                 ray.shutdown()
             except Exception:  # noqa: BLE001 - the parent kills whatever is left
                 pass
+
+
+def run_parent(cfg: dict[str, Any]) -> int:
+    """The process that runs the measurement: the creator named in the run directory's name, else the
+    forkserver's parent (the driver's own parent is the forkserver, which outlives it by a moment)."""
+    pid = creator_pid(cfg.get("run_dir") or "")
+    if pid is None:
+        pid = parent_of(os.getppid()) or os.getppid()
+    return pid
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
