@@ -17,10 +17,12 @@
 # New words are defined where they first appear; all of them are in the
 # [glossary](../docs/glossary.md).
 #
-# **What this is about.** Training a large model with reinforcement learning in
-# [verl](https://github.com/volcengine/verl) works on one *training batch* at a time: the data of one
+# **What this is about.** Training a large model with reinforcement learning in **verl** (an
+# open-source library, [github.com/volcengine/verl](https://github.com/volcengine/verl)) works on
+# one *training batch* at a time: the data of one
 # step (for an image model, thousands of latents, masks and scores as tensors, plus the prompts), a
-# few hundred MiB per worker. verl keeps a batch in a `DataProto` object. Its processes run on
+# few hundred MiB per worker. verl keeps a batch in a
+# **`DataProto`** object. Its processes run on
 # **Ray**, and to move a `DataProto` from one process to another Ray **pickles** it: Python calls the
 # object's `__getstate__` to turn it into bytes in the *sender* and `__setstate__` to rebuild it in
 # the *receiver*.
@@ -32,7 +34,7 @@
 # ```
 #
 # verl has two ways to do it, chosen by `VERL_DATAPROTO_SERIALIZATION_METHOD`. **torch mode** (the
-# default) packs every tensor into one new buffer (`consolidate()`) and writes it with `torch.save`:
+# default) packs every tensor into one new buffer (**`consolidate()`**) and writes it with `torch.save`:
 # extra copies of the batch. **numpy mode** hands each tensor over as a numpy view of its memory: no
 # copy in the sender. **What went wrong:** up to verl 0.9.0, `__getstate__` ran `consolidate()`
 # *before* it checked the mode, so numpy mode still paid for one full copy it then threw away. With

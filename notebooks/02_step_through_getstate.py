@@ -16,15 +16,20 @@
 #
 # **The question:** *which line* of a serialization method costs the memory?
 #
+# Words first (every one is in the [glossary](../docs/glossary.md); notebook 01 tells the story).
+# A *codec* is one way of doing `__getstate__`/`__setstate__`, the two methods [pickle](../docs/glossary.md#the-situation)
+# calls to turn a batch into bytes in the *sender* process and back in the *receiver* process:
+# `numpy-legacy` is [verl](../docs/glossary.md#the-situation) 0.9.0's numpy mode with the bug,
+# `numpy` the fix, `torch` verl's default. The *payload* is the batch's tensor bytes; costs are
+# multiples of it. **`consolidate`** copies every tensor of a *TensorDict* (the dictionary of
+# tensors inside a batch) into one new buffer.
+#
 # A run's named steps already say "`consolidate` added one payload". The step-through goes further:
 # it runs one `__getstate__` (or `__setstate__`) in a child process under a line tracer and reports,
-# for every line executed, the memory it added and the exact kernel peak while it ran (`VmHWM`,
-# reset at every line boundary, so even a single C call that allocates and fills a full copy is
-# caught). Then a finished run is replayed one step at a time on its timeline.
-#
-# A *codec* is one way of doing `__getstate__`/`__setstate__` (`numpy-legacy`: verl 0.9.0's numpy
-# mode with the bug; `numpy`: the fix; `torch`: verl's default); the *payload* is the batch's tensor
-# bytes. Every other word is in the [glossary](../docs/glossary.md); notebook 01 tells the story.
+# for every line executed, the memory it added and the exact kernel peak while it ran (*VmHWM*, the
+# kernel's high-water mark of the process's resident memory, reset at every line boundary, so even
+# a single C call that allocates and fills a full copy is caught). Then a finished run is replayed
+# one step at a time on its timeline.
 
 # %% tags=["parameters"]
 workload = "flowgrpo"  # a preset (picklescope list) or a path to your own workload YAML

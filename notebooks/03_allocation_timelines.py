@@ -16,15 +16,21 @@
 #
 # **The question:** if the OOM came from a copy, why did nobody's memory profile show it?
 #
-# The copy in verl's bug is made by torch (`TensorDict.consolidate`). Python's `tracemalloc` only
-# sees allocations made through Python's allocator, so a torch tensor is invisible to it;
-# `torch.profiler` sees torch's allocator but not the `bytes` and `bytearray` buffers that pickle and
-# `BytesIO` make. Here one run is watched by every tracker at once and each is drawn next to the
-# truth: RSS sampled by the parent at about 1 ms, and the exact per-step peaks from the kernel.
-#
+# Words first (every one is in the [glossary](../docs/glossary.md); notebook 01 tells the story).
+# [verl](../docs/glossary.md#the-situation)'s bug is a copy of the whole batch made by
+# **`consolidate`**, which copies every tensor of a *TensorDict* (the dictionary of tensors inside
+# a batch) into one new buffer with torch. A *codec* is one way of turning the batch into bytes
+# (`numpy-legacy` is the buggy one); the *sender* process does that and the *receiver* process
+# rebuilds the batch. The *payload* is the batch's tensor bytes; costs are multiples of it.
 # *RSS* is the memory of a process that is really in RAM; the kernel's *VmHWM* is its exact
-# high-water mark. A *tracker* is any tool that watches memory. Every other word is in the
-# [glossary](../docs/glossary.md).
+# high-water mark. A *tracker* is any tool that watches memory.
+#
+# Python's *tracemalloc* only sees allocations made through Python's allocator, so a torch tensor
+# is invisible to it; *torch-profiler* (`torch.profiler`) sees torch's allocator but not the `bytes`
+# and `bytearray` buffers that [pickle](../docs/glossary.md#the-situation) and `BytesIO` make;
+# *memray* records every allocation with its stack. Here one run is watched by every tracker at
+# once and each is drawn next to the truth: RSS sampled by the parent at about 1 ms, and the exact
+# per-step peaks from the kernel.
 
 # %% tags=["parameters"]
 workload = "flowgrpo"  # a preset (picklescope list) or a path to your own workload YAML
@@ -61,9 +67,9 @@ figures.timeline_figure(legacy, show_tracers=True)
 # %% [markdown]
 # ## 2. Memory only the cyclic garbage collector frees
 # tensordict's `consolidate()` leaves its new buffer inside a reference cycle, so dropping the result
-# does not free it; only `gc.collect()` does. The torch codec consolidates on every send. The
-# `held` and `cycle-held` columns are what the sender still had after serializing, and how much of
-# that a `gc.collect()` then released.
+# does not free it; only `gc.collect()` does. The torch codec consolidates on every send. *Held*
+# memory is what the sender still had after serializing; *cycle-held* is how much of that a
+# `gc.collect()` then released.
 
 # %%
 torch_run = ps.run("torch", transport, workload, scale)
@@ -106,8 +112,9 @@ figures.attribution_figure(legacy)
 
 # %% [markdown]
 # ## 4. Across a real process boundary: Ray
-# verl ships the batch with Ray: the driver's `ray.put` serializes it and copies it into the shared
-# object store, a worker's `ray.get` maps it and deserializes it. Here the driver (sender, above), the
+# verl ships the batch with *Ray* (the framework that runs its processes): the driver's `ray.put`
+# serializes it and copies it into the shared *object store* (Ray's shared memory in `/dev/shm`), a
+# worker's `ray.get` maps it and deserializes it. Here the driver (sender, above), the
 # object store (between) and the worker actor (receiver, below) share one time axis. Pages of the store
 # that a process touches count in its RSS; the lines below say how much of each side's peak was its
 # own memory, and whether the worker's tensors are its own copy or windows into the store.

@@ -17,15 +17,20 @@
 # **The question:** does my candidate `__getstate__` really remove the extra copy, without costing
 # time or breaking the round trip?
 #
+# Words first (every one is in the [glossary](../docs/glossary.md); notebook 01 tells the story).
+# A *codec* is one way of doing `__getstate__`/`__setstate__`: `numpy-legacy` is
+# [verl](../docs/glossary.md#the-situation) 0.9.0's *numpy mode* with the bug (it runs
+# **`consolidate`**, a full copy of every tensor, and throws the copy away), `numpy` is the fix. The
+# *sender* process turns the batch into bytes and the *receiver* process rebuilds it; the
+# *transport* is how the bytes travel between them. The *payload* is the batch's tensor bytes; a
+# *budget* is a memory limit on the sender, as a multiple of the payload above its *baseline* (its
+# memory when the work starts). *Held* memory is what a side still has when its work is done.
+#
 # First the explorer: pick a codec, transport, workload, tracer, scale and sender budget, press
 # **run**, and watch the timeline fill in while the two child processes work. Every finished run
 # joins the table below it, so switching codecs builds a side-by-side. An out-of-memory kill ends a
 # child process, never this kernel. Then a candidate codec written in a cell is measured against the
 # baseline on the same batch.
-#
-# A *codec* is one way of doing `__getstate__`/`__setstate__`; the *payload* is the batch's tensor
-# bytes; a *budget* is a memory limit on the sender, as a multiple of the payload. Every other word
-# is in the [glossary](../docs/glossary.md).
 
 # %% tags=["parameters"]
 workload = "flowgrpo"  # a preset (picklescope list) or a path to your own workload YAML
@@ -104,7 +109,8 @@ candidate_codec = ps.get_codec("candidate")
 # %picklescope_stepthrough --workload $workload --scale $scale candidate_codec.getstate
 
 # %% [markdown]
-# When the numbers hold, make the same change in production (for verl: `DataProto.__getstate__`)
+# When the numbers hold, make the same change in production (for verl: the `__getstate__` of
+# [DataProto](../docs/glossary.md#the-situation), verl's batch)
 # and keep a regression test that fails if `consolidate` is called in numpy mode.
 #
 # ## The answer
@@ -119,7 +125,8 @@ print(f"The candidate {verdict} the extra copy: its sender peak was {saved / bas
 # %% [markdown]
 # ## Your own batch
 # The same verdict on *your* batch instead of a preset. Anything saved with
-# `DataProto.save_to_disk` (either serialization mode), `torch.save` of a TensorDict or of a dict of
+# `DataProto.save_to_disk` (either serialization mode), `torch.save` of a
+# [TensorDict](../docs/glossary.md#the-situation) or of a dict of
 # tensors, or an `.npz` becomes a workload file with `picklescope workload from FILE`: it reads only
 # the file's structure (pickle opcodes, the zip's `data.pkl`, the npz headers), never runs anything
 # in it, and copies no value. A running job can write the same file itself with

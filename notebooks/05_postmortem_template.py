@@ -14,11 +14,15 @@
 # %% [markdown]
 # # Postmortem: host memory spent serializing a training batch
 #
-# Every number below was measured while this notebook ran. Each codec (a way of turning the batch
-# into bytes: `torch`, `numpy-legacy` = verl <= 0.9.0 numpy mode, `numpy` = verl >= 0.9.1) serialized
-# the workload's batch in a *sender* process and rebuilt it in a *receiver* process; each peak was
-# read from the Linux kernel (`VmHWM`, the exact high-water mark of resident memory). Words in
-# *italics* are defined in the [glossary](../docs/glossary.md).
+# Every number below was measured while this notebook ran. A *training batch* (the data of one
+# training step, tensors plus prompts) is turned into bytes whenever
+# [verl](../docs/glossary.md#the-situation) hands it to another process. Each *codec* (a way of
+# turning the batch into bytes: `torch` is verl's default, `numpy-legacy` is verl <= 0.9.0's
+# *numpy mode*, which makes one full copy it then throws away, `numpy` is verl >= 0.9.1's fixed
+# numpy mode) serialized the workload's batch in a *sender* process and rebuilt it in a *receiver*
+# process; each peak was read from the Linux kernel (*VmHWM*, the exact high-water mark of resident
+# memory). The sender runs under a *budget*, a memory limit as a multiple of the *payload* (the
+# batch's tensor bytes). Words in *italics* are defined in the [glossary](../docs/glossary.md).
 
 # %% tags=["parameters"]
 workload = "flowgrpo"  # a preset (picklescope list) or a path to a workload YAML

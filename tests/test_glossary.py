@@ -12,6 +12,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 TOOLKIT = REPO / "toolkit" / "picklescope"
 GLOSSARY = REPO / "docs" / "glossary.md"
@@ -114,3 +116,102 @@ def test_every_notebook_links_the_glossary_in_its_first_cell():
     for path in sorted((REPO / "notebooks").glob("*.py")):
         nb = jupytext.read(path)
         assert "../docs/glossary.md" in nb.cells[0].source, path.name
+
+
+# ---------------------------------------------------------------------------------------------
+# Each glossary term is defined, or linked to the glossary, where a notebook first uses it.
+
+# Glossary entries that are everyday words, read in their everyday sense in the notebooks' prose
+# ("the next step", "this line", "an error"); the glossary lists them because a table column
+# carries that name, not because a reader needs them explained.
+EVERYDAY = {"line", "code", "step", "error", "status", "ok", "case", "feature", "method", "seconds", "side",
+            "added", "hits", "kept", "region", "leaf", "writable", "available", "sees", "#", "mib", "peak",
+            "outcome", "timeout", "runs", "min", "median", "max", "spread", "varies", "called from",
+            "x payload", "sender peak", "receiver peak", "killed at", "memory at death", "peak seen",
+            "min / median / max", "serialize s", "deserialize s", "why not", "caveats", "why not / caveats",
+            "stack (innermost first)", "confirming runs", "replica codecs", "kernel (exact)", "exact peak",
+            "sender headroom", "self x payload", "culprit", "costliest line", "quiet line", "blind spot",
+            "the bug", "the fix", "oom", "sampler", "tracer", "tracker", "scale", "round trip", "attribution",
+            "serialization", "deserialization", "timeline", "workload", "tiny", "p", "sender / receiver",
+            "memory-error"}
+GLOSSARY_LINK = re.compile(r"\]\((?:\.\./)?docs/glossary\.md(#[\w-]*)?\)|\]\(\.\./docs/glossary\.md(#[\w-]*)?\)")
+
+
+def glossary_anchors() -> set[str]:
+    """The anchors GitHub and Lab give the glossary's headings."""
+    out = set()
+    for m in re.finditer(r"^#+\s+(.+)$", GLOSSARY.read_text(), re.M):
+        out.add(re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-"))
+    return out
+
+
+def checked_terms() -> list[str]:
+    """Glossary terms a newcomer would not know, longest first (so 'numpy mode' wins over 'numpy')."""
+    terms = {t for t in _glossary_terms() if t and t not in EVERYDAY and not t.startswith("`")}
+    return sorted(terms, key=len, reverse=True)
+
+
+def _sentences(markdown: str) -> list[str]:
+    """Prose sentences of a markdown text; fenced code blocks are drawings, not prose."""
+    prose = re.sub(r"```.*?```", " ", markdown, flags=re.S)
+    prose = re.sub(r"^#.*$", " ", prose, flags=re.M)  # a title names the subject; the prose below defines it
+    return [s for s in re.split(r"(?<=[.!?])\s+|(?<=:)\s+(?=[A-Z*`(\[])|\n\s*\n", prose) if s.strip()]
+
+
+def _occurs(term: str, sentence: str) -> re.Match | None:
+    return re.search(rf"(?<![\w-]){re.escape(term)}(?:s|es)?(?![\w-])", sentence, re.I)
+
+
+def undefined_first_uses(markdown_cells: list[str]) -> list[str]:
+    """Terms whose first use in these cells is neither a definition nor linked to the glossary.
+
+    A definition is the term set in italics or bold at that first use (the notebooks' convention for
+    "this is what the word means", followed by its meaning) or followed by its meaning in
+    parentheses; a link is a sentence that links docs/glossary.md. An anchor in such a link must be
+    one of the glossary's headings."""
+    anchors = glossary_anchors()
+    problems, seen = [], set()
+    for cell in markdown_cells:
+        for sentence in _sentences(cell):
+            spans = [m.span() for m in re.finditer(r"\*\*[^*]+\*\*|\*[^*]+\*", sentence)]  # bold, italics
+            for m in GLOSSARY_LINK.finditer(sentence):
+                anchor = (m.group(1) or m.group(2) or "#")[1:]
+                if anchor and anchor not in anchors:
+                    problems.append(f"link to a missing glossary anchor #{anchor}")
+            for term in checked_terms():
+                if term in seen:
+                    continue
+                hit = _occurs(term, sentence)
+                if hit is None:
+                    continue
+                seen.add(term)
+                emphasised = any(a <= hit.start() and hit.end() <= b for a, b in spans)
+                explained = re.match(r"(?:s|es)?`?\s+\((?!\))", sentence[hit.end():])  # "the payload (the bytes...)"
+                if not (emphasised or explained or GLOSSARY_LINK.search(sentence)):
+                    problems.append(f"{term!r} first used without a definition or glossary link: "
+                                    f"{sentence.strip()[:120]!r}")
+    return problems
+
+
+def test_the_first_use_check_can_fail():
+    assert undefined_first_uses(["The payload is big."]) != []
+    assert undefined_first_uses(["The *payload* is the batch's tensor bytes. The payload is big."]) == []
+    assert undefined_first_uses(["The [payload](../docs/glossary.md#measures) is big."]) == []
+    assert undefined_first_uses(["The [payload](../docs/glossary.md#no-such-heading) is big."]) != []
+    assert undefined_first_uses(["RSS went up.", "*RSS* is resident memory."]) != []  # defined too late
+
+
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.py"))
+# notebook 06 still uses verl, DataProto, pickle, Ray, consolidate, numpy mode, object store, codec and
+# budget before defining or linking them; strict, so this mark has to go when it is fixed
+NOT_YET = {"06_node_replay.py"}
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, id=p.stem, marks=[pytest.mark.xfail(
+    strict=True, reason="terms used before they are defined")] if p.name in NOT_YET else []) for p in NOTEBOOKS])
+def test_each_glossary_term_is_defined_or_linked_at_its_first_use(path):
+    import jupytext
+
+    cells = [c.source for c in jupytext.read(path).cells if c.cell_type == "markdown"]
+    problems = undefined_first_uses(cells)
+    assert problems == [], f"{path.name}:\n" + "\n".join(problems)
