@@ -83,10 +83,13 @@ class Limits:
         return self.budgets[side]
 
     def cleanup(self) -> dict[str, dict[str, int]]:
-        """Remove the run's cgroups (their processes have exited); returns their OOM counters."""
+        """Remove the run's cgroups (their processes have exited); returns their OOM counters and charges
+        (:func:`picklescope.cgroup.counters`), read before the caller removes the run directory."""
         counters = {}
         for side, path in self.cgroups.items():
             counters[side] = cgroup.counters(path)
+            if self.budgets.get(side) is not None:  # the limit was "charged at join + budget"
+                counters[side]["budget_bytes"] = int(self.budgets[side])
             cgroup.remove(path)
         self.cgroups = {}
         return counters

@@ -236,7 +236,14 @@ def join_and_limit(path: str, budget_bytes: int) -> None:
 
 
 def counters(path: str) -> dict[str, int]:
-    """How often the cgroup hit its limit and how many processes its OOM killer killed."""
+    """How often the cgroup hit its limit, how many processes its OOM killer killed, and what it charged.
+
+    The charge is what the kernel counted against the limit, which is more than a process's RSS: a
+    file a side writes to ``/dev/shm`` (the hand-off) is shared memory charged to the writer's cgroup
+    and stays charged after the writer dies, while the file exists. So ``max_usage_bytes`` (the
+    cgroup's peak charge), ``limit_bytes`` and the ``shmem_bytes`` still charged (read before the run
+    directory is removed) tell what the OOM killer saw; RSS samples alone can show 0 B at death.
+    """
     out = {}
     try:
         out["failcnt"] = _read_int(os.path.join(path, "memory.failcnt"))
@@ -246,6 +253,34 @@ def counters(path: str) -> dict[str, int]:
                 if key == "oom_kill":
                     out["oom_kill"] = int(value)
     except (OSError, ValueError):
+        pass
+    for key, name in (("max_usage_bytes", "memory.max_usage_in_bytes"), ("limit_bytes", "memory.limit_in_bytes"),
+                      ("usage_bytes", "memory.usage_in_bytes")):
+        try:
+            out[key] = _read_int(os.path.join(path, name))
+        except (OSError, ValueError, IndexError):
+            pass
+    stat = memory_stat(path)
+    for key, names in (("shmem_bytes", ("total_shmem", "shmem")), ("rss_bytes", ("total_rss", "rss")),
+                       ("cache_bytes", ("total_cache", "cache"))):
+        found = [stat[n] for n in names if n in stat]
+        if found:
+            out[key] = found[0]
+    return out
+
+
+def memory_stat(path: str) -> dict[str, int]:
+    """The cgroup's ``memory.stat`` as {name: value} (empty if unreadable)."""
+    out: dict[str, int] = {}
+    try:
+        with open(os.path.join(path, "memory.stat")) as f:
+            for line in f:
+                key, _, value = line.partition(" ")
+                try:
+                    out[key] = int(value)
+                except ValueError:
+                    continue
+    except OSError:
         pass
     return out
 

@@ -219,13 +219,52 @@ def apply_external_kill(r: RunResult, side_name: str, enforcement: str, counters
     r.killed_side = side_name
     r.killed_in_step = step.name if step else None
     r.enforcement = enforcement
-    r.memory_at_death_bytes = _memory_at_death(side, None, None)
+    sampled = _memory_at_death(side, None, None)
+    charged = cgroup_charge(counters)
+    r.memory_at_death_bytes = sampled
     by = "the memory cgroup's OOM killer" if counters.get("oom_kill") else "SIGKILL from outside picklescope " \
         "(most likely the kernel's OOM killer)"
-    r.error = (f"{side_name} killed in step {r.killed_in_step or '?'} by {by}; no Python stack is available "
+    what = ""
+    if charged is not None:
+        # What the killer saw is the cgroup's charge, not the RSS the parent sampled: a /dev/shm file the
+        # side wrote is charged to it too, and stays charged after it dies, while the file exists.
+        r.memory_at_death_bytes = max(charged["above_baseline_bytes"], sampled or 0)
+        r.extra["charged_at_death"] = charged
+        what = (f" when the memory charged to its cgroup reached {fmt_bytes(charged['above_baseline_bytes'])} above "
+                f"its baseline")
+        if charged.get("budget_bytes") is not None:
+            what += f" (budget {fmt_bytes(charged['budget_bytes'])})"
+        if charged.get("shmem_bytes"):
+            what += (f": {fmt_bytes(charged['shmem_bytes'])} of it shared memory (a /dev/shm file this side wrote, "
+                     f"which the kernel charges to the writer), {fmt_bytes(charged['other_bytes'])} its own "
+                     f"memory (RSS sampled at death {fmt_bytes(sampled or 0)} above baseline)")
+    r.error = (f"{side_name} killed in step {r.killed_in_step or '?'} by {by}{what}; no Python stack is available "
                "because that killer sends no signal a process can handle")
     r.extra["cgroup"] = counters or None
     side.extra["killed"] = True
+
+
+def cgroup_charge(counters: dict[str, int]) -> dict[str, int] | None:
+    """What a side's memory cgroup had charged at its peak, above the point where the side joined it.
+
+    The side sets its limit to "charged when it joined + budget", so the charge at join is the limit
+    minus the budget, and the peak above it is ``max_usage - (limit - budget)``. ``shmem_bytes`` is
+    the shared memory still charged after the side died (its /dev/shm files); the rest of the peak
+    was the side's own memory. None when the counters lack a peak (no cgroup, or another kernel).
+    """
+    peak, limit, budget = counters.get("max_usage_bytes"), counters.get("limit_bytes"), counters.get("budget_bytes")
+    if peak is None:
+        return None
+    base = limit - budget if limit is not None and budget is not None and limit >= budget else 0
+    above = max(0, peak - base)
+    shmem = min(counters.get("shmem_bytes") or 0, above)
+    out = {"above_baseline_bytes": above, "peak_charge_bytes": peak, "charge_at_join_bytes": base,
+           "shmem_bytes": shmem, "other_bytes": above - shmem}
+    if limit is not None:
+        out["limit_bytes"] = limit
+    if budget is not None:
+        out["budget_bytes"] = budget
+    return out
 
 
 def apply_memory_error(r: RunResult, err: dict[str, Any], explanation: str) -> None:
