@@ -63,6 +63,7 @@ import os
 
 import picklescope as ps
 from picklescope import figures, table
+from picklescope.richtext import sentence
 from picklescope.units import fmt_bytes
 
 kernel_pid = os.getpid()
@@ -102,12 +103,18 @@ table.Table(table.comparison_rows([legacy, fixed]))
 
 # %%
 unfixed = ps.run("numpy-legacy", transport, workload, scale)  # once more without a budget: its full cost
-answer = (f"Yes: under a budget of {budget} of the payload, verl 0.9.0's numpy mode was {legacy.outcome} in "
-          f"{legacy.killed_in_step or 'no step'}, while the fixed numpy mode finished with a sender peak of "
-          f"{fixed.sender.peak_bytes / fixed.payload_bytes:.2f}x the payload; without a budget the old mode "
-          f"needs {unfixed.sender.peak_bytes / unfixed.payload_bytes:.2f}x the payload "
+p = legacy.payload_bytes
+if legacy.killed_side:
+    legacy_fate = (f"was killed in {legacy.killed_in_step} at {fmt_bytes(legacy.memory_at_death_bytes)} "
+                   f"({(legacy.memory_at_death_bytes or 0) / p:.2f}x the payload)")
+else:
+    legacy_fate = f"ended {legacy.outcome}"
+answer = (f"{'Yes' if legacy.killed_side and fixed.outcome == 'ok' else 'Not here'}: under a sender budget of "
+          f"{budget} of the payload, verl 0.9.0's numpy mode {legacy_fate}, while the fixed numpy mode finished "
+          f"with a sender peak of {fixed.sender.peak_bytes / fixed.payload_bytes:.2f}x the payload; without a "
+          f"budget the old mode needs {unfixed.sender.peak_bytes / unfixed.payload_bytes:.2f}x the payload "
           f"({fmt_bytes(unfixed.sender.peak_bytes)}) of extra memory in the sender, one whole copy.")
-print(answer)
+sentence(answer, strong=True)
 
 # %% [markdown]
 # **Next:** `02_step_through_getstate` shows the line in `__getstate__` that costs the copy;

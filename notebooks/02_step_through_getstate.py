@@ -43,7 +43,9 @@ import os
 
 import picklescope as ps
 from picklescope import figures, stepper, table
+from picklescope.richtext import sentence
 from picklescope.stepthrough import stepthrough
+from picklescope.units import fmt_bytes
 
 # %% [markdown]
 # ## 1. Every codec, both directions, line by line
@@ -59,11 +61,13 @@ throughs = {(c, m): stepthrough(codec=c, method=m, workload=workload, scale=scal
 summary = []
 for (c, m), st in throughs.items():
     top = st.culprit()
+    if top is not None and top.self_bytes < 0.01 * st.payload_bytes:
+        top = None  # under 1% of the payload is noise, not a culprit
     summary.append({"codec": c, "method": m, "outcome": st.outcome,
                     "peak (x payload)": f"{(st.peak_bytes or 0) / st.payload_bytes:.2f}x",
                     "costliest line": f"{os.path.basename(top.filename)}:{top.lineno}  {top.source.strip()}"
-                    if top else "(no line added memory of its own)",
-                    "its own cost (x payload)": f"{top.self_bytes / st.payload_bytes:.2f}x" if top else "0.00x"})
+                    if top else "(none: no line added 1% of the payload by itself)",
+                    "its own cost (x payload)": f"{top.self_bytes / st.payload_bytes:.2f}x" if top else "-"})
 table.Table(summary)
 
 # %% [markdown]
@@ -116,7 +120,8 @@ print(reveal.caption.value)
 # %%
 top = legacy_get.culprit()
 fixed_top = max((r.self_bytes for r in fixed_get.rows), default=0)
-print(f"The line that costs the memory is {os.path.basename(top.filename)}:{top.lineno} "
-      f"`{top.source.strip()}`: by itself it added {top.self_bytes / legacy_get.payload_bytes:.2f}x the payload "
-      f"in the legacy codec's __getstate__, and no line of the fixed codec's __getstate__ added more than "
-      f"{fixed_top / fixed_get.payload_bytes:.3f}x.")
+sentence(f"The line that costs the memory is {os.path.basename(top.filename)}:{top.lineno} "
+         f"`{top.source.strip()}`: by itself it added {fmt_bytes(top.self_bytes)} "
+         f"({top.self_bytes / legacy_get.payload_bytes:.2f}x the payload) in the legacy codec's __getstate__, and no "
+         f"line of the fixed codec's __getstate__ added more than {fmt_bytes(fixed_top)} "
+         f"({fixed_top / fixed_get.payload_bytes:.4f}x).", strong=True)

@@ -46,6 +46,7 @@ from IPython.display import display
 
 import picklescope as ps
 from picklescope import figures, table, tracers
+from picklescope.richtext import sentence
 from picklescope.tracers import compare as trackers
 
 print({name: ("available" if a["available"] else f"unavailable: {a['reason']}")
@@ -59,9 +60,10 @@ print({name: ("available" if a["available"] else f"unavailable: {a['reason']}")
 
 # %%
 legacy = ps.run("numpy-legacy", transport, workload, scale, tracer=tracer)
-display(table.Table(trackers.tracker_table(legacy), caption="memory added per step, x payload"))
-for sentence in trackers.blind_spots(legacy):
-    print(sentence)
+display(table.Table(trackers.tracker_table(legacy), caption="memory added per step, x payload (steps nest: "
+                    "pickle.dumps runs __getstate__, which runs consolidate, so one copy shows on all three)"))
+for blind_spot in trackers.blind_spots(legacy):
+    display(sentence(blind_spot))
 figures.timeline_figure(legacy, show_tracers=True)
 
 # %% [markdown]
@@ -94,10 +96,10 @@ for _ in range(3):
 # %%
 cell = picklescope_result.sides["cell"]  # noqa: F821 - set by the %%picklescope cell above
 rest = cell.held_bytes - cell.cycle_held_bytes
-print(f"cell held {cell.held_bytes / 2**20:.0f} MiB at its end: gc.collect() freed {cell.cycle_held_bytes / 2**20:.0f} MiB "
-      f"(the three consolidated copies, kept alive only by their reference cycles); the other "
-      f"{rest / 2**20:.0f} MiB is still in use after the collection: the cell's own `td` ({cycle_mib} MiB) and "
-      f"what the cell's imports and torch's allocator keep.")
+sentence(f"cell held {cell.held_bytes / 2**20:.0f} MiB at its end: gc.collect() freed "
+         f"{cell.cycle_held_bytes / 2**20:.0f} MiB (the three consolidated copies, kept alive only by their reference "
+         f"cycles); the other {rest / 2**20:.0f} MiB is still in use after the collection: the cell's own `td` "
+         f"({cycle_mib} MiB) and what the cell's imports and torch's allocator keep.")
 
 # %% [markdown]
 # ## 3. Where the peak came from
@@ -146,8 +148,9 @@ ray_fig
 blind = legacy.tracers.get("tracemalloc", {}).get("sides", {}).get("sender", {}).get("per_step", {})
 exact = next((st.added_bytes for st in legacy.sender.steps if st.name == "consolidate"), None)
 if exact and "consolidate" in blind:
-    print(f"Because the usual tracker cannot see it: in the legacy codec's consolidate step the kernel measured "
-          f"{exact / legacy.payload_bytes:.2f}x the payload, and tracemalloc saw "
-          f"{(blind['consolidate'] or 0) / legacy.payload_bytes:.3f}x (torch tensor memory is invisible to it).")
+    display(sentence(f"Because the usual tracker cannot see it: in the legacy codec's consolidate step the kernel "
+                     f"measured {exact / legacy.payload_bytes:.2f}x the payload, and tracemalloc saw "
+                     f"{(blind['consolidate'] or 0) / legacy.payload_bytes:.3f}x (torch tensor memory is invisible "
+                     f"to it).", strong=True))
 else:
-    print("tracemalloc did not run here, so this notebook cannot show its blind spot: see the table above.")
+    display(sentence("tracemalloc did not run here, so this notebook cannot show its blind spot: see the table above."))

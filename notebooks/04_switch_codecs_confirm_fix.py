@@ -44,6 +44,7 @@ from IPython.display import display
 
 import picklescope as ps
 from picklescope import figures, table
+from picklescope.richtext import sentence
 from picklescope.widgets import Explorer
 
 # %% [markdown]
@@ -96,9 +97,12 @@ runs = [ps.run(c, transport, workload, scale, plugins=plugins) for c in (baselin
 display(table.Table(table.comparison_rows(runs)))
 base, cand = runs
 saved = (base.sender.peak_bytes or 0) - (cand.sender.peak_bytes or 0)
-print(f"The candidate's sender peaked {saved / base.payload_bytes:.2f}x the payload lower than {baseline}'s; "
-      f"its round trip was {'exact' if cand.roundtrip['ok'] else 'NOT exact: ' + str(cand.roundtrip['mismatches'][:3])}; "
-      f"it serialized in {cand.serialize_s:.4f} s against {base.serialize_s:.4f} s.")
+display(sentence(
+    f"The candidate's sender peak was {(cand.sender.peak_bytes or 0) / base.payload_bytes:.2f}x the payload against "
+    f"{(base.sender.peak_bytes or 0) / base.payload_bytes:.2f}x for {baseline}: "
+    f"{saved / base.payload_bytes:.2f}x the payload lower than {baseline}'s; its round trip was "
+    f"{'exact' if cand.roundtrip['ok'] else 'NOT exact: ' + str(cand.roundtrip['mismatches'][:3])}; it serialized in "
+    f"{cand.serialize_s:.4f} s against {base.serialize_s:.4f} s."))
 figures.comparison_figure(runs)
 
 # %% [markdown]
@@ -109,24 +113,10 @@ candidate_codec = ps.get_codec("candidate")
 # %picklescope_stepthrough --workload $workload --scale $scale candidate_codec.getstate
 
 # %% [markdown]
-# When the numbers hold, make the same change in production (for verl: the `__getstate__` of
-# [DataProto](../docs/glossary.md#the-situation), verl's batch)
-# and keep a regression test that fails if `consolidate` is called in numpy mode.
-#
-# ## The answer
-
-# %%
-verdict = "removes" if saved > 0.5 * base.payload_bytes and cand.roundtrip["ok"] else "does not remove"
-print(f"The candidate {verdict} the extra copy: its sender peak was {saved / base.payload_bytes:.2f}x the payload "
-      f"lower than {baseline}'s ({(cand.sender.peak_bytes or 0) / base.payload_bytes:.2f}x against "
-      f"{(base.sender.peak_bytes or 0) / base.payload_bytes:.2f}x), with an "
-      f"{'exact' if cand.roundtrip['ok'] else 'inexact'} round trip.")
-
-# %% [markdown]
 # ## Your own batch
 # The same verdict on *your* batch instead of a preset. Anything saved with
-# `DataProto.save_to_disk` (either serialization mode), `torch.save` of a
-# [TensorDict](../docs/glossary.md#the-situation) or of a dict of
+# `save_to_disk` of a [DataProto](../docs/glossary.md#the-situation) (either serialization mode),
+# `torch.save` of a [TensorDict](../docs/glossary.md#the-situation) or of a dict of
 # tensors, or an `.npz` becomes a workload file with `picklescope workload from FILE`: it reads only
 # the file's structure (pickle opcodes, the zip's `data.pkl`, the npz headers), never runs anything
 # in it, and copies no value. A running job can write the same file itself with
@@ -158,6 +148,19 @@ own_runs = [ps.run(c, transport, str(own_workload), 1.0) for c in ("numpy-legacy
 display(table.Table(table.comparison_rows(own_runs)))
 legacy_run, fixed_run = own_runs
 own_gap = ((legacy_run.sender.peak_bytes or 0) - (fixed_run.sender.peak_bytes or 0)) / legacy_run.payload_bytes
-print(f"On your batch ({legacy_run.payload_bytes / 2**20:.1f} MiB of tensors), numpy-legacy's sender peaked "
-      f"{own_gap:.2f}x the payload above numpy's: "
-      + ("the fix removes one full copy of the batch." if own_gap > 0.5 else "no full copy to remove here."))
+sentence(f"On your batch ({legacy_run.payload_bytes / 2**20:.1f} MiB of tensors), numpy-legacy's sender peaked "
+         f"{own_gap:.2f}x the payload above numpy's: "
+         + ("the fix removes one full copy of the batch." if own_gap > 0.5 else "no full copy to remove here."))
+
+# %% [markdown]
+# When the numbers hold, make the same change in production (for verl: `DataProto.__getstate__`)
+# and keep a regression test that fails if `consolidate` is called in numpy mode.
+#
+# ## The answer
+
+# %%
+verdict = "removes" if saved > 0.5 * base.payload_bytes and cand.roundtrip["ok"] else "does not remove"
+sentence(f"The candidate {verdict} the extra copy: its sender peak was {saved / base.payload_bytes:.2f}x the payload "
+         f"lower than {baseline}'s ({(cand.sender.peak_bytes or 0) / base.payload_bytes:.2f}x against "
+         f"{(base.sender.peak_bytes or 0) / base.payload_bytes:.2f}x), with an "
+         f"{'exact' if cand.roundtrip['ok'] else 'inexact'} round trip.", strong=True)

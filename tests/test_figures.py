@@ -82,6 +82,25 @@ def test_killed_run_still_draws_its_partial_timeline_and_budget():
     assert list(rss.y) == [0.0, 10.0, 50.0, 70.0]
 
 
+def test_a_kill_that_lands_after_the_last_sample_draws_no_step_after_the_kill():
+    """On a small batch the budget is crossed in consolidate, but the SIGKILL lands a few ms later,
+    after the sender began its next step and after the parent's last RSS sample: the kill line
+    goes at the last sign of life, every band ends at or before it, and the labels say both."""
+    r = killed_result()
+    r.sender.steps = [ps.Step("pickle.dumps", 0.05, None, None, None),
+                      ps.Step("consolidate", 0.06, 0.25, 70 * MiB, 70 * MiB, depth=1),
+                      ps.Step("handoff", 0.34, None, None, None, depth=1)]  # after the last sample (0.3)
+    fig = figures.timeline_figure(r)
+    kill = [sh.x0 for sh in fig.layout.shapes if sh.type == "line" and sh.x0 == sh.x1]
+    assert kill == [pytest.approx(0.34)]
+    steps = [sh for sh in fig.layout.shapes if sh.type == "rect" and sh.x0 >= 0.05]
+    assert steps and all(sh.x1 <= kill[0] + 1e-4 for sh in steps)
+    texts = {a.text for a in fig.layout.annotations}
+    assert "killed in handoff (over its budget since consolidate)" in texts
+    assert any(t and t.startswith("sender killed in handoff (over its budget since consolidate) at 70.0 MiB")
+               for t in texts), texts
+
+
 def test_a_single_side_result_draws_one_row():
     cell = ps.Side("cell", baseline_bytes=0)
     cell.timeline = ps.Timeline([0.0, 1.0], [0, MiB])

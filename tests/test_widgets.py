@@ -170,3 +170,14 @@ def test_a_workload_file_joins_the_menu(tmp_path):
     with pytest.raises(PicklescopeError):
         ex.offer_workload(str(tmp_path / "missing.yaml"))
     assert ex.workload.value == str(mine)
+
+
+def test_a_table_aligns_whole_columns_and_says_which_runs_had_a_budget():
+    from picklescope import table
+
+    html = table.html_table([{"what": "python", "value": "3.11.7"}, {"what": "platform", "value": "Linux x86_64"},
+                             {"what": "cpus", "value": "2"}, {"n": "1.5 MiB"}])
+    assert "text-align:right" in html.split("1.5 MiB")[0].rsplit("<td", 1)[1]  # an all-number column
+    assert "3.11.7" in html and "text-align:right" not in html.split("3.11.7")[0].rsplit("<td", 1)[1]
+    folded_only = table.html_table([], caption="nothing costly", folded=[{"line": "a.py:1"}], folded_label="1 quiet")
+    assert "<thead>" in folded_only and folded_only.count("<table") == 1  # no empty table above the folded rows

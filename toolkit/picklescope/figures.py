@@ -93,8 +93,10 @@ def timeline_figure(result: RunResult | RunTimeline, *, show_tracers: bool = Tru
                           annotation_text=budget_text(side.budget_bytes, p),
                           annotation_position="top right", row=i, col=1, exclude_empty_subplots=False)
         if tl.killed_side == name:
-            fig.add_vline(x=side.rss.end_s or end, line={"color": "#D62728", "width": 2},
-                          annotation_text=f"killed in {tl.killed_in_step or 'an unknown step'}",
+            # the kill lands after the last sign of life: a step event can come after the last RSS
+            # sample, so the line goes at the side's end, never before a step it drew
+            fig.add_vline(x=end, line={"color": "#D62728", "width": 2},
+                          annotation_text=killed_where(tl, side),
                           annotation_position="bottom right", row=i, col=1, exclude_empty_subplots=False)
         fig.update_yaxes(title_text="MiB above baseline", range=_y_range(tl, side, x0, x1, label_rows),
                          row=i, col=1)
@@ -120,6 +122,18 @@ def run_title(result: Any, tl: RunTimeline) -> str:
     return tl.title
 
 
+def killed_where(tl: RunTimeline, side: Any) -> str:
+    """Where a killed side died, in words. The budget is crossed in one step (``killed_in_step``),
+    but the kill lands a moment later: on a small batch the side may have finished that step and
+    begun the next, whose band is still open."""
+    crossed = tl.killed_in_step
+    open_bands = [b.name for b in side.bands if b.end_s is None]
+    died_in = open_bands[-1] if open_bands else crossed
+    if crossed and died_in and died_in != crossed:
+        return f"killed in {died_in} (over its budget since {crossed})"
+    return f"killed in {died_in or crossed or 'its set-up'}"
+
+
 def side_title(tl: RunTimeline, name: str, death_bytes: int | None = None) -> str:
     """What happened to one side, in words: its peak, where it was killed, or why it has no curve."""
     s = tl.sides.get(name)
@@ -132,7 +146,7 @@ def side_title(tl: RunTimeline, name: str, death_bytes: int | None = None) -> st
         return f"{name}: nothing was recorded"
     if tl.killed_side == name:
         top = death_bytes if death_bytes is not None else s.rss.peak()
-        text = f"{name} killed in {tl.killed_in_step or 'its set-up'}"
+        text = f"{name} {killed_where(tl, s)}"
         extra = []
         if top is not None:
             text += f" at {fmt_bytes(top)}"
@@ -352,7 +366,9 @@ def attribution_figure(result: RunResult | RunTimeline, *, kind: str = "table", 
                              header={"values": ["MiB", "x payload", "side", "step", "stack (innermost first)"],
                                      "align": "left", "fill_color": "#EEEEEE"},
                              cells={"values": cells, "align": "left", "height": 24}))
-    fig.update_layout(template="plotly_white", height=120 + 70 * len(rows),
+    # a row is as tall as its stack (up to four lines): sized so that no row is cut off at the bottom
+    body = sum(20 * max(1, min(4, len(r.get("stack", [])))) + 12 for r in rows)
+    fig.update_layout(template="plotly_white", height=110 + body, margin={"t": 50, "l": 10, "r": 10, "b": 10},
                       title={"text": "allocations live at the peak (memray)", "font": {"size": 14}})
     return fig
 

@@ -49,3 +49,12 @@ class HtmlText:
 
     def __repr__(self) -> str:
         return str(self)
+
+
+def sentence(text: str, *, strong: bool = False) -> HtmlText:
+    """One plain sentence shown as a paragraph: printed text in a notebook wraps mid-word at the
+    output's width (``"i / t sees"``), a paragraph wraps between words like the prose around it."""
+    import html
+
+    body = html.escape(text)
+    return HtmlText(f"<p style='margin:4px 0'>{'<b>' + body + '</b>' if strong else body}</p>")

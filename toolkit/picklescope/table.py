@@ -60,9 +60,11 @@ def comparison_rows(results: Sequence[RunResult]) -> list[dict[str, Any]]:
     for r in results:
         s, v = r.sides.get("sender"), r.sides.get("receiver")
         p = r.payload_bytes
+        budget = next((x.budget_bytes for x in (s, v) if x is not None and x.budget_bytes), None)
         row = {
             "codec": r.codec,
             "transport": r.transport,
+            "budget": "none" if budget is None else f"{fmt_bytes(budget)} {_mult(budget, p)}",
             "outcome": r.outcome + (f" ({r.killed_side}:{r.killed_in_step})" if r.killed_side else ""),
             "sender peak": f"{fmt_bytes(s.peak_bytes) if s else '-'} {_mult(s.peak_bytes if s else None, p)}"
                            + _range(r, "sender"),
@@ -77,6 +79,8 @@ def comparison_rows(results: Sequence[RunResult]) -> list[dict[str, Any]]:
             # a killed side has no peak (its mark died with it): say what it had reached instead of "-"
             row[f"{r.killed_side} peak"] = f"killed at {fmt_bytes(r.memory_at_death_bytes)} " \
                                            f"{_mult(r.memory_at_death_bytes, p)}"
+        if r.killed_side == "sender" and (v is None or v.peak_bytes is None):
+            row["receiver peak"] = "never started"
         if "headroom" in r.extra:
             h = r.extra["headroom"]
             row["sender headroom"] = "-" if h is None else f"{h / p:.2f}x"
@@ -121,15 +125,23 @@ def html_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = N
         return f"<p><i>{esc(caption or '(no rows)')}</i></p>"
     cols = list(columns) if columns else columns_of(list(rows) + list(folded))
 
+    def text(v: Any) -> str:
+        return "" if v is None else str(v)
+
+    # a column is right-aligned only when every filled cell of it is a number, so a column of text
+    # with one number-like value ("python 3.11.7", "cpus 2") does not zig-zag
+    every = list(rows) + list(folded)
+    filled = {c: [text(r.get(c)) for r in every if text(r.get(c)) not in ("", "-")] for c in cols}
+    numeric_cols = {c for c in cols if filled[c] and all(_numeric(v) for v in filled[c])}
+
     def body(rs: Sequence[dict[str, Any]]) -> str:
         out = []
         for r in rs:
             cells = []
             for c in cols:
-                v = r.get(c, "")
-                s = "" if v is None else str(v)
+                s = text(r.get(c, ""))
                 # numbers never wrap (no "0.11" over two lines); long text may, so a table fits the page
-                align = "right;white-space:nowrap" if _numeric(s) else \
+                align = "right;white-space:nowrap" if c in numeric_cols else \
                     ("left;white-space:nowrap" if len(s) <= 24 else "left")
                 font = ";font-family:monospace" if c in ("code", "source", "line", "stack") else ""
                 cells.append(f"<td style='{_CELL};text-align:{align}{font}'>{esc(s)}</td>")
@@ -143,7 +155,9 @@ def html_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = N
     # layout lets long text wrap instead, and the scrolling wrapper keeps every column reachable
     style = "border-collapse:collapse;font-size:13px;margin:4px 0;table-layout:auto"
     cls = f" class='{esc(css_class)}'" if css_class else ""
-    table = f"<table{cls} style='{style}'>{cap}<thead><tr>{head}</tr></thead><tbody>{body(rows)}</tbody></table>"
+    # with every row folded, the caption says why; an empty table of headers would say nothing
+    table = f"<table{cls} style='{style}'>{cap}<thead><tr>{head}</tr></thead><tbody>{body(rows)}</tbody></table>" \
+        if rows else (f"<p style='margin:4px 0'>{esc(caption)}</p>" if caption else "")
     if folded:
         label = folded_label or f"{len(folded)} more rows"
         table += (f"<details><summary>{esc(label)}</summary><table style='{style}'><thead><tr>{head}</tr>"

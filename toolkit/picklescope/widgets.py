@@ -87,7 +87,7 @@ def results_html(results: list[RunResult], budgets: list[str]) -> str:
         death = death_text(r)
         if death is not None:
             row[f"{r.killed_side} peak"] = death
-        rows[i - 1] = {**row_head, **row}
+        rows[i - 1] = {**row_head, **{k: v for k, v in row.items() if k != "budget"}}  # the budget as set
     return table.html_table(rows, css_class="picklescope-runs")
 
 
