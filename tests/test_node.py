@@ -165,9 +165,28 @@ def test_bad_input_is_one_line_before_anything_runs():
     from picklescope.errors import PicklescopeError
 
     for kw in ({"workers": 0}, {"dispatch": "scatter"}, {"gc": "never"}, {"node_budget": "lots"},
-               {"engine": "verl"}, {"workers": 200}):
+               {"engine": "verl"}, {"engine": "gpu"}, {"workers": 200}, {"enforcement": "kernel"},
+               {"enforcement": "cgroup"}, {"enforcement": "cgroup", "node_budget": "2x", "ray_address": "127.0.0.1:1"}):
         with pytest.raises(PicklescopeError):
             node("numpy", **kw)
+
+
+def test_cgroup_enforcement_lets_the_kernel_kill_and_names_the_process():
+    """--enforcement cgroup: the whole cluster in one memory cgroup, the kernel's OOM killer choosing."""
+    from picklescope import cgroup
+
+    base, why = cgroup.support()
+    if base is None:
+        pytest.skip(f"no usable memory cgroup here: {why}")
+    r = node("numpy-legacy", scale=0.125, workers=2, steps=STEPS, gc="off", node_budget="1.5x", enforcement="cgroup")
+    assert r.outcome == "oom-killed", (r.error, r.cgroup, r.notes)
+    assert r.cgroup["oom_kill"] >= 1 and r.cgroup["limit_bytes"] > r.cgroup["baseline_usage_bytes"], r.cgroup
+    k = r.killed
+    assert k.process and k.pid and k.training_step in range(1, STEPS + 1) and k.step, k
+    assert set(k.memory_bytes) >= {"driver", "store"}
+    assert r.cgroup["removed"] and not os.path.exists(r.cgroup["path"])
+    assert r.cleanup["remaining"] == [], r.cleanup
+    assert gone([p.pid for p in r.processes.values()]) == []
 
 
 # -- nothing left behind, on a cluster of the run's own -------------------------------------------------
@@ -243,10 +262,26 @@ def verl_installed():
     assert p.returncode == 0, p.stderr
 
 
+@pytest.mark.slow
 def test_real_verl_0_9_0_grows_and_0_9_1_does_not(runs, verl_installed):
-    old, new = runs("verl-0.9.0:numpy", "off"), runs("verl-0.9.1:numpy", "off")
+    # production collector: the peak alone (each chunk's consolidate copy, verl PR #5874's shape)
+    old, new = runs("verl-0.9.0:numpy"), runs("verl-0.9.1:numpy")
     assert old.outcome == new.outcome == "ok", (old.error, new.error)
     payload = old.payload_bytes
+    assert old.driver.peak_bytes - new.driver.peak_bytes >= 0.9 * payload
+    # the split and the join were verl's own DataProto.chunk / concat, inside the replica's steps
+    for r in (old, new):
+        assert r.engine_info["chunk"] == "verl.protocol.DataProto.chunk", r.engine_info
+        assert r.engine_info["concat"] == "verl.protocol.DataProto.concat", r.engine_info
+        assert f"/verl-{r.codec[5:10]}/" in r.engine_info["data_file"], r.engine_info
+        steps_ = r.driver.steps
+        for marker, outer in (("DataProto.chunk", "chunk"), ("DataProto.concat", "concat")):
+            inner = [s for s in steps_ if s.name == marker]
+            assert {s.training_step for s in inner} == set(range(1, STEPS + 1)), marker
+            outers = [s for s in steps_ if s.name == outer]
+            assert all(any(o.start_s <= s.start_s and s.end_s <= o.end_s for o in outers) for s in inner), marker
+    old, new = runs("verl-0.9.0:numpy", "off"), runs("verl-0.9.1:numpy", "off")
+    assert old.outcome == new.outcome == "ok", (old.error, new.error)
     assert old.driver.peak_bytes - new.driver.peak_bytes >= 0.9 * payload
     grew = {r.codec: (r.training_steps[-1].driver_bytes - r.training_steps[0].driver_bytes) / payload
             for r in (old, new)}
@@ -254,6 +289,31 @@ def test_real_verl_0_9_0_grows_and_0_9_1_does_not(runs, verl_installed):
     # the consolidate step is verl's own line, run inside the driver's argument serialization
     assert any(s.name == "consolidate" for s in old.driver.steps)
     assert not any(s.name == "consolidate" for s in new.driver.steps)
+
+
+def test_verl_engine_drives_verls_worker_group_with_dp_compute_proto(verl_installed):
+    """--engine verl: verl's RayWorkerGroup over a CPU RayResourcePool, DP_COMPUTE_PROTO dispatch and collect."""
+    r = node("verl-0.9.0:numpy", scale=0.0625, workers=2, steps=2, engine="verl", gc="off")
+    assert r.outcome == "ok", (r.error, r.notes)
+    info = r.engine_info
+    assert info["engine"] == "verl" and info["dispatch_mode"] == "DP_COMPUTE_PROTO" and info["world_size"] == 2
+    assert info["worker_group"] == "verl.single_controller.ray.base.RayWorkerGroup", info
+    assert info["resource_pool"] == "verl.single_controller.ray.base.RayResourcePool", info
+    assert "/verl-0.9.0/" in info["worker_group_file"], info
+    assert set(r.processes) == {"driver", "worker-0", "worker-1"}  # named by verl's ranks
+    # every training step: one group call, with verl's chunk, one argument per worker (the legacy
+    # consolidate inside each), the results' __setstate__ and verl's concat inside it
+    for k in (1, 2):
+        names = [s.name for s in r.driver.steps if s.training_step == k]
+        assert names.count("worker group call") == 1, names
+        assert names.count("argument serialization") == 2 and names.count("consolidate") >= 2, names
+        assert {"DataProto.chunk", "ray.serialize", "__getstate__", "__setstate__", "DataProto.concat"} <= set(names)
+    for w in ("worker-0", "worker-1"):
+        assert {"ray.deserialize", "__setstate__", "compute"} <= {s.name for s in r.processes[w].steps}
+        assert r.processes[w].peak_bytes is not None
+    assert len(r.training_steps) == 2 and all(s.end_s is not None for s in r.training_steps)
+    assert r.cleanup["remaining"] == [], r.cleanup
+    assert gone([p.pid for p in r.processes.values()]) == []
 
 
 # -- two Ray nodes on one machine: workers pinned to the second one ---------------------------------------

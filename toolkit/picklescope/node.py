@@ -44,7 +44,8 @@ from .units import fmt_bytes, parse_size
 DISPATCHES = ("chunk", "broadcast")
 GC_MODES = ("default", "off", "each-step")
 NODE_TRANSPORTS = ("ray-arg", "ray")
-ENGINES = ("replica",)
+ENGINES = ("replica", "verl")
+ENFORCEMENTS = ("watchdog", "cgroup")
 RELEASE_WAIT_S = 30.0
 DEFAULT_SCALE = 0.25
 
@@ -66,6 +67,10 @@ class NodeResult:
     gc: str
     transport: str
     returns: float | None
+    engine: str = "replica"
+    enforcement: str = "watchdog"
+    cgroup: dict[str, Any] = field(default_factory=dict)  # --enforcement cgroup: path, limit, counters
+    engine_info: dict[str, Any] = field(default_factory=dict)  # what split, called and joined (see docs/node.md)
     outcome: str = "ok"  # ok | oom-killed | error | timeout | interrupted
     error: str | None = None
     killed: KillRecord | None = None
@@ -87,6 +92,8 @@ class NodeResult:
     wall_s: float = 0.0
     cleanup: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    full_collections: dict[str, int] = field(default_factory=dict)  # per process, during the measured steps
+    driver_full_collections: dict[int, int] = field(default_factory=dict)  # driver's count at each step's end
 
     @property
     def driver(self) -> ProcessRecord:
@@ -132,11 +139,16 @@ class NodeResult:
                 "max_gap_s": self.max_gap_s, "sampler_priority": self.sampler_priority,
                 "error": self.error, "wall_s": round(self.wall_s, 3), "cleanup": self.cleanup,
                 "config": {"workload": self.workload, "scale": self.scale, "dispatch": self.dispatch,
-                           "gc": self.gc, "transport": self.transport, "returns": self.returns},
+                           "gc": self.gc, "transport": self.transport, "returns": self.returns,
+                           "engine": self.engine, "enforcement": self.enforcement},
+                "cgroup": self.cgroup or None,
+                "engine": self.engine_info,
+                "full_collections": self.full_collections,
             },
             "processes": procs,
             "training_steps": [{"index": s.index, "start_s": s.start_s, "end_s": s.end_s, "node_bytes": s.node_bytes,
-                                "driver_bytes": s.driver_bytes, "per_process_bytes": s.per_process_bytes}
+                                "driver_bytes": s.driver_bytes, "per_process_bytes": s.per_process_bytes,
+                                "driver_full_collections": self.driver_full_collections.get(s.index)}
                                for s in self.training_steps],
         }
 
@@ -253,12 +265,15 @@ def _check(codec: str, workers: int, steps_: int, dispatch: str, gc_mode: str, t
     for what, value, allowed in (("--dispatch", dispatch, DISPATCHES), ("--gc", gc_mode, GC_MODES),
                                  ("--transport", transport, NODE_TRANSPORTS), ("--engine", engine, ENGINES)):
         if value not in allowed:
-            extra = ""
-            if what == "--engine" and value == "verl":
-                extra = ("; driving verl's own RayWorkerGroup is not built yet (the replica engine already uses "
-                         "verl's DataProto.chunk/concat with a verl codec)")
-            raise PicklescopeError(f"{what} {value!r} is not one of {', '.join(allowed)}{extra}",
-                                   f"use {what} {allowed[0]}")
+            raise PicklescopeError(f"{what} {value!r} is not one of {', '.join(allowed)}", f"use {what} {allowed[0]}")
+    if engine == "verl":
+        if not codec.startswith("verl-"):
+            raise PicklescopeError(f"--engine verl drives real verl's DataProto; {codec!r} is not a verl codec",
+                                   "use e.g. --codec verl-0.9.1:numpy (picklescope verl list)")
+        for what, value, needed in (("--dispatch", dispatch, "chunk"), ("--transport", transport, "ray-arg")):
+            if value != needed:
+                raise PicklescopeError(f"--engine verl runs verl's DP_COMPUTE_PROTO, which takes {what} {needed}, "
+                                       f"not {value!r}", f"leave {what} out with --engine verl")
     if returns is not None and not (isinstance(returns, (int, float)) and 0 <= returns <= 16):
         raise PicklescopeError(f"--returns {returns!r} must be a multiple of the chunk payload from 0 to 16",
                                "use e.g. --returns 0.5, or leave it out for a small per-token result")
@@ -268,11 +283,14 @@ def node(codec: str = "numpy", workload: str = "flowgrpo", scale: float = DEFAUL
          steps: int = 4, *, returns: float | None = None, dispatch: str = "chunk", gc: str = "default",
          transport: str = "ray-arg", node_budget: Any = None, ray_address: str | None = None,
          worker_resources: dict[str, float] | None = None, spread: bool = False, engine: str = "replica",
-         timeout_s: float = 900.0, sample_interval_s: float = 0.001, on_event: Any = None) -> NodeResult:
+         enforcement: str = "watchdog", timeout_s: float = 900.0, sample_interval_s: float = 0.001,
+         on_event: Any = None) -> NodeResult:
     """Replay ``steps`` training steps of a verl node (a driver and ``workers`` actors); see the module doc.
 
     ``node_budget`` (bytes, ``"700MiB"`` or a payload multiple such as ``"1.5x"``) caps the node's total
-    above its baseline; the process with the highest ``oom_score`` is killed at the crossing.
+    above its baseline; the process with the highest ``oom_score`` is killed at the crossing. With
+    ``enforcement="cgroup"`` the whole cluster runs in one memory cgroup limited to its usage at the
+    baseline plus the budget, and the kernel's OOM killer picks and kills the victim itself.
     """
     from .workloads import load_workload
 
@@ -286,9 +304,13 @@ def node(codec: str = "numpy", workload: str = "flowgrpo", scale: float = DEFAUL
     if codec.startswith("verl-") and dispatch == "chunk" and rows % workers:
         raise PicklescopeError(f"verl's DataProto.chunk needs the {rows} rows to divide among {workers} workers",
                                "choose a worker count that divides the batch")
+    if engine == "verl" and (worker_resources or spread):
+        raise PicklescopeError("--engine verl places its workers with verl's RayResourcePool (one CPU bundle each)",
+                               "leave --worker-resources and --spread out with --engine verl")
     budget = None if node_budget is None else parse_size(node_budget, "--node-budget").resolve(payload)
     if budget is not None and budget <= 0:
         raise PicklescopeError(f"--node-budget {node_budget!r} must be positive", "use e.g. --node-budget 1.5x")
+    cgroup_base = _check_enforcement(enforcement, budget, ray_address)
     from .leftovers import sweep_orphans
     from .transports_ray.driver import object_store_bytes
     from .transports_ray.events import machine_id
@@ -300,22 +322,31 @@ def node(codec: str = "numpy", workload: str = "flowgrpo", scale: float = DEFAUL
     sends = workers if dispatch == "broadcast" else 2
     store = object_store_bytes(payload, int(sends * payload + (returns or 0) * payload + 64 * 2**20))
     result = NodeResult(codec, str(workload), scale, workers, steps, payload, dispatch, gc, transport, returns,
-                        budget_bytes=budget)
+                        engine=engine, enforcement=enforcement, budget_bytes=budget)
     accepter = _Accepter(run_dir)
     from .transports_ray.orchestrate import _ray_env
 
     cfg = {"codec": codec, "workload": wl.source or wl.name, "scale": scale,
            "workers": workers, "steps": steps, "returns": returns, "dispatch": dispatch, "gc": gc,
-           "transport": transport, "ray_path": "arg", "ray_address": ray_address, "ray_temp_dir": ray_tmp,
+           "transport": transport, "engine": engine, "ray_path": "arg", "ray_address": ray_address,
+           "ray_temp_dir": ray_tmp,
            "object_store_bytes": store, "run_dir": run_dir, "t0": t0,
            "t0_wall": time.time() - (time.monotonic() - t0), "machine": machine_id(),
            "events_address": accepter.listener.address, "events_key": accepter.key.hex(),
            "ray_env": _ray_env(bool(ray_address)), "parent_pid": os.getpid(),
            "parent_ticks": _own_ticks(), "worker_resources": worker_resources or {}, "spread": spread}
-    session = Session(t0, run_dir, sample_interval_s, budget).start()
+    cg_path = None
+    if cgroup_base is not None:
+        from . import cgroup
+
+        cg_path = cgroup.create(cgroup_base, f"{temp_name('picklescope-')}node{os.urandom(3).hex()}")
+        cfg["cgroup"] = cg_path
+        cfg["ray_env"]["RAY_memory_monitor_refresh_ms"] = "0"  # the kernel decides, not Ray's monitor
+        result.cgroup = {"path": cg_path}
+    session = Session(t0, run_dir, sample_interval_s, None if cg_path else budget).start()
     proc = conn = None
     driver_start = None
-    tracking: dict[str, Any] = {"cluster_pids": {}}
+    tracking: dict[str, Any] = {"cluster_pids": {}, "cgroup": cg_path, "budget": budget}
     try:
         proc, conn = launcher.start(driver_main, (cfg,), "picklescope-node-driver")
         from .transports_ray import cluster
@@ -323,6 +354,7 @@ def node(codec: str = "numpy", workload: str = "flowgrpo", scale: float = DEFAUL
         driver_start = cluster.start_ticks(proc.pid)
         session.adopt("driver", proc.pid, role="driver")
         _follow(session, result, proc, conn, accepter, tracking, t0 + timeout_s, on_event)
+        _check_cgroup_kill(session, result, tracking)  # a kill whose consequences ended the run first
     except KeyboardInterrupt:
         result.outcome, result.error = "interrupted", "interrupted (Ctrl-C); every process was stopped"
         raise
@@ -332,6 +364,8 @@ def node(codec: str = "numpy", workload: str = "flowgrpo", scale: float = DEFAUL
         accepter.close()
         for c in tracking.get("conns", []):
             c.close()
+        if cg_path is not None:
+            _remove_cgroup(cg_path, result)
         shutil.rmtree(run_dir, ignore_errors=True)
         if ray_tmp:
             shutil.rmtree(ray_tmp, ignore_errors=True)
@@ -340,6 +374,97 @@ def node(codec: str = "numpy", workload: str = "flowgrpo", scale: float = DEFAUL
     if tracking.get("bad_input"):
         raise PicklescopeError(*tracking["bad_input"])
     return result
+
+
+def _check_enforcement(enforcement: str, budget: int | None, ray_address: str | None) -> str | None:
+    """The cgroup directory to create the run's memory cgroup in (``cgroup``), else None; bad input raises."""
+    if enforcement not in ENFORCEMENTS:
+        raise PicklescopeError(f"--enforcement {enforcement!r} is not one of {', '.join(ENFORCEMENTS)}",
+                               "use --enforcement watchdog (the oom_score check) or cgroup (the kernel)")
+    if enforcement == "watchdog":
+        return None
+    if budget is None:
+        raise PicklescopeError("--enforcement cgroup needs a --node-budget (the cgroup's limit above the baseline)",
+                               "add e.g. --node-budget 2x")
+    if ray_address:
+        raise PicklescopeError("--enforcement cgroup puts the cluster it starts in one cgroup; a joined cluster's "
+                               "processes are not its children", "leave --ray-address out with --enforcement cgroup")
+    from . import cgroup
+
+    cgroup.remove_stale_everywhere()
+    base, why = cgroup.support()
+    if base is None:
+        raise PicklescopeError(f"--enforcement cgroup is unavailable here: {why}",
+                               "use --enforcement watchdog (picklescope kills the highest oom_score itself)")
+    return base
+
+
+def _limit_cgroup(path: str, budget: int) -> dict[str, Any]:
+    """Cap the cgroup at what it holds now (the node's baseline) plus ``budget``; swap counted too."""
+    with open(os.path.join(path, "memory.usage_in_bytes")) as f:
+        usage = int(f.read().split()[0])
+    limit = usage + budget
+    with open(os.path.join(path, "memory.limit_in_bytes"), "w") as f:
+        f.write(str(limit))
+    memsw = os.path.join(path, "memory.memsw.limit_in_bytes")
+    if os.path.exists(memsw):  # with swap, the limit alone would swap instead of kill
+        try:
+            with open(memsw, "w") as f:
+                f.write(str(limit))
+        except OSError:
+            pass
+    return {"baseline_usage_bytes": usage, "limit_bytes": limit}
+
+
+def _check_cgroup_kill(session: Session, result: NodeResult, tracking: dict[str, Any]) -> None:
+    """After the kernel's OOM killer fired in the run's cgroup: record which process it killed, and when."""
+    from . import cgroup
+
+    path = tracking.get("cgroup")
+    if path is None or session.kill is not None or tracking.get("limit") is None:
+        return
+    if cgroup.counters(path).get("oom_kill", 0) <= 0:
+        return
+    t = round(time.monotonic() - session.t0, 6)
+    inside = set(cgroup.procs(path))
+    named = {name: rec.pid for name, rec in session.processes.items()}
+    for role, pids in tracking.get("cluster_pids", {}).items():
+        for pid in pids:
+            named.setdefault(f"{role} ({pid})" if len(pids) > 1 else role, pid)
+    dead = [name for name, pid in named.items() if pid not in inside and not _running(pid)]
+    if not dead:
+        return
+    victim = dead[0]
+    rec = session.processes.get(victim)
+    driver = session.processes.get("driver")
+    open_in = (rec.open_steps if rec is not None and rec.open_steps else None) or (driver.open_steps if driver else [])
+    memory = {name: r.timeline.bytes[-1] for name, r in session.processes.items() if r.timeline.bytes}
+    memory["store"] = session.store.bytes[-1] if session.store.bytes else 0
+    node_now = session.node.bytes[-1] - (session.node_baseline or 0) if session.node.bytes else 0
+    session.kill = KillRecord(victim, named[victim], t, node_now, int(tracking.get("budget") or 0),
+                              session.current_training_step(), open_in[-1].name if open_in else None, {}, memory)
+    result.cgroup["killed_by"] = "the kernel's OOM killer in the run's memory cgroup"
+    if len(dead) > 1:
+        result.notes.append(f"also gone when the cgroup's OOM killer fired: {', '.join(dead[1:])}")
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def _remove_cgroup(path: str, result: NodeResult) -> None:
+    from . import cgroup
+
+    result.cgroup.update(cgroup.counters(path))
+    left = cgroup.kill_all(path)
+    if left:
+        result.cgroup["killed_at_end"] = left
+    cgroup.remove(path)
+    result.cgroup["removed"] = not os.path.exists(path)
 
 
 def _own_ticks() -> int | None:
@@ -363,6 +488,7 @@ def _follow(session: Session, result: NodeResult, proc: Any, conn: Any, accepter
         if now > deadline:
             result.outcome, result.error = "timeout", "the run exceeded its wall-clock limit"
             return
+        _check_cgroup_kill(session, result, tracking)
         if session.kill is not None and killed_at is None:
             killed_at = now
         if killed_at is not None and now - killed_at > 1.0:  # what the victim's death made the others say
@@ -378,7 +504,7 @@ def _follow(session: Session, result: NodeResult, proc: Any, conn: Any, accepter
                     if c is conn:
                         finished |= _on_driver(session, result, conn, ev, tracking)
                     else:
-                        _on_worker(session, names, c, ev)
+                        _on_worker(session, result, names, c, ev)
                     if on_event is not None:
                         on_event(ev)
             except (EOFError, OSError):
@@ -405,8 +531,19 @@ def _on_driver(session: Session, result: NodeResult, conn: Any, ev: dict[str, An
             rec.node_id = ev.get("node_id")
     elif kind == "note":
         result.notes.append(ev["message"])
+    elif kind == "engine":
+        result.engine_info = ev["info"]
+    elif kind in ("done", "train_step_end") and ev.get("full_collections") is not None:
+        if kind == "done":
+            result.full_collections["driver"] = ev["full_collections"]
+        else:
+            result.driver_full_collections[ev["index"]] = ev["full_collections"]
+        session.fold("driver", ev)
     elif kind == "ready":
         session.take_baseline()
+        if tracking.get("cgroup"):
+            tracking["limit"] = _limit_cgroup(tracking["cgroup"], tracking["budget"])
+            result.cgroup.update(tracking["limit"])
         conn.send({"type": "go"})
     elif kind == "finished":
         tracking["finished"] = True
@@ -423,7 +560,7 @@ def _on_driver(session: Session, result: NodeResult, conn: Any, ev: dict[str, An
     return False
 
 
-def _on_worker(session: Session, names: dict[Any, str], c: Any, ev: dict[str, Any]) -> None:
+def _on_worker(session: Session, result: NodeResult, names: dict[Any, str], c: Any, ev: dict[str, Any]) -> None:
     if ev.get("type") == "hello":
         from .transports_ray.events import machine_id
 
@@ -433,6 +570,8 @@ def _on_worker(session: Session, names: dict[Any, str], c: Any, ev: dict[str, An
         return
     name = names.get(c)
     if name:
+        if ev.get("type") == "done" and ev.get("full_collections") is not None:
+            result.full_collections[name] = ev["full_collections"]
         session.fold(name, ev)
 
 
@@ -538,6 +677,26 @@ def _apply_gc(mode: str) -> None:
         gc.disable()
 
 
+_full_collections = [0]
+
+
+def _count_full_collections() -> None:
+    """Count every full (generation 2) collection from now on, whoever asked for it.
+
+    ``gc.disable()`` stops only Python's automatic collector: an explicit ``gc.collect()`` still runs,
+    and Ray's core worker calls it when the raylet asks every worker to collect (object store under
+    pressure). The count says whether a run's memory was shaped by such collections.
+    """
+    _full_collections[0] = 0
+    if _on_collection not in gc.callbacks:
+        gc.callbacks.append(_on_collection)
+
+
+def _on_collection(phase: str, info: dict[str, Any]) -> None:
+    if phase == "stop" and info.get("generation") == 2:
+        _full_collections[0] += 1
+
+
 def _instrument_verl(cls: type) -> None:
     """Step markers around a real ``DataProto``'s ``__getstate__``/``__setstate__`` (instrumentation only)."""
     for name in ("__getstate__", "__setstate__"):
@@ -568,10 +727,22 @@ class _Data:
         set_active_codec(codec_name)
         self.verl_cls = None
         if hasattr(self.codec, "to_dataproto"):
+            from .node_verl import mark_chunk_and_concat
             from .verl import loader
 
             self.verl_cls = loader.loaded().DataProto
             _instrument_verl(self.verl_cls)
+            mark_chunk_and_concat(self.verl_cls)
+
+    def split_join(self) -> dict[str, Any]:
+        """Whose functions split the batch and join the results (the ``engine`` entry of the result)."""
+        if self.verl_cls is None:
+            return {"chunk": "TensorDict.chunk", "concat": "torch.cat", "data_class": "picklescope.batch.Batch"}
+        import inspect
+
+        return {"chunk": f"{self.verl_cls.__module__}.DataProto.chunk",
+                "concat": f"{self.verl_cls.__module__}.DataProto.concat",
+                "data_class": f"{self.verl_cls.__module__}.DataProto", "data_file": inspect.getfile(self.verl_cls)}
 
     def wrap(self, b: Any) -> Any:
         return self.codec.to_dataproto(b) if self.verl_cls is not None else b
@@ -726,6 +897,12 @@ def _drive(conn: Any, cfg: dict[str, Any]) -> None:
     from .transports_ray.driver import _cluster_info, _init_ray, _restore_priority
     from .workloads import load_workload
 
+    if cfg.get("cgroup"):  # before Ray starts: every process of the cluster is born inside it
+        from . import cgroup
+
+        if not cgroup.add_process(cfg["cgroup"], os.getpid()):
+            raise PicklescopeError(f"the node's driver cannot join the memory cgroup {cfg['cgroup']}",
+                                   "use --enforcement watchdog")
     data = _Data(cfg["codec"])
     if data.info:
         conn.send({"type": "codec_info", "side": "driver", "info": data.info})
@@ -733,37 +910,35 @@ def _drive(conn: Any, cfg: dict[str, Any]) -> None:
     batch = wl.build(cfg["scale"])
     payload = wl.payload_bytes(cfg["scale"])
     whole = data.wrap(batch)
-    n = cfg["workers"]
     width, dtype = _result_shape(batch, len(batch), payload, cfg["returns"])
     del batch
     niceness = os.getpriority(os.PRIO_PROCESS, 0)
     import ray
 
-    _start_ray(conn, cfg, _init_ray)
+    verl_engine = cfg.get("engine") == "verl"
+    _start_ray(conn, cfg, _init_ray_with_cpus if verl_engine else _init_ray)
     info = _cluster_info()
     info["node_id"] = ray.get_runtime_context().get_node_id()
     conn.send({"type": "ray_info", "side": "driver", **info})
     hooks.install(serialize=True)
-    actor_cls = ray.remote(num_cpus=0, max_restarts=0)(NodeWorker)
-    options: dict[str, Any] = {}
-    if cfg.get("worker_resources"):
-        options["resources"] = dict(cfg["worker_resources"])
-    if cfg.get("spread"):
-        options["scheduling_strategy"] = "SPREAD"
-    workers = [actor_cls.options(**options).remote(cfg, f"worker-{i}", width, str(dtype).removeprefix("torch."))
-               for i in range(n)]
-    ray.get([w.ready.remote() for w in workers], timeout=cfg.get("actor_timeout_s", 300))
+    dtype_name = str(dtype).removeprefix("torch.")
+    if verl_engine:
+        from .node_verl import VerlEngine
+
+        engine: Any = VerlEngine(ray, cfg, _verl_worker_class(cfg["codec"]), width, dtype_name)
+    else:
+        engine = _ReplicaEngine(ray, cfg, data, width, dtype_name)
+    engine.ready()
+    conn.send({"type": "engine", "info": {**engine.info, **data.split_join()}})
     if not cfg.get("ray_address"):
         _restore_priority(niceness)
-    # A one-row round trip per worker during set-up: first-call costs (lazy imports on both ends,
+    # A small call per worker during set-up: first-call costs (lazy imports on both ends,
     # Ray's first object-store mapping) land in the baselines, not in training step 1.
-    warm = data.chunk(whole, len(whole))[0]
-    outs = ray.get([w.compute.remote(warm if cfg["transport"] == "ray-arg" else [ray.put(warm)]) for w in workers])
-    data.concat(outs)
-    del warm, outs
-    ray.get([w.arm.remote() for w in workers])
+    engine.warm(whole)
+    engine.arm()
     gc.collect()
     _apply_gc(cfg["gc"])
+    _count_full_collections()
     meter = steps.Meter(events.with_shared(conn.send), cfg["t0"], "driver")
     steps.install(meter)
     meter.start()
@@ -773,19 +948,20 @@ def _drive(conn: Any, cfg: dict[str, Any]) -> None:
         return
     for k in range(1, cfg["steps"] + 1):
         conn.send({"type": "train_step_start", "index": k, "t_s": meter.now()})
-        _one_step(ray, hooks, data, whole, workers, cfg)
+        engine.step(whole)
         if cfg["gc"] == "each-step":
             with steps.step("gc"):
                 gc.collect()
         conn.send({"type": "train_step_end", "index": k, "t_s": meter.now(), "private_bytes": _private_bytes(),
-                   "private_baseline_bytes": private_base})
+                   "private_baseline_bytes": private_base, "full_collections": _full_collections[0]})
     peak = meter.finish()
     steps.install(None)
     end_t = meter.now()
-    ray.get([w.finish.remote() for w in workers])
+    full = _full_collections[0]
+    engine.finish()
     held, cycle = held_memory(meter)
     conn.send({"type": "done", "side": "driver", "peak_bytes": peak, "held_bytes": held, "cycle_held_bytes": cycle,
-               "t_s": end_t})
+               "t_s": end_t, "full_collections": full})
     conn.send({"type": "finished"})
     _wait(conn)
 
@@ -812,34 +988,113 @@ def _start_ray(conn: Any, cfg: dict[str, Any], init: Any, attempts: int = 3) -> 
             kill(cluster_processes(os.getpid(), None))
 
 
-def _one_step(ray: Any, hooks: Any, data: _Data, whole: Any, workers: list[Any], cfg: dict[str, Any]) -> None:
-    """One training step as verl's single controller runs it (DP_COMPUTE_PROTO: chunk, call, collect)."""
-    n = len(workers)
-    with steps.step("chunk"):
-        pieces = data.chunk(whole, n) if cfg["dispatch"] == "chunk" else [whole] * n
-    pending = []
-    for w, piece in zip(workers, pieces):
-        hooks.expect_store_write(piece)
-        if cfg["transport"] == "ray":
-            with steps.step("ray.put"):
-                try:
-                    ref = ray.put(piece)
-                finally:
-                    hooks.end_store_write()
-            pending.append(w.compute.remote([ref]))
-            del ref
-        else:
-            with steps.step("argument serialization"):
-                try:
-                    pending.append(w.compute.remote(piece))
-                finally:
-                    hooks.end_store_write()
-    del pieces, piece
-    with steps.step("ray.get"):
-        outs = ray.get(pending)
-    with steps.step("concat"):
-        out = data.concat(outs)
-    del pending, outs, out
+def _init_ray_with_cpus(conn: Any, cfg: dict[str, Any]) -> None:
+    """``ray.init`` of our own cluster with one logical CPU per worker (verl's resource pool reserves
+    a CPU bundle per worker); joining a cluster is left to the usual start."""
+    import ray
+
+    from .transports_ray.driver import STARTUP_NICE, init_args, init_ray
+
+    if cfg.get("ray_address"):
+        init_ray(conn, cfg)
+        return
+    try:  # as init_ray does: only the start-up runs ahead of the machine's other work
+        os.nice(STARTUP_NICE)
+    except OSError as exc:
+        conn.send({"type": "note", "side": "driver", "message": f"cannot raise start-up priority: {exc}"})
+    args = init_args(cfg)
+    args["num_cpus"] = max(int(args.get("num_cpus") or 1), int(cfg["workers"]))
+    ray.init(**args)
+
+
+def _verl_worker_class(codec: str) -> type:
+    """This module's ``VerlNodeWorker``, built here (the driver) on ``codec``'s verl; see :func:`__getattr__`."""
+    cls = globals().get("VerlNodeWorker")
+    if cls is None:
+        from .node_verl import worker_class
+
+        cls = globals()["VerlNodeWorker"] = worker_class(NodeWorker, codec)
+    return cls
+
+
+def __getattr__(name: str) -> Any:
+    """``VerlNodeWorker``: the verl engine's worker class, built on the verl this process loaded.
+
+    Its base is real verl's ``Worker``, loaded at run time, so it cannot be defined at import. Ray
+    pickles it by reference to this attribute; a worker process builds it here on unpickling, on the
+    verl its environment names (set by verl's worker group from the engine's ``worker_env``).
+    """
+    if name != "VerlNodeWorker":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from .node_verl import CODEC_ENV, worker_class
+
+    cls = worker_class(NodeWorker, os.environ.get(CODEC_ENV))
+    globals()[name] = cls
+    return cls
+
+
+class _ReplicaEngine:
+    """The replica engine: the toolkit's own loop, following verl's single controller (DP_COMPUTE_PROTO)."""
+
+    def __init__(self, ray: Any, cfg: dict[str, Any], data: _Data, width: int, dtype: str) -> None:
+        from .transports_ray import hooks
+
+        self.ray, self.cfg, self.data, self.hooks = ray, cfg, data, hooks
+        actor_cls = ray.remote(num_cpus=0, max_restarts=0)(NodeWorker)
+        options: dict[str, Any] = {}
+        if cfg.get("worker_resources"):
+            options["resources"] = dict(cfg["worker_resources"])
+        if cfg.get("spread"):
+            options["scheduling_strategy"] = "SPREAD"
+        self.workers = [actor_cls.options(**options).remote(cfg, f"worker-{i}", width, dtype)
+                        for i in range(cfg["workers"])]
+        self.info: dict[str, Any] = {"engine": "replica", "worker_class": f"{__name__}.NodeWorker"}
+
+    def ready(self) -> None:
+        self.ray.get([w.ready.remote() for w in self.workers], timeout=self.cfg.get("actor_timeout_s", 300))
+
+    def _arg(self, piece: Any) -> Any:
+        return piece if self.cfg["transport"] == "ray-arg" else [self.ray.put(piece)]
+
+    def warm(self, whole: Any) -> None:
+        warm = self.data.chunk(whole, len(whole))[0]
+        self.data.concat(self.ray.get([w.compute.remote(self._arg(warm)) for w in self.workers]))
+
+    def arm(self) -> None:
+        self.ray.get([w.arm.remote() for w in self.workers])
+
+    def finish(self) -> None:
+        self.ray.get([w.finish.remote() for w in self.workers])
+
+    def step(self, whole: Any) -> None:
+        """One training step as verl's single controller runs it (DP_COMPUTE_PROTO: chunk, call, collect)."""
+        ray, hooks, data, workers = self.ray, self.hooks, self.data, self.workers
+        n = len(workers)
+        with steps.step("chunk"):
+            pieces = data.chunk(whole, n) if self.cfg["dispatch"] == "chunk" else [whole] * n
+        pending = []
+        for w, piece in zip(workers, pieces):
+            hooks.expect_store_write(piece)
+            if self.cfg["transport"] == "ray":
+                with steps.step("ray.put"):
+                    try:
+                        ref = ray.put(piece)
+                    finally:
+                        hooks.end_store_write()
+                pending.append(w.compute.remote([ref]))
+                del ref
+            else:
+                with steps.step("argument serialization"):
+                    try:
+                        pending.append(w.compute.remote(piece))
+                    finally:
+                        hooks.end_store_write()
+        del pieces, piece
+        with steps.step("ray.get"):
+            outs = ray.get(pending)
+        with steps.step("concat"):
+            out = data.concat(outs)
+        del pending, outs, out
 
 
 # -- the workers (Ray actors) -------------------------------------------------------------------------
@@ -880,6 +1135,7 @@ class NodeWorker:
 
         gc.collect()
         _apply_gc(self.cfg["gc"])
+        _count_full_collections()
         self.meter = steps.Meter(events.with_shared(self._send), self.t0, self.name)
         steps.install(self.meter)
         self.meter.start()
@@ -908,6 +1164,7 @@ class NodeWorker:
             return
         peak = meter.finish()
         steps.install(None)
+        full = _full_collections[0]
         held, cycle = held_memory(meter)
         self.conn.send({"type": "done", "side": self.name, "peak_bytes": peak, "held_bytes": held,
-                        "cycle_held_bytes": cycle, "t_s": meter.now()})
+                        "cycle_held_bytes": cycle, "t_s": meter.now(), "full_collections": full})

@@ -37,7 +37,11 @@ def register(sub: Any) -> None:
     p.add_argument("--transport", default="ray-arg", help="ray-arg (the chunk as the call's argument) or ray (ray.put)")
     p.add_argument("--node-budget", default=None,
                    help="cap on the node's total above its baseline (700MiB, or a payload multiple: 1.5x)")
-    p.add_argument("--engine", default="replica", help="replica (default)")
+    p.add_argument("--engine", default="replica",
+                   help="replica (default), or verl: real verl's RayWorkerGroup, DP_COMPUTE_PROTO (needs a verl codec)")
+    p.add_argument("--enforcement", default="watchdog",
+                   help="watchdog (default: kill the highest oom_score at the budget) or cgroup (one memory cgroup "
+                        "for the cluster, the kernel's OOM killer picks)")
     p.add_argument("--ray-address", default=None, help="join this Ray cluster instead of starting a local one")
     p.add_argument("--worker-resources", type=_resources, default=None,
                    help="Ray resources each worker needs, as JSON (pins workers to nodes that have them)")
@@ -53,7 +57,7 @@ def main(args: argparse.Namespace) -> int:
     r = node(args.codec, args.workload, args.scale, args.workers, args.steps, returns=args.returns,
              dispatch=args.dispatch, gc=args.gc, transport=args.transport, node_budget=args.node_budget,
              ray_address=args.ray_address, worker_resources=args.worker_resources, spread=args.spread,
-             engine=args.engine, timeout_s=args.timeout)
+             engine=args.engine, enforcement=args.enforcement, timeout_s=args.timeout)
     if args.json:
         print_json(r.to_json_dict())
     else:
