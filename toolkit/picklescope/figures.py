@@ -22,6 +22,7 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -61,6 +62,38 @@ def _yref(row: int) -> str:
     return "y domain" if row == 1 else f"y{row} domain"
 
 
+def _mib_array(values: Sequence[int]) -> np.ndarray:
+    """Bytes as MiB in an array: plotly checks a list element by element (0.2 s for a run's 10,000
+    samples, paid on every redraw of the explorer), an array as a whole."""
+    return np.asarray(values, dtype=float) / MiB
+
+
+def _pending(fig: go.Figure, kind: str) -> list[dict[str, Any]]:
+    """Shapes or annotations waiting to be set on ``fig`` at once by :func:`_flush`: plotly checks
+    the whole tuple again on every ``add_shape``/``add_annotation``, 20 ms a call on a timeline."""
+    return fig.__dict__.setdefault(f"_picklescope_{kind}", [])
+
+
+def _flush(fig: go.Figure) -> go.Figure:
+    for kind in ("shapes", "annotations"):
+        pending = fig.__dict__.pop(f"_picklescope_{kind}", [])
+        if pending:
+            fig.layout[kind] = [*fig.layout[kind], *pending]
+    return fig
+
+
+def _vrect(fig: go.Figure, row: int, x0: float, x1: float, **style: Any) -> None:
+    """A full-height shaded interval on one row. ``fig.add_vrect(row=...)`` does the same through
+    plotly's axis-spanning search, 40 ms a call; a shape with its axes named, set at once, far less."""
+    _pending(fig, "shapes").append({"type": "rect", "x0": x0, "x1": x1, "y0": 0, "y1": 1,
+                                    "xref": f"x{row if row > 1 else ''}", "yref": _yref(row), **style})
+
+
+def _note(fig: go.Figure, **annotation: Any) -> None:
+    """An annotation set with the others at the end of the figure (see :func:`_pending`)."""
+    _pending(fig, "annotations").append(annotation)
+
+
 def timeline_figure(result: RunResult | RunTimeline, *, show_tracers: bool = True) -> go.Figure:
     """Both sides' memory over time with the steps drawn on it (see the module docstring)."""
     tl = result if isinstance(result, RunTimeline) else RunTimeline.from_result(result)
@@ -81,7 +114,8 @@ def timeline_figure(result: RunResult | RunTimeline, *, show_tracers: bool = Tru
         if show_tracers:
             for tracer, series in side.tracers.items():
                 color, dash = TRACER_STYLE.get(tracer, ("#888888", "dash"))
-                fig.add_trace(go.Scatter(x=series.t_s, y=[_mib(v) for v in series.bytes], mode="lines",
+                fig.add_trace(go.Scatter(x=np.asarray(series.t_s, dtype=float), y=_mib_array(series.bytes),
+                                         mode="lines",
                                          line={"color": color, "dash": dash, "width": 1.5, "shape": "hv"},
                                          name=f"what {tracer} saw", legendgroup=tracer,
                                          showlegend=not any(tracer in s.tracers for s in
@@ -234,7 +268,7 @@ def _draw_rss(fig: go.Figure, side: Any, row: int, window: tuple[float, float]) 
     up rather than as memory the steps gave back; it never sets the y range (see :func:`_y_range`).
     The black trace keeps every sample, so the figure's data is the run's timeline as sampled.
     """
-    t_s, ys = side.rss.t_s, [_mib(v) for v in side.rss.bytes]
+    t_s, ys = np.asarray(side.rss.t_s, dtype=float), _mib_array(side.rss.bytes)
     fig.add_trace(go.Scatter(x=t_s, y=ys, mode="lines", line={"color": RSS_COLOR, "width": 1.5},
                              name="RSS, sampled every ~1 ms", legendgroup="rss", showlegend=row == 1,
                              hovertemplate="%{x:.3f} s: %{y:.1f} MiB<extra>" + side.name + " RSS</extra>"),
@@ -242,17 +276,18 @@ def _draw_rss(fig: go.Figure, side: Any, row: int, window: tuple[float, float]) 
     cut = _setup_cut(side)
     if cut == 0:
         return
-    fig.add_vrect(x0=t_s[0], x1=side.baseline_s, fillcolor=SETUP_COLOR, opacity=0.12, line_width=0,
-                  layer="below", name=SETUP_NAME, row=row, col=1, exclude_empty_subplots=False)
+    _vrect(fig, row, t_s[0], side.baseline_s, fillcolor=SETUP_COLOR, opacity=0.12, line_width=0, layer="below",
+           name=SETUP_NAME)
     fig.add_trace(go.Scatter(x=t_s[:cut], y=ys[:cut], mode="lines", name=SETUP_NAME,
                              line={"color": SETUP_COLOR, "width": 2.5}, legendgroup="setup", hoverinfo="skip",
                              showlegend=not any(tr.name == SETUP_NAME for tr in fig.data)),
                   row=row, col=1)
     x0, x1 = window
     if side.baseline_s - max(x0, t_s[0]) >= steplabels.text_width(SETUP_NAME, x1 - x0):
-        fig.add_annotation(x=side.baseline_s, y=0.02, xref=f"x{row if row > 1 else ''}", yref=_yref(row),
-                           text=SETUP_NAME, showarrow=False, xanchor="right", yanchor="bottom",
-                           font={"size": 10, "color": "#777777"})
+        _note(fig, x=side.baseline_s, y=0.02, xref=f"x{row if row > 1 else ''}", yref=_yref(row),
+              text=SETUP_NAME, showarrow=False, xanchor="right", yanchor="bottom",
+              font={"size": 10, "color": "#777777"})
+    _flush(fig)
 
 
 def _draw_bands(fig: go.Figure, side: Any, row: int, end: float, min_width: float = 0.0,
@@ -266,9 +301,8 @@ def _draw_bands(fig: go.Figure, side: Any, row: int, end: float, min_width: floa
     labels = []
     for band in side.bands:
         x1 = band.until(end)
-        fig.add_vrect(x0=band.start_s, x1=max(x1, band.start_s + 1e-4), fillcolor=_step_color(band.name),
-                      opacity=0.10 + 0.06 * min(band.depth, 3), line_width=0, layer="below", row=row, col=1,
-                      exclude_empty_subplots=False)
+        _vrect(fig, row, band.start_s, max(x1, band.start_s + 1e-4), fillcolor=_step_color(band.name),
+               opacity=0.10 + 0.06 * min(band.depth, 3), line_width=0, layer="below")
         if x1 - band.start_s >= min_width:
             labels.append(steplabels.Label(band.name + (" (killed here)" if band.end_s is None else ""),
                                            band.start_s, x1, band.depth, key=band.name))
@@ -276,9 +310,10 @@ def _draw_bands(fig: go.Figure, side: Any, row: int, end: float, min_width: floa
         window = (min((lab.start for lab in labels), default=0.0), max((lab.end for lab in labels), default=1.0))
     placed = steplabels.place(labels, *window)
     for p in placed:
-        fig.add_annotation(x=p.x, y=1.0 - LABEL_ROW * p.row, xref=f"x{row if row > 1 else ''}", yref=_yref(row),
-                           text=plain(p.label.text), showarrow=False, yanchor="top",
-                           font={"size": 10, "color": _step_color(p.label.key)})
+        _note(fig, x=p.x, y=1.0 - LABEL_ROW * p.row, xref=f"x{row if row > 1 else ''}", yref=_yref(row),
+              text=plain(p.label.text), showarrow=False, yanchor="top",
+              font={"size": 10, "color": _step_color(p.label.key)})
+    _flush(fig)
     return steplabels.rows_used(placed)
 
 
