@@ -75,6 +75,7 @@ def test_killed_run_still_draws_its_partial_timeline_and_budget():
     # titles say what happened, in words, with the memory at death and the budget
     assert "sender killed in consolidate at 70.0 MiB (0.70x payload; budget 60.0 MiB)" in texts
     assert "receiver never started: the sender was killed first" in texts
+    assert "nothing to draw: the receiver never received the bytes" in texts  # not an empty 0-1 MiB axis
     assert not any(t and ("no exact peak" in t or "unfinished" in t or "over none" in t) for t in texts)
     rects = [sh for sh in fig.layout.shapes if sh.type == "rect"]
     assert max(sh.x1 for sh in rects) == pytest.approx(0.3)  # unfinished steps drawn to the last sample

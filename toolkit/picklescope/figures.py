@@ -132,6 +132,13 @@ def timeline_figure(result: RunResult | RunTimeline, *, show_tracers: bool = Tru
             fig.add_vline(x=end, line={"color": "#D62728", "width": 2},
                           annotation_text=killed_where(tl, side),
                           annotation_position="bottom right", row=i, col=1, exclude_empty_subplots=False)
+        if tl.killed_side and tl.killed_side != name and side.peak_bytes is None and not side.bands:
+            # a side that never got the bytes has no curve: say so in the panel, not with an empty 0-1 MiB axis
+            fig.update_yaxes(showticklabels=False, showgrid=False, title_text="", row=i, col=1)
+            fig.add_annotation(text=f"nothing to draw: the {name} never received the bytes", showarrow=False,
+                               x=0.5, y=0.5, xref=f"x{i if i > 1 else ''} domain", yref=_yref(i),
+                               font={"size": 12, "color": "#777777"})
+            continue
         fig.update_yaxes(title_text="MiB above baseline", range=_y_range(tl, side, x0, x1, label_rows),
                          row=i, col=1)
     fig.update_xaxes(range=[x0, x1])
