@@ -161,3 +161,47 @@ def test_auto_reads_the_environment(monkeypatch, tmp_path):
         assert not probe.active  # out of the way after its limit
     finally:
         probe.remove()
+
+
+def test_a_last_call_that_raises_still_puts_the_original_back(tmp_path):
+    import json as json_mod
+
+    from picklescope import capture
+
+    original = json_mod.decoder.JSONDecoder.decode
+    probe = capture.install(tmp_path / "cap", limit=1, target="json.decoder:JSONDecoder.decode")
+    with pytest.raises(json_mod.JSONDecodeError):
+        json_mod.loads("{not json")
+    assert not probe.active and probe.flush()
+    for _ in range(100):  # the probe's thread puts it back; flush() returned once it had looked
+        if json_mod.decoder.JSONDecoder.decode is original:
+            break
+        __import__("time").sleep(0.01)
+    assert json_mod.decoder.JSONDecoder.decode is original and not (tmp_path / "cap" / "calls.jsonl").exists()
+
+
+FORKER = r'''
+import json, os, sys
+import picklescope.capture as capture
+probe = capture.install(sys.argv[1], limit=1, target="json.decoder:JSONDecoder.decode")
+pid = os.fork()
+json.loads('{"a": 1}')  # parent and child each make their first call after the fork
+if pid == 0:
+    os._exit(0 if probe.flush() and probe.records and probe.records[0]["pid"] == os.getpid() else 3)
+_, status = os.waitpid(pid, 0)
+probe.remove()
+print(json.dumps({"child": os.waitstatus_to_exitcode(status), "parent": [r["pid"] for r in probe.records]}))
+'''
+
+
+def test_each_process_records_its_own_calls_after_a_fork(tmp_path):
+    """Counters opened as /proc/self in the parent would read the parent's memory: a child opens its own."""
+    script = tmp_path / "forker.py"
+    script.write_text(FORKER)
+    p = subprocess.run([sys.executable, str(script), str(tmp_path / "cap")], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    lines = [json.loads(x) for x in (tmp_path / "cap" / "calls.jsonl").read_text().splitlines()]
+    assert out["child"] == 0 and len(lines) == 2 and len({x["pid"] for x in lines}) == 2
+    assert all(x["rss_before_bytes"] > 0 and "peak_source" in x for x in lines)

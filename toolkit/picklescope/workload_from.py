@@ -995,10 +995,13 @@ def load_in_child(path: str, batch_dim: int | None) -> dict[str, Any]:
                                        "file_payload_bytes", "notes")}
 
 
-def describe_live(obj: Any, *, path: str = "<object>", batch_dim: int | None = None) -> Described:
+def describe_live(obj: Any, *, path: str = "<object>", batch_dim: int | None = None,
+                  fmt: str | None = None) -> Described:
     """The same description from live objects: a DataProto-like batch, a TensorDict or a dict of tensors.
 
     Used by the capture probe (the batch is in the trainer's memory already) and by a trusted load.
+    ``fmt`` names the object's type when ``obj`` is a stand-in for it (the probe describes a shallow
+    copy of the batch's containers taken at call time, off the call itself).
     """
     tensors: dict[str, _Tensor] = {}
     non_tensor: dict[str, Any] = {}
@@ -1008,9 +1011,9 @@ def describe_live(obj: Any, *, path: str = "<object>", batch_dim: int | None = N
     if hasattr(obj, "non_tensor_batch") and hasattr(obj, "meta_info"):
         td, meta = getattr(obj, "batch", None), obj.meta_info
         non_tensor = {k: _live_array(v) for k, v in (obj.non_tensor_batch or {}).items()}
-        fmt = f"{type(obj).__module__}.{type(obj).__name__}"
+        fmt = fmt or f"{type(obj).__module__}.{type(obj).__name__}"
     else:
-        fmt = type(obj).__name__
+        fmt = fmt or type(obj).__name__
     if td is not None:
         if hasattr(td, "batch_size") and hasattr(td, "items"):
             n = int(td.batch_size[0]) if len(td.batch_size) else None
