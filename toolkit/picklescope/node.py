@@ -320,7 +320,11 @@ def node(codec: str = "numpy", workload: str = "flowgrpo", scale: float = DEFAUL
     run_dir = tempfile.mkdtemp(prefix=temp_name("picklescope-node-"), dir="/tmp")
     ray_tmp = None if ray_address else tempfile.mkdtemp(prefix=temp_name("psray-"), dir="/tmp")
     sends = workers if dispatch == "broadcast" else 2
-    store = object_store_bytes(payload, int(sends * payload + (returns or 0) * payload + 64 * 2**20))
+    room = sends * payload
+    if gc == "off":  # room for the chunks uncollected cycles keep pinned, up to 16 steps' worth: a full
+        # store makes Ray call gc.collect() in every process, which --gc off must not get by accident
+        room = max(room, (min(steps, 16) + 1) * payload * (workers if dispatch == "broadcast" else 1))
+    store = object_store_bytes(payload, int(room + (returns or 0) * payload + 64 * 2**20))
     result = NodeResult(codec, str(workload), scale, workers, steps, payload, dispatch, gc, transport, returns,
                         engine=engine, enforcement=enforcement, budget_bytes=budget)
     accepter = _Accepter(run_dir)
