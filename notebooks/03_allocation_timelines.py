@@ -109,7 +109,7 @@ sentence(f"cell held {cell.held_bytes / 2**20:.0f} MiB at its end: gc.collect() 
 # %%
 for row in trackers.attribution_rows(legacy)[:3]:
     where = f" in step {row['step']} ({row['side']})" if row.get("step") else ""
-    print(f"{row['bytes'] / legacy.payload_bytes:.2f}x payload{where}: {' <- '.join(row['stack'][:3])}")
+    display(sentence(f"{row['bytes'] / legacy.payload_bytes:.2f}x payload{where}: {' <- '.join(row['stack'][:3])}"))
 figures.attribution_figure(legacy)
 
 # %% [markdown]

@@ -165,7 +165,7 @@ def stepthrough_html(st: Any, limit: int = 40) -> str:
     costly, quiet = st.ranked()
     rows = [line_row(st, r) for r in costly[:limit]]
     quiet_rows = [line_row(st, r) for r in (costly[limit:] + quiet)]
-    return head + html_table(rows, caption="" if rows else "no line added 1% of the payload by itself",
+    return head + html_table(rows,  # with no costly row the sentence above already says so
                              folded=quiet_rows,
                              folded_label=f"{len(quiet_rows)} quiet lines, each under 1% of the payload by itself "
                                           "(execution order; click to open)")
