@@ -364,7 +364,10 @@ def comparison_figure(results: Sequence[RunResult | dict[str, Any]]) -> go.Figur
                       else r.outcome for v, r in zip(values, mine)]
             fig.add_trace(go.Bar(x=[plain(r.codec) for r in mine], y=y, name=plain(transport), legendgroup=transport,
                                  showlegend=ci == 1, marker_color=STEP_COLORS[ti % len(STEP_COLORS)],
-                                 customdata=custom,
+                                 customdata=custom, cliponaxis=False, textposition="outside",
+                                 # every bar carries its value, so a 0 reads as measured zero, not as missing
+                                 text=["-" if v is None else (f"{v:.3f} s" if is_time else fmt_bytes(v))
+                                       for v in values], textfont={"size": 10},
                                  hovertemplate="%{x}: %{y:.2f}" + ("" if is_time else " MiB") +
                                  " (%{customdata})<extra>" + transport + "</extra>"),
                           row=1, col=ci)
