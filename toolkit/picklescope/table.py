@@ -64,7 +64,7 @@ def comparison_rows(results: Sequence[RunResult]) -> list[dict[str, Any]]:
         row = {
             "codec": r.codec,
             "transport": r.transport,
-            "budget": "none" if budget is None else f"{fmt_bytes(budget)} {_mult(budget, p)}",
+            "budget": "none" if budget is None else _mult(budget, p),  # bytes: in the figure's budget line
             "outcome": r.outcome + (f" ({r.killed_side}:{r.killed_in_step})" if r.killed_side else ""),
             "sender peak": f"{fmt_bytes(s.peak_bytes) if s else '-'} {_mult(s.peak_bytes if s else None, p)}"
                            + _range(r, "sender"),
@@ -106,7 +106,7 @@ def steps_rows(r: RunResult) -> list[dict[str, Any]]:
 
 
 _NUM_RE = re.compile(r"^[+-]?[\d.,]+(\s?(B|KiB|MiB|GiB|TiB|x|%|s|ms))?(\s\S+)?$")
-_CELL = "padding:2px 8px;border-bottom:1px solid #e5e5e5;vertical-align:top"
+_CELL = "padding:2px 6px;border-bottom:1px solid #e5e5e5;vertical-align:top"
 
 
 def _numeric(s: str) -> bool:
