@@ -66,6 +66,38 @@ BROKEN_VERL = "import not_a_real_dependency_xyz\n"
 USER_NOTE = "my notes from the incident\n"
 
 
+def _zip_bytes(members: dict[str, bytes]) -> bytes:
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    return buf.getvalue()
+
+
+def _npy(descr: str, shape: tuple[int, ...], body: bytes) -> bytes:
+    """A .npy member as numpy writes it (format 1.0): magic, header literal padded to 64 bytes, data."""
+    import struct
+
+    head = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}"
+    head += " " * (63 - (10 + len(head)) % 64) + "\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(head)) + head.encode() + body
+
+
+# what 'workload from' must refuse: a torch.save-shaped zip cut in half, a pickle that would run
+# os.system, an .npz whose object array is built by a class, an .npz whose header claims 4 EB
+_TORCH_ZIP = _zip_bytes({"archive/data.pkl": b"\x80\x02}q\x00.", "archive/version": b"3\n",
+                         "archive/data/0": bytes(4096)})
+HALF_ZIP = _TORCH_ZIP[: len(_TORCH_ZIP) // 2]
+RUNS_CODE_PKL = b"cos\nsystem\n(S'touch pwned-by-pickle'\ntR."
+OBJECT_NPZ = _zip_bytes({"uid.npy": _npy("|O", (2,), b"\x80\x02cfractions\nFraction\nq\x00X\x03\x00\x00\x001/2"
+                                                    b"q\x01\x85q\x02Rq\x03."),
+                         "obs.npy": _npy("<f4", (2, 4), bytes(32))})
+HUGE_SHAPE_NPZ = _zip_bytes({"obs.npy": _npy("<f4", (10**12, 10**6), bytes(64))})
+
+
 def _api_run(**kw: Any) -> Callable[[Path], Any]:
     def go(tmp: Path) -> Any:
         from picklescope import run
@@ -356,6 +388,35 @@ CASES: list[Case] = [
          call=_api_run(plugins=["{tmp}/plug.py"]), files={"plug.py": PLUGIN_RAISES}),
     Case("plugin-fifo", "stepthrough --plugin pipe.py (a FIFO)", ("pipe.py", "FIFO"), ("regular file",),
          argv=("stepthrough", "--codec", "numpy", "--plugin", "{tmp}/pipe.py"), files={"pipe.py": "@fifo"}),
+    # -- workload from FILE: a saved batch read without running it --------------------------------------
+    Case("workload-from-not-pickle", "workload from notes.txt (a text file)", ("notes.txt", "not a pickle stream"),
+         ("pickle.dump",), argv=("workload", "from", "{tmp}/notes.txt", "--out", "{tmp}/w.yaml"),
+         files={"notes.txt": USER_NOTE}),
+    Case("workload-from-truncated-zip", "workload from half.pt (the first half of a torch.save zip)",
+         ("half.pt", "not a readable zip archive"), ("copy it again",),
+         argv=("workload", "from", "{tmp}/half.pt", "--out", "{tmp}/w.yaml"), files={"half.pt": HALF_ZIP}),
+    Case("workload-from-runs-code", "workload from evil.pkl (a pickle whose top object is os.system(...))",
+         ("built by os.system", "does not read without running it"), ("--trust", "docs/safe_loading.md"),
+         argv=("workload", "from", "{tmp}/evil.pkl", "--out", "{tmp}/w.yaml"), files={"evil.pkl": RUNS_CODE_PKL}),
+    Case("workload-from-npz-object", "workload from an .npz whose object array holds fractions.Fraction",
+         ("leaf 'uid'", "object array built by fractions.Fraction", "never loaded with allow_pickle"),
+         ("strings, dicts or ints",), argv=("workload", "from", "{tmp}/batch.npz", "--out", "{tmp}/w.yaml"),
+         files={"batch.npz": OBJECT_NPZ}),
+    Case("workload-from-empty", "workload from empty.pkl (0 bytes)", ("empty.pkl", "is empty"),
+         ("copy or download it again",), argv=("workload", "from", "{tmp}/empty.pkl", "--out", "{tmp}/w.yaml"),
+         files={"empty.pkl": b""}),
+    Case("workload-from-folder", "workload from batch.pkl (a folder)", ("batch.pkl", "is a directory"),
+         ("a file inside it",), argv=("workload", "from", "{tmp}/batch.pkl", "--out", "{tmp}/w.yaml"),
+         files={"batch.pkl/readme.txt": USER_NOTE}),
+    Case("workload-from-fifo", "workload from pipe.pkl (a FIFO)", ("pipe.pkl", "FIFO"), ("regular file",),
+         argv=("workload", "from", "{tmp}/pipe.pkl", "--out", "{tmp}/w.yaml"), files={"pipe.pkl": "@fifo"}),
+    Case("workload-from-huge-shape", "workload from an .npz whose header declares shape (10^12, 10^6) over 64 bytes",
+         ("leaf 'obs'", "declares shape (1000000000000, 1000000)", "the member holds 64 B"), ("save it again",),
+         argv=("workload", "from", "{tmp}/huge.npz", "--out", "{tmp}/w.yaml"), files={"huge.npz": HUGE_SHAPE_NPZ}),
+    Case("workload-from-over-limit", "workload from a sparse 300 GiB .pkl (over the 256 GiB limit)",
+         ("big.pkl", "over the 256.00 GiB limit for a saved batch"), ("PICKLESCOPE_MAX_BLOB_BYTES",),
+         argv=("workload", "from", "{tmp}/big.pkl", "--out", "{tmp}/w.yaml"),
+         files={"big.pkl": "@sparse:322122547200"}),
     # -- Ray addresses --------------------------------------------------------------------------------
     Case("ray-long-host", "run --transport ray --ray-address <300-character host>:6379",
          ("host name that cannot exist", "253"), ("host:port",),

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from .errors import PicklescopeError
+from .safefile import BLOB_LIMIT_ENV, blob_limit, check_file
 from .units import fmt_bytes
 from .verl.blobinfo import ZIP_MAGIC
 from .workloads import _ITEMSIZE, parse_workload
@@ -60,6 +61,9 @@ _STORAGE_DTYPE = {
     "ComplexDoubleStorage": "complex128", "Float8_e4m3fnStorage": "float8_e4m3fn",
     "Float8_e5m2Storage": "float8_e5m2",
 }
+# structure is read by seeking past the data, so a saved batch may be far larger than a blob `inspect`
+# loads; the bound only stops a mistaken path (a disk image, a sparse file) from being walked
+SAVED_BATCH_LIMIT = 256 << 30
 _INLINE = 1 << 16  # byte strings up to this size are read (dtype codes, small strings); larger ones are skipped
 
 
@@ -903,6 +907,12 @@ def _from_npz(path: str, f: BinaryIO, batch_dim: int | None) -> Described:
                 shape, fortran, dtype = reader(m)  # a literal parsed safely by numpy, no code run
             except ValueError as exc:
                 raise _refuse_leaf(key, f"its .npy header cannot be read ({exc})") from None
+            if not dtype.hasobject:  # a header is a claim: the member must hold what it declares
+                declared, held = math.prod(int(d) for d in shape) * dtype.itemsize, info.file_size - m.tell()
+                if declared > held:
+                    raise _refuse_leaf(key, f"its .npy header declares shape {tuple(shape)} of {dtype} "
+                                       f"({fmt_bytes(declared)}) but the member holds {fmt_bytes(max(held, 0))}",
+                                       "the file is truncated or damaged: save it again")
             if dtype.hasobject:
                 arr, unknown = _read_stream(m)  # np.save pickles object arrays: read that stream inertly
                 if isinstance(arr, _Opaque):
@@ -942,8 +952,11 @@ def describe_file(path: str | os.PathLike, *, batch_dim: int | None = None, trus
     p = Path(path).expanduser()
     if p.is_dir():
         raise PicklescopeError(f"{p} is a directory, not a saved batch", "give the path of a file inside it")
-    if not p.is_file():
-        raise PicklescopeError(f"{p} does not exist", "check the path")
+    size = check_file(p, "saved batch", 1 << 62)  # a FIFO, a device or a link to one is named, never opened
+    limit = max(blob_limit(), SAVED_BATCH_LIMIT)
+    if size > limit:
+        raise PicklescopeError(f"{p} is {fmt_bytes(size)}, over the {fmt_bytes(limit)} limit for a saved batch",
+                               f"set {BLOB_LIMIT_ENV} (e.g. 512GiB) if this really is one")
     if batch_dim is not None and (isinstance(batch_dim, bool) or not isinstance(batch_dim, int) or batch_dim <= 0):
         raise PicklescopeError(f"--batch-dim {batch_dim!r} must be a positive integer (the batch size)",
                                "use e.g. --batch-dim 128")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -54,9 +55,24 @@ def main(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path(Path(args.file).stem + ".yaml")
     if out.exists() and not args.force:
         raise PicklescopeError(f"--out {out} exists already", "pass --force to overwrite it, or another --out")
-    path = write_workload(d, out, args.name)
-    w = load_workload(path)
-    predicted = w.payload_bytes(1.0)
+    # written under a temporary name and checked the way every command will load it, then renamed: a
+    # description the workload loader refuses (a declared shape no machine holds) leaves no file behind
+    tmp = out.with_name(f".{out.stem}.{os.getpid()}.tmp.yaml") if out.suffix in (".yaml", ".yml") else out
+    try:
+        written = write_workload(d, tmp, args.name)
+        w = load_workload(str(written))
+    except BaseException:
+        if tmp != out:
+            tmp.unlink(missing_ok=True)
+        raise
+    if tmp != out:
+        os.replace(tmp, out)
+    path = out
+    try:
+        predicted: int | None = w.payload_bytes(1.0)
+    except PicklescopeError as exc:  # a real batch larger than this machine: the file is right, scale 1 is not
+        predicted = None
+        d.notes.append(f"{exc.problem}: run it with a smaller --scale")
     if args.json:
         print_json({"workload": str(path), "format": d.format, "batch_size": d.batch_size,
                     "tensors": d.tensors, "non_tensor": d.non_tensor, "meta_info": d.meta_info,
@@ -66,9 +82,10 @@ def main(args: argparse.Namespace) -> int:
     how = "loaded in a child process (--trust)" if d.loaded else "read without running anything in it"
     print(f"{args.file}: {d.format}, {how}")
     print(d.summary())
-    print(f"payload: {fmt_bytes(d.file_payload_bytes)} in the file; the workload regenerates "
-          f"{fmt_bytes(predicted)} at scale 1"
-          + ("" if predicted == d.file_payload_bytes else " (nested lengths are redrawn from the seed)"))
+    if predicted is not None:
+        print(f"payload: {fmt_bytes(d.file_payload_bytes)} in the file; the workload regenerates "
+              f"{fmt_bytes(predicted)} at scale 1"
+              + ("" if predicted == d.file_payload_bytes else " (nested lengths are redrawn from the seed)"))
     for note in d.notes:
         print(f"note: {note}")
     print(f"wrote {path}")
