@@ -18,6 +18,13 @@ def ip():
     return InteractiveShell.instance()
 
 
+def _data_json(fig) -> str:
+    """The figure's traces as JSON text (samples are numpy arrays, which do not compare with ``!=``)."""
+    import plotly.io as pio
+
+    return pio.to_json({"data": [t.to_plotly_json() for t in fig.data]})
+
+
 def _sender_rss_max(fig) -> float:
     """Highest sampled RSS (MiB above baseline) on the sender's row of a timeline figure."""
     traces = [t for t in fig.data if (t.name or "").startswith("RSS") and t.yaxis in (None, "y")]
@@ -49,7 +56,7 @@ def switched(ip):
     during = {"running": ex.running, "disabled": ex.button.disabled, "codec_disabled": ex.codec.disabled,
               "second_start": ex.start(), "status": ex.status.value}
     ex.wait(600)
-    first = {"rss_max": _sender_rss_max(ex.figure), "data": [t.to_plotly_json() for t in ex.figure.data],
+    first = {"rss_max": _sender_rss_max(ex.figure), "data": _data_json(ex.figure),
              "frames": list(frames)}
     ip.run_cell("ex.codec.value = 'numpy-legacy'", store_history=True)
     ex.button.click()
@@ -72,7 +79,7 @@ def test_switching_to_legacy_adds_a_row_one_payload_higher(switched):
 
 def test_figure_data_updated_in_place(switched):
     ex, _, first, _ = switched
-    assert [t.to_plotly_json() for t in ex.figure.data] != first["data"]
+    assert _data_json(ex.figure) != first["data"]
     legacy = ex.results[-1]
     rise = _sender_rss_max(ex.figure) - first["rss_max"]
     assert 0.8 <= rise * MiB / legacy.payload_bytes <= 1.3, rise  # the sender's curve gained the copy
