@@ -314,3 +314,32 @@ def test_a_relative_workload_path_reaches_children_as_an_absolute_one(tmp_path, 
     assert spec.source == str(tmp_path / "sub" / "mine.yaml")
     monkeypatch.chdir("/")
     assert load_workload(spec.source).payload_bytes(1.0) == spec.payload_bytes(1.0)
+
+
+@pytest.fixture
+def my_workload(tmp_path, monkeypatch) -> str:
+    """A workload file under a relative path, named so that no preset answers to its name."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "my.yaml").write_text((WORKLOAD_DIR / "tiny.yaml").read_text().replace("name: tiny",
+                                                                                            "name: my-name"))
+    monkeypatch.chdir(tmp_path)
+    return "sub/my.yaml"
+
+
+def test_stepthrough_takes_a_workload_path(my_workload):
+    from picklescope.stepthrough import stepthrough
+
+    r = stepthrough(codec="numpy", workload=my_workload, scale=1.0)
+    assert r.outcome == "ok" and r.error is None and r.workload == "my-name", (r.error, r.traceback)
+
+
+def test_headroom_and_reproduce_take_a_workload_path(my_workload):
+    from picklescope.headroom import find_headroom
+    from picklescope.reproduce import investigate
+
+    h = find_headroom("numpy", "pickle5-oob", my_workload, 1.0, repeat=1, resolution=0.5)
+    assert h.workload == "my-name" and h.headroom_bytes is not None, h
+    inv = investigate(my_workload, 1.0, codecs=("numpy",), transports=("pickle5-oob",), headroom=False, trace=None,
+                      ray=False, repeat=1)
+    assert [r.outcome for r in inv.results] == ["ok"], [r.error for r in inv.results]
+    assert inv.workload == "my-name" and [r.workload for r in inv.results] == ["my-name"]
