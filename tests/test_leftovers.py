@@ -265,3 +265,60 @@ def test_processes_of_a_dead_creators_ray_folder_are_killed(tmp_path):
         if stray.poll() is None:
             stray.kill()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+LOCAL_CLUSTER_PARENT = textwrap.dedent('''
+    from picklescope.transports_ray.local_cluster import LocalCluster
+
+    LocalCluster(object_store_bytes=80 * 1024 * 1024).start()
+    print("STARTED", flush=True)
+    import time
+    time.sleep(600)
+''')
+
+
+def _session_of(leader: int) -> list[str]:
+    found = []
+    for q in psutil.process_iter():
+        try:
+            if os.getsid(q.pid) == leader and q.status() != psutil.STATUS_ZOMBIE:
+                found.append(f"{q.pid} {q.name()}")
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def test_a_local_cluster_whose_starter_is_killed_during_start_up_is_ended(tmp_path):
+    """``LocalCluster`` runs ``ray start --block`` in a session of its own; its starter SIGKILLed while the
+    cluster comes up (a raylet exists) must not leave that session or its psrayc- folder: a watcher
+    process (transports_ray.cluster.watch_main) ends them within seconds, without waiting for a sweep."""
+    from picklescope.transports_ray import ray_available
+
+    if not ray_available():
+        pytest.skip("ray is not installed (pip install 'picklescope[ray]')")
+    script = tmp_path / "parent.py"
+    script.write_text(LOCAL_CLUSTER_PARENT)
+    p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         start_new_session=True)
+    leader = None
+    try:
+        deadline = time.monotonic() + 240
+        while leader is None and time.monotonic() < deadline and p.poll() is None:
+            for c in psutil.Process(p.pid).children():
+                if _session_of(c.pid) and any("raylet" in s for s in _session_of(c.pid)):
+                    leader = c.pid
+            time.sleep(0.05)
+        assert leader is not None, p.communicate()
+        p.kill()
+        p.wait()
+        folders = lambda: [n for n in os.listdir("/tmp") if n.startswith(f"psrayc-{p.pid}-")]  # noqa: E731
+        deadline = time.monotonic() + 10.0  # generous: the watcher needs one ray start freeze-and-kill round
+        while (_session_of(leader) or folders()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _session_of(leader) == [] and folders() == []
+    finally:
+        if p.poll() is None:
+            p.kill()
+        if leader is not None:
+            for entry in _session_of(leader):
+                os.kill(int(entry.split()[0]), signal.SIGKILL)

@@ -265,3 +265,42 @@ class ParentWatch:
             self.report = {"killed": killed, "remaining": remaining}
             self.remove_temporaries()
             os._exit(self.exit_code)
+
+
+def watch_main(argv: list[str]) -> int:
+    """``python -S cluster.py PARENT PARENT_TICKS LEADER LEADER_TICKS TEMP_DIR``: end a ``ray start`` cluster
+    whose starter died.
+
+    :class:`~picklescope.transports_ray.local_cluster.LocalCluster` starts ``ray start --head --block``
+    in a session of its own (the leader); a starter SIGKILLed during or after the start-up could not
+    stop it. This small process (the standard library only, so it starts in milliseconds) waits on
+    the starter; when it dies it kills every process of the leader's session and removes the
+    cluster's temp dir. It exits on its own once the leader is gone (a cluster stopped normally).
+    """
+    parent, parent_ticks, leader, leader_ticks = (int(a) for a in argv[:4])
+    temp_dir = argv[4] if len(argv) > 4 and argv[4] else None
+    try:
+        fd: int | None = os.pidfd_open(parent)
+    except (AttributeError, OSError):
+        fd = None
+    while True:
+        if not running(leader, leader_ticks):
+            return 0
+        if not running(parent, parent_ticks):
+            break
+        if fd is not None:
+            select.select([fd], [], [], 0.5)
+        else:
+            time.sleep(0.2)
+    if temp_dir:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    stop_all(lambda: cluster_processes(leader, leader_ticks, (leader,), temp_dir))
+    if temp_dir:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    return 1
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(watch_main(sys.argv[1:]))

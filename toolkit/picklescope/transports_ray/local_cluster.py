@@ -72,6 +72,7 @@ class LocalCluster:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                          preexec_fn=_raise_priority)
         self._ticks = cluster.start_ticks(self.proc.pid)
+        self._watch()
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while time.monotonic() < deadline:
             with open(log, "rb") as f:
@@ -93,6 +94,14 @@ class LocalCluster:
                 pass
         return self
 
+    def _watch(self) -> None:
+        """A small process that ends the cluster if this one dies before :meth:`stop` (see cluster.watch_main)."""
+        assert self.proc is not None
+        me = os.getpid()
+        args = [str(me), str(cluster.start_ticks(me)), str(self.proc.pid), str(self._ticks), self.temp_dir or ""]
+        self.watcher = subprocess.Popen([sys.executable, "-S", cluster.__file__, *args], stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
     def pids(self) -> set[int]:
         """Every live process of this cluster."""
         if self.proc is None:
@@ -106,6 +115,11 @@ class LocalCluster:
         if self.proc is not None:
             self.proc.wait(timeout=10)
         self.report = {"found": sorted(found), "killed": killed, "remaining": remaining}
+        watcher = getattr(self, "watcher", None)
+        if watcher is not None:  # it would exit by itself within a second of the leader's end
+            watcher.kill()
+            watcher.wait(timeout=10)
+            self.watcher = None
         if self.temp_dir:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
         return self.report
