@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for codec in CODECS:
             set_active_codec(codec)
-            first = [_plain(b) for _ in range(3)][-1]  # warm-up: first-call costs land in no arm
+            first = min(_plain(b) for _ in range(3))  # warm-up: first-call costs land in no arm
             rounds = args.rounds if first >= 0.005 else args.fast_rounds
             gc.collect()
             meter = capture.Meter()

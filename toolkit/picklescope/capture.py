@@ -18,7 +18,7 @@ calls in each process it records, next to the call:
   right before the call and read right after it, where the kernel allows a process to reset its own
   peak (``peak_exact`` says whether it did).
 
-The call itself pays only for the measurement: the reset, three reads of the kernel's counters and a
+The call itself pays only for the measurement: the reset, four reads of the kernel's counters and a
 shallow copy of the batch's containers (a few microseconds, whatever the batch's size; files stay
 open between calls). Describing the batch and writing the files happen on the probe's own thread
 right after the call (the copy keeps the batch's structure as it was at the call). After ``limit``
