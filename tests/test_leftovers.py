@@ -267,6 +267,30 @@ def test_processes_of_a_dead_creators_ray_folder_are_killed(tmp_path):
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def test_ray_processes_of_a_dead_creator_are_killed_when_their_folder_is_already_gone():
+    """A driver whose parent died removes its Ray folder first, then kills its cluster; ended in between,
+    its Ray processes name a folder that no longer exists, and the sweep still finds them by the name."""
+    gone = f"/tmp/psray-{_dead_pid()}-nofolder"
+    assert not os.path.exists(gone)
+    ray_like = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)",
+                                 "/site-packages/ray/_private/workers/default_worker.py", f"--temp-dir={gone}"],
+                                start_new_session=True)
+    alive_creator = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)",
+                                      "/site-packages/ray/_private/workers/default_worker.py",
+                                      f"--temp-dir=/tmp/psray-{os.getpid()}-ours"], start_new_session=True)
+    try:
+        time.sleep(0.5)  # both have exec'd, so their command lines are the ones above
+        leftovers.sweep_orphans()
+        ray_like.wait(timeout=10)
+        assert ray_like.returncode == -signal.SIGKILL
+        assert alive_creator.poll() is None  # its creator (this process) is alive: not a leftover
+    finally:
+        for q in (ray_like, alive_creator):
+            if q.poll() is None:
+                q.kill()
+                q.wait()
+
+
 LOCAL_CLUSTER_PARENT = textwrap.dedent('''
     from picklescope.transports_ray.local_cluster import LocalCluster
 

@@ -65,6 +65,7 @@ def sweep_orphans(extra_roots: list[str] | None = None) -> list[str]:
     from . import cgroup
 
     removed = cgroup.remove_stale_everywhere()  # dead creators' cgroups, with whatever still runs in them
+    kill_dead_creators_ray()  # Ray processes of a dead creator whose temp dir is already gone
     roots = temp_roots() + [r for r in extra_roots or () if r and os.path.isdir(r)]
     for path in sorted(_entries(roots)[0]):
         pid = creator_pid(path)
@@ -91,6 +92,34 @@ def kill_naming(path: str) -> list[int]:
             if any(path in arg for arg in p.cmdline()):
                 p.kill()
                 killed.append(p.pid)
+        except (psutil.Error, OSError):
+            continue
+    return killed
+
+
+_RAY_DIR = re.compile(r"/(?:psray|psrayc)-(\d+)-[^/\s]+")
+
+
+def kill_dead_creators_ray() -> list[int]:
+    """SIGKILL every Ray process of this user whose command line names a picklescope Ray temp dir
+    (``/tmp/psray-<pid>-...``) whose creator ``pid`` is gone, whether or not the dir still exists.
+
+    A driver whose parent died removes the dir before it kills the cluster (see
+    ``transports_ray.cluster.ParentWatch``); if it is itself ended in between, the processes name a
+    dir that no longer exists, which the per-entry sweep would never visit.
+    """
+    killed = []
+    me = os.getpid()
+    for p in psutil.process_iter():
+        if p.pid == me:
+            continue
+        try:
+            cmd = " ".join(p.cmdline())
+            m = _RAY_DIR.search(cmd)
+            if m is None or not _is_ray(cmd) or psutil.pid_exists(int(m.group(1))):
+                continue
+            p.kill()
+            killed.append(p.pid)
         except (psutil.Error, OSError):
             continue
     return killed
