@@ -442,9 +442,14 @@ def _check_cgroup_kill(session: Session, result: NodeResult, tracking: dict[str,
     rec = session.processes.get(victim)
     driver = session.processes.get("driver")
     open_in = (rec.open_steps if rec is not None and rec.open_steps else None) or (driver.open_steps if driver else [])
-    memory = {name: r.timeline.bytes[-1] for name, r in session.processes.items() if r.timeline.bytes}
-    memory["store"] = session.store.bytes[-1] if session.store.bytes else 0
-    node_now = session.node.bytes[-1] - (session.node_baseline or 0) if session.node.bytes else 0
+    # what the node held on the victim's last sample (once it is gone, its memory is gone from the total)
+    last = rec.timeline.t_s[-1] if rec is not None and rec.timeline.t_s else (session.node.t_s or [t])[-1]
+    memory = {}
+    for name, r in session.processes.items():
+        if r.timeline.t_s and r.timeline.t_s[-1] >= last:
+            memory[name] = session.value_at(r.timeline, last) or 0
+    memory["store"] = session.value_at(session.store, last) or 0
+    node_now = (session.value_at(session.node, last) or 0) - (session.node_baseline or 0)
     session.kill = KillRecord(victim, named[victim], t, node_now, int(tracking.get("budget") or 0),
                               session.current_training_step(), open_in[-1].name if open_in else None, {}, memory)
     result.cgroup["killed_by"] = "the kernel's OOM killer in the run's memory cgroup"
