@@ -1,6 +1,6 @@
 """What does the capture probe add to the call it watches? Its time against the call's own, ~100 MiB batch.
 
-The probe (:mod:`picklescope.capture`) wraps ``__getstate__``. On a recorded call, the call waits
+The probe (:mod:`picklescope.investigate.capture`) wraps ``__getstate__``. On a recorded call, the call waits
 for the measurement only: the high-water reset, the kernel's counters read before and after, the
 clocks, and a shallow copy of the batch's containers; describing the batch and writing the files
 happen on the probe's thread after the call. This script builds a ~100 MiB batch in this process
@@ -36,9 +36,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from picklescope import capture
 from picklescope.batch import Batch, set_active_codec
-from picklescope.workloads import load_workload
+from picklescope.investigate import capture
+from picklescope.workloads.spec import load_workload
 
 CODECS = ["numpy-legacy", "torch", "numpy"]
 TARGET = "picklescope.batch:Batch.__getstate__"

@@ -25,7 +25,7 @@ def main() -> int:
     ap.add_argument("--codec", default="numpy")
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
-    from picklescope.widgets import Explorer
+    from picklescope.views.widgets import Explorer
 
     ex = Explorer(codec=args.codec, workload=args.workload, scale=args.scale)
     import picklescope as ps

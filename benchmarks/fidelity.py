@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from picklescope import run
-from picklescope.reproduce import BUILTIN_CODECS, IN_PROCESS_TRANSPORTS
+from picklescope.investigate.reproduce import BUILTIN_CODECS, IN_PROCESS_TRANSPORTS
 
 GOAL = 0.03  # of payload
 

@@ -53,7 +53,7 @@ def one_condition(name: str, codec: str, transport: str, scale: float, repeat: i
 ONE_FORKSERVER = """
 import json, sys
 import picklescope as ps
-from picklescope.result import Variation
+from picklescope.core.result import Variation
 codec, transport, scale, n = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
 runs = [ps.run(codec, transport, "flowgrpo", scale) for _ in range(n)]
 r = runs[-1]

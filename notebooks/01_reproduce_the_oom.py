@@ -62,9 +62,9 @@ transport = "pickle5-oob"  # pickle protocol 5 with out-of-band buffers, what Ra
 import os
 
 import picklescope as ps
-from picklescope import figures, table
-from picklescope.richtext import sentence
-from picklescope.units import fmt_bytes
+from picklescope.core.units import fmt_bytes
+from picklescope.views import figures, table
+from picklescope.views.richtext import sentence
 
 kernel_pid = os.getpid()
 

@@ -42,10 +42,10 @@ transport = "pickle5-oob"
 import os
 
 import picklescope as ps
-from picklescope import figures, stepper, table
-from picklescope.richtext import sentence
-from picklescope.stepthrough import stepthrough
-from picklescope.units import fmt_bytes
+from picklescope.core.units import fmt_bytes
+from picklescope.investigate.stepthrough import stepthrough
+from picklescope.views import figures, stepper, table
+from picklescope.views.richtext import sentence
 
 # %% [markdown]
 # ## 1. Every codec, both directions, line by line

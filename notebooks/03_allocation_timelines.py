@@ -45,9 +45,10 @@ show_ray = True  # section 4: one run over a local Ray cluster (skipped, with th
 from IPython.display import display
 
 import picklescope as ps
-from picklescope import figures, table, tracers
-from picklescope.richtext import sentence
+from picklescope import tracers
 from picklescope.tracers import compare as trackers
+from picklescope.views import figures, table
+from picklescope.views.richtext import sentence
 
 print({name: ("available" if a["available"] else f"unavailable: {a['reason']}")
        for name, a in tracers.availability().items()})
@@ -122,8 +123,8 @@ figures.attribution_figure(legacy)
 # own memory, and whether the worker's tensors are its own copy or windows into the store.
 
 # %%
-from picklescope.transports_ray import ray_available
-from picklescope.transports_ray.figure import ray_timeline_figure
+from picklescope.transports.ray import ray_available
+from picklescope.views.ray_figure import ray_timeline_figure
 
 ray_fig = None
 if show_ray and ray_available():

@@ -43,9 +43,9 @@ baseline = "numpy-legacy"  # the production behaviour the candidate must beat
 from IPython.display import display
 
 import picklescope as ps
-from picklescope import figures, table
-from picklescope.richtext import sentence
-from picklescope.widgets import Explorer
+from picklescope.views import figures, table
+from picklescope.views.richtext import sentence
+from picklescope.views.widgets import Explorer
 
 # %% [markdown]
 # ## 1. The explorer
@@ -120,7 +120,7 @@ candidate_codec = ps.get_codec("candidate")
 # tensors, or an `.npz` becomes a workload file with `picklescope workload from FILE`: it reads only
 # the file's structure (pickle opcodes, the zip's `data.pkl`, the npz headers), never runs anything
 # in it, and copies no value. A running job can write the same file itself with
-# `picklescope.capture.install("batch-capture/")` ([docs/workload_from.md](../docs/workload_from.md)).
+# `picklescope.investigate.capture.install("batch-capture/")` ([docs/workload_from.md](../docs/workload_from.md)).
 #
 # Here a batch is saved with `torch.save` into `out/own-batch/` as a stand-in for your file; put the
 # path of your own file in `saved_batch` instead.

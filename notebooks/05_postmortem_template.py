@@ -43,10 +43,11 @@ import shlex
 
 from IPython.display import HTML, display
 
-from picklescope import envinfo, figures, report, table
-from picklescope.reproduce import budgeted_results, investigate, matrix_results
+from picklescope.core import envinfo
+from picklescope.core.units import fmt_bytes
+from picklescope.investigate.reproduce import budgeted_results, investigate, matrix_results
 from picklescope.tracers import compare as trackers
-from picklescope.units import fmt_bytes
+from picklescope.views import figures, report, table
 
 command = shlex.join(["picklescope", "postmortem", "--workload", workload, "--codecs", ",".join(codecs),
                       "--budget", budget or "none", "--scale", f"{scale:g}", "--transport", transport,

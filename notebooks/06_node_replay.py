@@ -35,7 +35,7 @@
 # real verl installed (`picklescope verl install 0.9.0 0.9.1`) use `verl-0.9.0:numpy` and
 # `verl-0.9.1:numpy`: the chunking and concatenation are then verl's own code.
 #
-# `picklescope.node` starts a driver and `workers` Ray actors, runs `steps` training steps, and
+# `picklescope.investigate.node` starts a driver and `workers` Ray actors, runs `steps` training steps, and
 # samples every process plus the object store on one clock (about every millisecond). Each process's
 # curve is its private memory; the object store's shared pages are counted once. Every figure below
 # is measured in this notebook's run; nothing is typed in.
@@ -55,9 +55,9 @@ from pathlib import Path
 from IPython.display import display
 
 import picklescope as ps
-from picklescope import figures
-from picklescope.transports_ray.local_cluster import LocalCluster
-from picklescope.units import fmt_bytes
+from picklescope.core.units import fmt_bytes
+from picklescope.transports.ray.local_cluster import LocalCluster
+from picklescope.views import figures
 
 OUT = Path("out")  # every file this notebook writes goes under out/
 OUT.mkdir(exist_ok=True)

@@ -2,9 +2,9 @@
 
 ``python scripts/screenshots.py [--small] [--only 01,02] [--out out/screenshots]``
 
-Each notebook of ``notebooks/`` is executed headless (papermill, through :mod:`picklescope.nbrun`,
+Each notebook of ``notebooks/`` is executed headless (papermill, through :mod:`picklescope.views.nbrun`,
 at its own default parameters, or tiny ones with ``--small``) into ``out/screenshots/``, exported
-as offline HTML (:mod:`picklescope.offline_html`: figures inline), and opened in Debian's Chromium
+as offline HTML (:mod:`picklescope.views.offline_html`: figures inline), and opened in Debian's Chromium
 under Playwright, driven by its executable path with the same headless flags as the browser test;
 the whole page is captured as ``NN_name.png``. The postmortem's ``report.html`` (written by notebook
 05 into its ``out_dir``) is captured as ``report.png``. Everything lands under ``out/``, which git
@@ -32,9 +32,9 @@ SMALL = {
 
 def execute(stem: str, out: Path, small: bool) -> Path:
     """Run one notebook with its parameters into ``out``; returns the HTML export."""
-    from picklescope import nbrun
-    from picklescope.offline_html import export_html
-    from picklescope.postmortem import as_document
+    from picklescope.views import nbrun
+    from picklescope.views.offline_html import export_html
+    from picklescope.views.postmortem import as_document
 
     params = dict(SMALL.get(stem, {})) if small else {}
     if stem == "05_postmortem_template":

@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_DIR = ROOT / "toolkit" / "picklescope"
 # Packages whose modules sit in different layers: their own __init__ holds only re-exports.
-SPLIT_PACKAGES = {"picklescope", "picklescope.transports_ray", "picklescope.verl"}
+SPLIT_PACKAGES = {"picklescope", "picklescope.transports.ray", "picklescope.verl"}
 
 
 def _contracts() -> list[dict]:

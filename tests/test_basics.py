@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from picklescope import PicklescopeError, UnknownNameError, get_codec, get_transport, load_workload
-from picklescope.units import GiB, MiB, parse_size
-from picklescope.workloads import parse_workload
+from picklescope.core.units import GiB, MiB, parse_size
+from picklescope.workloads.spec import parse_workload
 
 
 @pytest.mark.parametrize(("text", "payload", "expected"), [
@@ -64,7 +64,7 @@ def test_mixed_has_every_leaf_kind():
 
 
 def test_workloads_are_deterministic_and_scaled():
-    from picklescope.verify import manifest
+    from picklescope.codecs.verify import manifest
 
     w = load_workload("tiny")
     assert manifest(w.build(0.5)) == manifest(w.build(0.5))

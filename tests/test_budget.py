@@ -15,8 +15,9 @@ import psutil
 import pytest
 
 import picklescope as ps
-from picklescope import budget, cgroup, verdicts
-from picklescope.units import Size
+from picklescope.core import cgroup
+from picklescope.core.units import Size
+from picklescope.measure import budget, verdicts
 
 # Budgets kept clear of every peak these cases are known to reach. In-band pickle peaks take one of
 # two exact values from run to run (numpy-legacy 2.64x or 3.00x, numpy 1.64x or 2.00x: whether glibc
@@ -188,14 +189,14 @@ def test_stack_parsing_finds_the_codec_line():
              'Current thread 0x00007f0000000002 (most recent call first):\n'
              '  File "/venv/lib/python3.11/site-packages/tensordict/_base/serialization.py", line 1247 in consolidate\n'
              '  File "/venv/lib/python3.11/site-packages/verl/protocol.py", line 412 in __getstate__\n'
-             '  File "/x/picklescope/transports.py", line 62 in send\n')
+             '  File "/x/picklescope/transports/__init__.py", line 62 in send\n')
     frames = verdicts.main_thread_frames(stack)
     assert [f.func for f in frames] == ["consolidate", "__getstate__", "send"]
     assert verdicts.culprit(frames).line == 412  # verl's own line, not tensordict's
     # the signal landed on a tracer's thread: the measured thread is the one running sender_main
     other = ('Current thread 0x1 (most recent call first):\n  File "/usr/lib/python3.11/threading.py", line 320 '
              'in wait\n\nThread 0x2 (most recent call first):\n  File "/a/numpy_codec.py", line 132 in before_views\n'
-             '  File "/a/picklescope/child.py", line 94 in sender_main\n')
+             '  File "/a/picklescope/measure/child.py", line 94 in sender_main\n')
     assert str(verdicts.culprit(verdicts.main_thread_frames(other))) == "/a/numpy_codec.py:132 in before_views"
 
 
@@ -229,7 +230,7 @@ def test_impossible_budget_is_refused_before_any_process_starts():
 
 def test_machine_guard_kills_a_side_before_the_machine_runs_out(monkeypatch):
     """With no budget at all, a machine short of memory gets the biggest side killed, not the parent."""
-    from picklescope import watchdog
+    from picklescope.measure import watchdog
 
     monkeypatch.setattr(watchdog, "machine_memory", lambda: {"total": 1 << 34, "available": 1})
     r = ps.run("numpy", "pickle5-oob", "tiny", 1.0)

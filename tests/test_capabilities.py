@@ -13,7 +13,10 @@ import torch
 
 from picklescope import batch as batch_mod
 from picklescope.batch import set_active_codec
-from picklescope.capabilities import (
+from picklescope.cli import main as cli
+from picklescope.codecs import CODECS, FEATURES, get_codec
+from picklescope.codecs.base import Unsupported
+from picklescope.investigate.capabilities import (
     builtin_codec_names,
     capability_matrix,
     example_features,
@@ -22,10 +25,7 @@ from picklescope.capabilities import (
     render_markdown,
     render_text,
 )
-from picklescope.cli import main as cli
-from picklescope.codecs import CODECS, FEATURES, get_codec
-from picklescope.codecs.base import Unsupported
-from picklescope.inprocess import roundtrip
+from picklescope.measure.inprocess import roundtrip
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "capabilities.md"
 

@@ -21,9 +21,9 @@ site, workload, scale, calls = sys.argv[1:5]
 sys.path.insert(0, site)
 os.environ["VERL_DATAPROTO_SERIALIZATION_METHOD"] = "numpy"
 import verl.protocol as vp
-import picklescope.capture
-probe = picklescope.capture.auto()          # the one line a user adds (folder from PICKLESCOPE_CAPTURE)
-from picklescope.workloads import load_workload
+import picklescope.investigate.capture
+probe = picklescope.investigate.capture.auto()          # the one line a user adds (folder from PICKLESCOPE_CAPTURE)
+from picklescope.workloads.spec import load_workload
 b = load_workload(workload).build(float(scale))
 dp = vp.DataProto(batch=b.batch, non_tensor_batch=b.non_tensor_batch, meta_info=b.meta_info)
 for _ in range(int(calls)):
@@ -68,7 +68,7 @@ def captured(verl_sites, tmp_path_factory):
 
 
 def test_probe_records_one_payload_per_call_on_090_and_none_on_091(captured):
-    from picklescope.workloads import load_workload
+    from picklescope.workloads.spec import load_workload
 
     payload = load_workload(WORKLOAD).payload_bytes(SCALE)
     for label, (folder, state, lines) in captured.items():
@@ -88,7 +88,7 @@ def test_probe_records_one_payload_per_call_on_090_and_none_on_091(captured):
 def test_the_captured_workload_gives_the_verdict(captured):
     """The captured batch through numpy-legacy and numpy: the sender peaks differ by one payload."""
     from picklescope import run
-    from picklescope.workloads import load_workload
+    from picklescope.workloads.spec import load_workload
 
     folder = captured["0.9.0"][0]
     path = str(folder / "workload.yaml")
@@ -109,7 +109,7 @@ def test_the_probe_never_raises_into_the_caller(tmp_path, caplog):
     """Failures to record are logged once; the original runs unchanged, its own errors pass through."""
     import json as json_mod
 
-    from picklescope import capture
+    from picklescope.investigate import capture
 
     original = json_mod.decoder.JSONDecoder.decode
     # a batch it cannot describe: the cost is still one JSON line, with the reason
@@ -128,14 +128,14 @@ def test_the_probe_never_raises_into_the_caller(tmp_path, caplog):
     # a folder that cannot be written: logged once, the probe steps aside
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    with caplog.at_level(logging.WARNING, logger="picklescope.capture"):
+    with caplog.at_level(logging.WARNING, logger="picklescope.investigate.capture"):
         probe = capture.install(blocker / "sub", limit=3, target="json.decoder:JSONDecoder.decode")
         try:
             for _ in range(3):
                 assert json_mod.loads("[1]") == [1]
         finally:
             probe.remove()
-    assert probe.error and len([r for r in caplog.records if r.name == "picklescope.capture"]) == 1
+    assert probe.error and len([r for r in caplog.records if r.name == "picklescope.investigate.capture"]) == 1
     assert json_mod.decoder.JSONDecoder.decode is original
 
     # a target that does not resolve: logged, nothing installed, nothing raised
@@ -145,7 +145,7 @@ def test_the_probe_never_raises_into_the_caller(tmp_path, caplog):
 
 
 def test_auto_reads_the_environment(monkeypatch, tmp_path):
-    from picklescope import capture
+    from picklescope.investigate import capture
 
     monkeypatch.delenv(capture.ENV, raising=False)
     assert capture.auto() is None
@@ -166,7 +166,7 @@ def test_auto_reads_the_environment(monkeypatch, tmp_path):
 def test_a_last_call_that_raises_still_puts_the_original_back(tmp_path):
     import json as json_mod
 
-    from picklescope import capture
+    from picklescope.investigate import capture
 
     original = json_mod.decoder.JSONDecoder.decode
     probe = capture.install(tmp_path / "cap", limit=1, target="json.decoder:JSONDecoder.decode")
@@ -182,7 +182,7 @@ def test_a_last_call_that_raises_still_puts_the_original_back(tmp_path):
 
 FORKER = r'''
 import json, os, sys
-import picklescope.capture as capture
+import picklescope.investigate.capture as capture
 probe = capture.install(sys.argv[1], limit=1, target="json.decoder:JSONDecoder.decode")
 pid = os.fork()
 json.loads('{"a": 1}')  # parent and child each make their first call after the fork

@@ -4,7 +4,7 @@ Under cgroup enforcement the kernel charges a file a side writes to ``/dev/shm``
 that side's cgroup. A zero-copy codec over out-of-band pickle adds almost no RSS while it writes the
 hand-off, so a budget of half the payload is crossed by shared memory alone: the sampled RSS at death
 is about 0 B, and the verdict must say that the charge, and which part of it was shared memory,
-reached the budget (see ``picklescope.verdicts.cgroup_charge`` and ``picklescope.cgroup.counters``).
+reached the budget (see ``picklescope.measure.verdicts.cgroup_charge`` and ``picklescope.core.cgroup.counters``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 
 import picklescope as ps
-from picklescope import cgroup, verdicts
+from picklescope.core import cgroup
+from picklescope.measure import verdicts
 
 MIB = 1024 * 1024
 

@@ -10,7 +10,7 @@ import torch
 from picklescope import Batch, UnsupportedCase, get_codec, load_workload
 from picklescope.batch import set_active_codec
 from picklescope.codecs import CODECS, ModeMismatch, batch_features
-from picklescope.verify import compare, manifest
+from picklescope.codecs.verify import compare, manifest
 
 BUILTIN = ["torch", "numpy-legacy", "numpy"]
 

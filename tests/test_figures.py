@@ -8,10 +8,10 @@ import inspect
 import pytest
 
 import picklescope as ps
-from picklescope import figures, timeline
-from picklescope.linetrace import LineRow
-from picklescope.stepthrough import StepThrough
-from picklescope.timeline import RunTimeline
+from picklescope.investigate.stepthrough import StepThrough
+from picklescope.measure.linetrace import LineRow
+from picklescope.views import figures, timeline
+from picklescope.views.timeline import RunTimeline
 
 MiB = 1024**2
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 import picklescope as ps
-from picklescope import figures, steplabels
-from picklescope.richtext import HtmlText, plain_text
+from picklescope.views import figures, steplabels
+from picklescope.views.richtext import HtmlText, plain_text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
 from browser_lab import CHROMIUM, CHROMIUM_ARGS, require_browser  # noqa: E402
@@ -153,7 +153,7 @@ def test_short_consecutive_step_labels_do_not_overlap_in_a_browser(tmp_path, bud
 def test_explorer_summary_renders_html_in_jupyter_and_plain_text_elsewhere():
     from IPython.core.formatters import DisplayFormatter
 
-    from picklescope.widgets import Explorer
+    from picklescope.views.widgets import Explorer
 
     ex = Explorer(workload="tiny", scale=1.0)
     ex.status.value = "<b>ok</b>: numpy sender peak 4.0 KiB = 0.00x payload &amp; <i>done</i>"
@@ -180,7 +180,7 @@ def test_budget_label_has_a_fitting_unit_and_the_payload_multiple(budgeted_tiny)
 
 def test_user_text_in_figures_is_shown_literally_not_as_plotly_html():
     """plotly renders <b>, <a href>, <br> in labels: names from plugins and workloads are escaped."""
-    from picklescope.figures import timeline_figure
+    from picklescope.views.figures import timeline_figure
 
     r = short_steps_result()
     r.codec, r.workload = "<b>mine</b>", "<a href='http://x'>w</a>"

@@ -5,7 +5,7 @@ Two kinds of input: workloads built from random structure (valid fields with ran
 types, control characters, huge numbers, nesting) and dumped as YAML; and the real presets in
 ``data/workloads/`` with their bytes mutated (flips, inserted YAML features such as anchors, aliases and
 tags, invalid UTF-8, NUL bytes, truncation, duplicated lines). Each input is written to a file and
-loaded through :func:`picklescope.workloads.load_workload` (the same path as ``--workload FILE``),
+loaded through :func:`picklescope.workloads.spec.load_workload` (the same path as ``--workload FILE``),
 then its payload is predicted at two scales, since that is where sizes are computed.
 """
 
@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from picklescope.errors import PicklescopeError
-from picklescope.workloads import WORKLOAD_DIR, load_workload
+from picklescope.workloads.spec import WORKLOAD_DIR, load_workload
 
 PRESETS = sorted(p.read_bytes() for p in WORKLOAD_DIR.glob("*.yaml"))
 LIMIT = 200 * 1024**2

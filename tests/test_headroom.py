@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import picklescope as ps
-from picklescope.headroom import find_headroom
+from picklescope.investigate.headroom import find_headroom
 
 
 def test_legacy_needs_one_payload_more_than_the_fix(flowgrpo_quarter):

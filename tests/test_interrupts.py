@@ -20,7 +20,7 @@ import uuid
 import psutil
 import pytest
 
-from picklescope.transports_ray import ray_available
+from picklescope.transports.ray import ray_available
 
 PLUGIN = textwrap.dedent('''
     import time
@@ -40,7 +40,7 @@ PLUGIN = textwrap.dedent('''
 API_PARENT = textwrap.dedent('''
     import sys
     import picklescope as ps
-    from picklescope import runner
+    from picklescope.measure import runner
 
     runner.SHM_DIR = sys.argv[2]  # the run directory goes where the test can see all of it
 
@@ -58,8 +58,8 @@ API_PARENT = textwrap.dedent('''
 
 CLI_PARENT = textwrap.dedent('''
     import functools, sys
-    from picklescope import runner
-    import picklescope.commands.run as command
+    from picklescope.measure import runner
+    import picklescope.cli.commands.run as command
 
     runner.SHM_DIR = sys.argv[2]
     command.run = functools.partial(command.run, plugins=[sys.argv[1]])  # the CLI has no --plugin
@@ -252,8 +252,8 @@ def test_sigterm_to_the_cli_ends_the_run_like_ctrl_c(files):
 MATRIX_PARENT = textwrap.dedent('''
     import functools, os, sys, time
     from multiprocessing import process
-    from picklescope import runner
-    import picklescope.commands.run as command
+    from picklescope.measure import runner
+    import picklescope.cli.commands.run as command
 
     runner.SHM_DIR = sys.argv[1]
     side, kind, name = sys.argv[2].split(":")
@@ -267,7 +267,7 @@ MATRIX_PARENT = textwrap.dedent('''
             at()
 
     if side == "report":  # the run is over; the parent is printing its tables
-        import picklescope.table as table
+        import picklescope.views.table as table
         table.render = lambda *a, **k: at()
     command.run = functools.partial(command.run, on_event=hook)
     from picklescope.cli import main
@@ -320,7 +320,7 @@ MATRIX = ([(p, s) for p in POINTS for s in SIGNALS] if os.environ.get("PICKLESCO
 def _marked(marker: str, parent: int) -> list[psutil.Process]:
     """Live processes whose environment carries ``marker`` (every Ray process the run started does) or
     whose command line names the Ray temp dir of ``parent``'s run."""
-    from picklescope.leftovers import SESSION_ENV
+    from picklescope.core.leftovers import SESSION_ENV
 
     found = []
     for q in psutil.process_iter():
@@ -353,7 +353,7 @@ def _wait_for_raylet(p: subprocess.Popen, timeout_s: float) -> int:
 
 def _temporaries_of(pid: int, runs: str) -> list[str]:
     """Entries named after ``pid`` by the toolkit (``<prefix>-<pid>-...``) in the temp roots and ``runs``."""
-    from picklescope import leftovers
+    from picklescope.core import leftovers
 
     found = []
     for root in [*leftovers.temp_roots(), runs]:
@@ -379,7 +379,7 @@ def test_fault_matrix_leaves_nothing(tmp_path, point, signame):
     """Each signal at each point: SIGINT (to the group, as a terminal sends it) and SIGTERM end with one
     line; after any of them, within 5 s, no process of the run is alive and, once the next run's sweep
     has run (a SIGKILLed parent cannot clean up), no temporary of it is left."""
-    from picklescope import leftovers
+    from picklescope.core import leftovers
 
     if point in RAY_POINTS and not ray_available():
         pytest.skip("ray is not installed (pip install 'picklescope[ray]')")

@@ -1,7 +1,7 @@
 """The session-wide leftover check (tests/conftest.py) can fail, and says exactly what was left.
 
 Each case runs a small pytest session in a subprocess with the same hooks tests/conftest.py uses
-(``picklescope.pytest_leftovers``): one that runs a real measurement and must end clean (the warm
+(``picklescope.measure.pytest_leftovers``): one that runs a real measurement and must end clean (the warm
 forkserver is shut down, the run's directory is gone), and one that leaves a child, an orphan
 re-parented away from pytest, and a /dev/shm file, and must fail naming each of them.
 """
@@ -21,9 +21,9 @@ import time
 import psutil
 import pytest
 
-from picklescope import leftovers
+from picklescope.core import leftovers
 
-CONFTEST = "from picklescope.pytest_leftovers import pytest_sessionfinish, pytest_sessionstart  # noqa: F401\n"
+CONFTEST = "from picklescope.measure.pytest_leftovers import pytest_sessionfinish, pytest_sessionstart  # noqa: F401\n"
 
 CLEAN = textwrap.dedent('''
     import picklescope as ps
@@ -148,7 +148,7 @@ def test_a_grandchild_in_its_own_session_ends_with_the_run(tmp_path, monkeypatch
     """The sender starts ``sleep 600`` with ``setsid``: a process group and session of its own, which no
     process-group kill reaches. The run's tracking (a cgroup, else a subreaper) still ends it."""
     import picklescope as ps
-    from picklescope import cgroup
+    from picklescope.core import cgroup
 
     if tracking == "cgroup" and cgroup.tracking_base() is None:
         pytest.skip("no writable v1 pids/freezer cgroup here")
@@ -192,7 +192,7 @@ def _dead_pid() -> int:
 
 def test_multiprocessing_folder_of_a_killed_parent_is_removed(tmp_path):
     """multiprocessing's folder (the forkserver's socket) of a SIGKILLed parent is removed by the
-    forkserver as it exits (see picklescope/forkserver_setup.py); it is picklescope-named, so the next
+    forkserver as it exits (see picklescope/measure/forkserver_setup.py); it is picklescope-named, so the next
     run's sweep would remove it too (a ``/tmp/pymp-*`` folder would stay forever)."""
     script = tmp_path / "parent.py"
     script.write_text(KILLED_PARENT)
@@ -230,7 +230,7 @@ def test_the_sweep_removes_a_multiprocessing_folder_whose_creator_is_gone(tmp_pa
 def test_a_stale_tracking_cgroup_is_emptied_and_removed(tmp_path):
     """A parent killed mid-run leaves its tracking cgroup (named with its pid) and whatever still runs in
     it; any later run's sweep kills those processes and removes the cgroup."""
-    from picklescope import cgroup
+    from picklescope.core import cgroup
 
     base = cgroup.tracking_base()
     if base is None:
@@ -292,7 +292,7 @@ def test_ray_processes_of_a_dead_creator_are_killed_when_their_folder_is_already
 
 
 LOCAL_CLUSTER_PARENT = textwrap.dedent('''
-    from picklescope.transports_ray.local_cluster import LocalCluster
+    from picklescope.transports.ray.local_cluster import LocalCluster
 
     LocalCluster(object_store_bytes=80 * 1024 * 1024).start()
     print("STARTED", flush=True)
@@ -316,7 +316,7 @@ def test_a_local_cluster_whose_starter_is_killed_during_start_up_is_ended(tmp_pa
     """``LocalCluster`` runs ``ray start --block`` in a session of its own; its starter SIGKILLed while the
     cluster comes up (a raylet exists) must not leave that session or its psrayc- folder: a watcher
     process (transports_ray.cluster.watch_main) ends them within seconds, without waiting for a sweep."""
-    from picklescope.transports_ray import ray_available
+    from picklescope.transports.ray import ray_available
 
     if not ray_available():
         pytest.skip("ray is not installed (pip install 'picklescope[ray]')")

@@ -10,8 +10,8 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.testing.globalipapp import start_ipython
 
-from picklescope.magic import kernel_imports
-from picklescope.units import MiB
+from picklescope.core.units import MiB
+from picklescope.views.magic import kernel_imports
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from picklescope.node import NodeResult, node
-from picklescope.transports_ray import ray_available
+from picklescope.investigate.node import NodeResult, node
+from picklescope.transports.ray import ray_available
 
 pytestmark = pytest.mark.skipif(not ray_available(), reason="ray is not installed (pip install 'picklescope[ray]')")
 
@@ -35,7 +35,7 @@ SCALE, WORKERS, STEPS = 0.25, 4, 4  # flowgrpo x0.25: 116 MiB
 
 @pytest.fixture(scope="module")
 def cluster():
-    from picklescope.transports_ray.local_cluster import LocalCluster
+    from picklescope.transports.ray.local_cluster import LocalCluster
 
     failures = []
     for _ in range(3):  # on a loaded 2-core machine Ray's own start-up deadlines are sometimes missed
@@ -173,7 +173,7 @@ def test_bad_input_is_one_line_before_anything_runs():
 
 def test_cgroup_enforcement_lets_the_kernel_kill_and_names_the_process():
     """--enforcement cgroup: the whole cluster in one memory cgroup, the kernel's OOM killer choosing."""
-    from picklescope import cgroup
+    from picklescope.core import cgroup
 
     base, why = cgroup.support()
     if base is None:
@@ -320,7 +320,7 @@ def test_verl_engine_drives_verls_worker_group_with_dp_compute_proto(verl_instal
 
 
 def test_two_node_cluster_groups_processes_by_ray_node(cluster):
-    from picklescope.transports_ray import cluster as ray_procs
+    from picklescope.transports.ray import cluster as ray_procs
 
     tmp = tempfile.mkdtemp(prefix=f"psrayc-{os.getpid()}-", dir="/tmp")
     log = open(os.path.join(tmp, "node2.log"), "wb")  # noqa: SIM115 - closed below
@@ -353,7 +353,7 @@ def test_two_node_cluster_groups_processes_by_ray_node(cluster):
 
 def test_node_figure_stacks_processes_over_the_store_and_marks_the_kill():
     """The view alone, on a --json document: layers, grouping, step bands, budget line, kill marker."""
-    from picklescope import figures
+    from picklescope.views import figures
 
     ts = [0.0, 0.001, 0.002, 0.003]
     procs = {name: {"baseline_bytes": 100, "timeline": {"t_s": ts, "bytes": [100, 100 + k, 100 + 2 * k, 100 + 3 * k]}}

@@ -13,8 +13,9 @@ from pathlib import Path
 import jupytext
 import pytest
 
-from picklescope import cli, nbrun
-from picklescope.offline_html import external_references
+from picklescope import cli
+from picklescope.views import nbrun
+from picklescope.views.offline_html import external_references
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
 from browser_lab import lab_server  # noqa: E402

@@ -15,8 +15,8 @@ import psutil
 import pytest
 
 import picklescope as ps
-from picklescope.transports_ray import ray_available
-from picklescope.transports_ray.transport import TransferQueueTransport
+from picklescope.transports.ray import ray_available
+from picklescope.transports.ray.transport import TransferQueueTransport
 
 pytestmark = pytest.mark.skipif(not ray_available(), reason="ray is not installed (pip install 'picklescope[ray]')")
 
@@ -47,7 +47,7 @@ def temp_root(r: ps.RunResult) -> str | None:
 
 @pytest.fixture(scope="module")
 def cluster():
-    from picklescope.transports_ray.local_cluster import LocalCluster
+    from picklescope.transports.ray.local_cluster import LocalCluster
 
     c = LocalCluster(object_store_bytes=640 * MiB, num_cpus=3).start()
     yield c
@@ -183,7 +183,7 @@ def test_mismatched_codecs_fail_on_the_worker_with_the_reason(cluster):
 
 
 def test_two_sided_figure_has_the_store_between_the_sides(seed):
-    from picklescope.transports_ray.figure import ray_timeline_figure
+    from picklescope.views.ray_figure import ray_timeline_figure
 
     fig = ray_timeline_figure(seed["numpy"])
     titles = [a.text for a in fig.layout.annotations if a.text and ":" in a.text]
@@ -193,7 +193,7 @@ def test_two_sided_figure_has_the_store_between_the_sides(seed):
 
 
 def test_unavailable_transport_says_why_before_anything_runs(monkeypatch):
-    from picklescope.transports_ray import transport
+    from picklescope.transports.ray import transport
 
     monkeypatch.setattr(transport.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(transport.TransportUnavailable, match="ray package is not installed"):

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 import picklescope as ps
-from picklescope.transports_ray.tq import INSTALL_HINT
-from picklescope.transports_ray.transport import TransferQueueTransport, TransportUnavailable
+from picklescope.transports.ray.transferqueue import INSTALL_HINT
+from picklescope.transports.ray.transport import TransferQueueTransport, TransportUnavailable
 
 TQ = TransferQueueTransport()
 
@@ -32,7 +32,7 @@ def test_unavailable_transferqueue_refuses_with_the_reason_and_the_install_line(
 
 def test_ray_address_reaches_the_run_as_a_transport_option():
     from picklescope.cli import build_parser
-    from picklescope.commands.common import run_kwargs
+    from picklescope.cli.commands.common import run_kwargs
 
     args = build_parser().parse_args(["run", "--transport", "ray", "--ray-address", "10.0.0.5:6379"])
     assert run_kwargs(args)["transport_options"] == {"ray_address": "10.0.0.5:6379"}

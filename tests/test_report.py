@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from picklescope.report import prepare_out_dir, render
-from picklescope.reproduce import Investigation, budgeted_results, matrix_results, traced_results
+from picklescope.investigate.reproduce import Investigation, budgeted_results, matrix_results, traced_results
+from picklescope.views.report import prepare_out_dir, render
 
 SCALE = "0.1"
 

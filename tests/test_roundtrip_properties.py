@@ -31,11 +31,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from picklescope.batch import Batch
-from picklescope.capabilities import builtin_codec_names
 from picklescope.codecs import FEATURES, batch_features, get_codec
 from picklescope.codecs.base import FP8_DTYPES, iter_leaves
 from picklescope.errors import UnsupportedCase
-from picklescope.inprocess import IN_PROCESS_TRANSPORTS, exact_problems, roundtrip, unchecked_outcome
+from picklescope.investigate.capabilities import builtin_codec_names
+from picklescope.measure.inprocess import IN_PROCESS_TRANSPORTS, exact_problems, roundtrip, unchecked_outcome
 
 EXAMPLES_PER_CODEC = 200  # at least; the strata add up to a few more
 

@@ -32,13 +32,14 @@ import torch.serialization as ts
 from tensordict import NonTensorData, TensorDict
 
 import picklescope as ps
-from picklescope import cli, trust
+from picklescope import cli
 from picklescope.batch import Batch, set_active_codec
+from picklescope.codecs import trust
+from picklescope.codecs.verify import compare, manifest
+from picklescope.core.safeload import allow_tensordict_globals, load_tensordict_archive, tensordict_archive_globals
 from picklescope.errors import PicklescopeError
-from picklescope.safeload import allow_tensordict_globals, load_tensordict_archive, tensordict_archive_globals
-from picklescope.verify import compare, manifest
 from picklescope.verl.blobs import BLOB_DIR, check_reference_blobs, load_blob
-from picklescope.workloads import load_workload
+from picklescope.workloads.spec import load_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 EVIL_NAME = "<img src=x onerror=alert(1)>"
@@ -215,7 +216,7 @@ def documented_sites() -> set[tuple[str, str]]:
 def test_every_load_site_is_documented():
     sites, unsafe = load_sites()
     assert unsafe == []
-    assert ("toolkit/picklescope/safeload.py", "torch.load") in sites  # the scan sees real calls
+    assert ("toolkit/picklescope/core/safeload.py", "torch.load") in sites  # the scan sees real calls
     assert ("toolkit/picklescope/verl/blobs.py", "pickle.Unpickler") in sites
     documented = documented_sites()
     assert sites - documented == set(), "a new load: add it to docs/safe_loading.md with where it loads from"
@@ -424,8 +425,8 @@ def test_runs_carry_the_raw_strings(evil_runs):
 
 
 def test_report_escapes_workload_codec_and_error(evil_runs):
-    from picklescope.report import render
-    from picklescope.reproduce import Investigation
+    from picklescope.investigate.reproduce import Investigation
+    from picklescope.views.report import render
 
     spec, erred, killed, ok = evil_runs
     inv = Investigation(EVIL_NAME, 1.0, [erred, killed, ok],
@@ -439,22 +440,22 @@ def test_report_escapes_workload_codec_and_error(evil_runs):
 
 
 def test_explorer_cell_and_stepthrough_html_escape(evil_runs):
-    from picklescope.magic import summary_html
-    from picklescope.stepper import stepthrough_html
-    from picklescope.widgets import results_html
+    from picklescope.views.magic import summary_html
+    from picklescope.views.stepper import stepthrough_html
+    from picklescope.views.widgets import results_html
 
     spec, erred, killed, ok = evil_runs
     table = results_html([erred, killed, ok], ["none", "0.5x", "none"])
     _assert_escaped(table)
     assert "&lt;img src=x onerror=alert(1)&gt;" in table
-    from picklescope.cellrun import run_cell
+    from picklescope.measure.cellrun import run_cell
 
     cell = run_cell(f"raise RuntimeError({EVIL_ERROR!r})")
     assert cell.outcome == "error"
     summary = summary_html(cell)
     _assert_escaped(summary)
     assert "&lt;script&gt;" in summary
-    from picklescope.stepthrough import stepthrough
+    from picklescope.investigate.stepthrough import stepthrough
 
     st = stepthrough(codec=EVIL_CODEC, method="__setstate__", workload=str(spec), scale=0.25,
                      plugins=[str(spec.parent / "evil_codec.py")])
@@ -486,8 +487,8 @@ def test_opening_the_report_runs_no_injected_script(evil_runs, tmp_path):
     from browser_lab import chromium, require_browser
 
     require_browser()
-    from picklescope.report import write_report
-    from picklescope.reproduce import Investigation
+    from picklescope.investigate.reproduce import Investigation
+    from picklescope.views.report import write_report
 
     spec, erred, killed, ok = evil_runs
     page_file = tmp_path / "report.html"

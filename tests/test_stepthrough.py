@@ -14,7 +14,7 @@ import textwrap
 import pytest
 
 from picklescope.errors import PicklescopeError
-from picklescope.stepthrough import StepThrough, stepthrough
+from picklescope.investigate.stepthrough import StepThrough, stepthrough
 
 HOLDER = '''
 """A class of the user's own, shaped like verl's DataProto (pre-fix): one wasted copy, then views."""

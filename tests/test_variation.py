@@ -13,10 +13,10 @@ import sys
 import pytest
 
 import picklescope as ps
-from picklescope import headroom as headroom_mod
+from picklescope.core.result import RunResult, Side, Step, Variation
 from picklescope.errors import PicklescopeError
-from picklescope.result import RunResult, Side, Step, Variation
-from picklescope.table import variation_rows, variation_summary
+from picklescope.investigate import headroom as headroom_mod
+from picklescope.views.table import variation_rows, variation_summary
 
 MiB = 1 << 20
 
@@ -91,7 +91,7 @@ def _scripted_headroom(monkeypatch, peaks: list[int], payload: int = 100 * MiB):
             return payload
 
     monkeypatch.setattr(headroom_mod, "run", fake_run)
-    monkeypatch.setattr("picklescope.workloads.load_workload", lambda w: _Spec())
+    monkeypatch.setattr("picklescope.workloads.spec.load_workload", lambda w: _Spec())
     return headroom_mod.find_headroom("numpy-legacy", "pickle", "flowgrpo", 0.05, repeat=3)
 
 

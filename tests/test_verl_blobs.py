@@ -66,7 +66,7 @@ def test_trust_policy(tmp_path, monkeypatch):
     with pytest.raises(PicklescopeError, match="refusing to unpickle"):
         check_trusted(copy)
     # a file picklescope wrote itself (recorded with its checksum) is trusted while it is unchanged
-    from picklescope.trust import record_written
+    from picklescope.codecs.trust import record_written
 
     record_written([copy])
     assert check_trusted(copy) == copy.resolve()

@@ -9,7 +9,7 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.testing.globalipapp import start_ipython
 
-from picklescope.units import MiB
+from picklescope.core.units import MiB
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def _sender_rss_max(fig) -> float:
 @pytest.fixture(scope="module")
 def switched(ip):
     """numpy, then numpy-legacy, through the explorer's own controls (flowgrpo x0.1, about 47 MiB)."""
-    ip.run_cell("from picklescope.widgets import Explorer\n"
+    ip.run_cell("from picklescope.views.widgets import Explorer\n"
                 "ex = Explorer(codec='numpy', transport='pickle5-oob', workload='flowgrpo', scale=0.1)\nex",
                 store_history=True)
     ex = ip.user_ns["ex"]
@@ -143,7 +143,7 @@ def test_unknown_control_is_refused(switched):
 
 
 def test_step_reveal_shows_one_step_at_a_time(switched):
-    from picklescope.stepper import StepReveal
+    from picklescope.views.stepper import StepReveal
 
     legacy = switched[0].results[1]
     rv = StepReveal(legacy)
@@ -167,7 +167,7 @@ def test_step_reveal_shows_one_step_at_a_time(switched):
 def test_a_workload_file_joins_the_menu(tmp_path):
     """A converted or captured workload file is offered like a preset; a bad path is refused in one line."""
     from picklescope.errors import PicklescopeError
-    from picklescope.widgets import Explorer
+    from picklescope.views.widgets import Explorer
 
     mine = tmp_path / "mine.yaml"
     mine.write_text((Path(__file__).resolve().parents[1] / "data" / "workloads" / "tiny.yaml").read_text())
@@ -180,7 +180,7 @@ def test_a_workload_file_joins_the_menu(tmp_path):
 
 
 def test_a_table_aligns_whole_columns_and_says_which_runs_had_a_budget():
-    from picklescope import table
+    from picklescope.views import table
 
     html = table.html_table([{"what": "python", "value": "3.11.7"}, {"what": "platform", "value": "Linux x86_64"},
                              {"what": "cpus", "value": "2"}, {"n": "1.5 MiB"}])

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from picklescope.errors import PicklescopeError
-from picklescope.workloads import WORKLOAD_DIR, load_workload, parse_workload
+from picklescope.workloads.spec import WORKLOAD_DIR, load_workload, parse_workload
 
 # 12 tensor keys, 5 dtypes, a non-contiguous leaf, a zero-size leaf, a jagged nested leaf, two non-tensor keys
 SCHEMA = """
@@ -72,7 +72,7 @@ def _same_structure(derived, spec, views_kept: bool) -> None:
     assert derived.batch_size == spec.batch_size
     original = spec.payload_bytes(1.0)
     assert derived.file_payload_bytes == original  # read from the file: the exact bytes
-    from picklescope.workload_from import to_yaml
+    from picklescope.investigate.workload_from import to_yaml
 
     regenerated = parse_workload(to_yaml(derived)).payload_bytes(1.0)
     assert abs(regenerated - original) <= 0.01 * original, (regenerated, original)
@@ -93,7 +93,7 @@ def verl_090_blobs(schema, tmp_path_factory):
 
 @pytest.mark.parametrize("mode", ["numpy", "torch"])
 def test_real_verl_090_save_to_disk(verl_090_blobs, schema, mode):
-    from picklescope.workload_from import describe_file
+    from picklescope.investigate.workload_from import describe_file
 
     d = describe_file(verl_090_blobs[mode])
     assert d.format == f"verl DataProto ({mode} mode)" and not d.loaded
@@ -121,7 +121,7 @@ def test_cli_writes_a_workload_that_runs(verl_090_blobs, tmp_path):
 def test_torch_save_tensordict_keeps_views(schema, tmp_path):
     import torch
 
-    from picklescope.workload_from import describe_file
+    from picklescope.investigate.workload_from import describe_file
 
     spec = load_workload(schema)
     b = spec.build(1.0)
@@ -146,7 +146,7 @@ def test_dict_of_tensors_and_npz(tmp_path):
     import numpy as np
     import torch
 
-    from picklescope.workload_from import describe_file
+    from picklescope.investigate.workload_from import describe_file
 
     x = {"obs": torch.zeros(6, 3, 5), "ids": torch.zeros(6, 7, dtype=torch.int64), "scalar": torch.zeros(())}
     torch.save(x, tmp_path / "d.pt")
@@ -174,7 +174,7 @@ def test_what_the_format_cannot_say_is_refused_by_leaf(tmp_path):
     import torch
     from tensordict import TensorDict
 
-    from picklescope.workload_from import describe_file
+    from picklescope.investigate.workload_from import describe_file
 
     cases = {
         "sub-td": (TensorDict({"inner": TensorDict({"a": torch.zeros(2, 3)}, [2])}, [2]), "leaf 'inner'"),
@@ -281,9 +281,9 @@ def test_describing_reads_no_tensor_data(tmp_path):
     import torch
     from tensordict import TensorDict
 
-    from picklescope import procmem
     from picklescope.batch import Batch, set_active_codec
-    from picklescope.workload_from import describe_file
+    from picklescope.core import procmem
+    from picklescope.investigate.workload_from import describe_file
 
     td = TensorDict({"x": torch.ones(64, 1 << 18), "y": torch.ones(64, 4, dtype=torch.int64)}, [64])  # 64 MiB
     torch.save(td, tmp_path / "td.pt")
@@ -304,7 +304,7 @@ def test_describing_reads_no_tensor_data(tmp_path):
 
 def test_a_relative_workload_path_reaches_children_as_an_absolute_one(tmp_path, monkeypatch):
     """Children that run in another folder (a Ray worker, the node's driver) get a path they can open."""
-    from picklescope.workloads import load_workload
+    from picklescope.workloads.spec import load_workload
 
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "mine.yaml").write_text((Path(__file__).resolve().parents[1] / "data" / "workloads" /
@@ -327,15 +327,15 @@ def my_workload(tmp_path, monkeypatch) -> str:
 
 
 def test_stepthrough_takes_a_workload_path(my_workload):
-    from picklescope.stepthrough import stepthrough
+    from picklescope.investigate.stepthrough import stepthrough
 
     r = stepthrough(codec="numpy", workload=my_workload, scale=1.0)
     assert r.outcome == "ok" and r.error is None and r.workload == "my-name", (r.error, r.traceback)
 
 
 def test_headroom_and_reproduce_take_a_workload_path(my_workload):
-    from picklescope.headroom import find_headroom
-    from picklescope.reproduce import investigate
+    from picklescope.investigate.headroom import find_headroom
+    from picklescope.investigate.reproduce import investigate
 
     h = find_headroom("numpy", "pickle5-oob", my_workload, 1.0, repeat=1, resolution=0.5)
     assert h.workload == "my-name" and h.headroom_bytes is not None, h

@@ -7,24 +7,24 @@ receiver, and return a :class:`RunResult` with exact kernel peaks per step and p
 
 from __future__ import annotations
 
-from ._quiet_start import quiet_interrupts_while_importing
+from picklescope.core.quiet_start import quiet_interrupts_while_importing
 
 quiet_interrupts_while_importing()  # only as the 'picklescope' command: a Ctrl-C during imports is one line
 
-from .batch import Batch  # noqa: E402
-from .codecs import CODECS, get_codec, register_codec  # noqa: E402
-from .errors import PicklescopeError, UnknownNameError, UnsupportedCase  # noqa: E402
-from .result import RunResult, Side, Step, Timeline  # noqa: E402
-from .runner import run  # noqa: E402
-from .transports import TRANSPORTS, get_transport  # noqa: E402
-from .workloads import available_workloads, load_workload  # noqa: E402
+from picklescope.batch import Batch  # noqa: E402
+from picklescope.codecs import CODECS, get_codec, register_codec  # noqa: E402
+from picklescope.core.result import RunResult, Side, Step, Timeline  # noqa: E402
+from picklescope.errors import PicklescopeError, UnknownNameError, UnsupportedCase  # noqa: E402
+from picklescope.measure.runner import run  # noqa: E402
+from picklescope.transports import TRANSPORTS, get_transport  # noqa: E402
+from picklescope.workloads.spec import available_workloads, load_workload  # noqa: E402
 
 __version__ = "0.1.0"
 
 
 def load_ipython_extension(ipython: object) -> None:
-    """``%load_ext picklescope``: the ``%%picklescope`` cell magic and friends (see :mod:`picklescope.magic`)."""
-    from .magic import load_ipython_extension as load
+    """``%load_ext picklescope``: the ``%%picklescope`` cell magic and friends (see :mod:`picklescope.views.magic`)."""
+    from picklescope.views.magic import load_ipython_extension as load
 
     load(ipython)
 
@@ -35,6 +35,6 @@ __all__ = [
     "load_workload", "register_codec", "run",
 ]
 
-from .node import NodeResult, node  # noqa: E402 - picklescope.node(...): a verl node replayed, see docs/node.md
+from picklescope.investigate.node import NodeResult, node  # noqa: E402 - picklescope.node(...): a verl node replayed, see docs/node.md
 
 __all__ += ["NodeResult", "node"]

@@ -40,12 +40,12 @@ class Batch:
     meta_info: dict[str, Any] = field(default_factory=dict)
 
     def __getstate__(self) -> Any:
-        from .codecs import get_codec
+        from picklescope.codecs import get_codec
 
         return get_codec(active_codec_name()).getstate(self)
 
     def __setstate__(self, state: Any) -> None:
-        from .codecs import get_codec
+        from picklescope.codecs import get_codec
 
         self.batch = None
         self.non_tensor_batch = {}

@@ -7,12 +7,12 @@ cell, for example).
 
 from __future__ import annotations
 
-from ..errors import PicklescopeError, UnknownNameError
-from ..registry import Registry
-from .base import FEATURES, Codec, ModeMismatch, Unsupported, batch_features, describe_state
-from .numpy_codec import NumpyCodec, NumpyLegacyCodec
-from .torch_codec import TorchCodec
-from .zerocopy_codec import NumpyZeroCopyCodec
+from picklescope.codecs.base import FEATURES, Codec, ModeMismatch, Unsupported, batch_features, describe_state
+from picklescope.codecs.numpy_codec import NumpyCodec, NumpyLegacyCodec
+from picklescope.codecs.torch_codec import TorchCodec
+from picklescope.codecs.zerocopy_codec import NumpyZeroCopyCodec
+from picklescope.core.registry import Registry
+from picklescope.errors import PicklescopeError, UnknownNameError
 
 CODECS: Registry[Codec] = Registry("codec")
 for _cls in (TorchCodec, NumpyLegacyCodec, NumpyCodec, NumpyZeroCopyCodec):
@@ -21,7 +21,7 @@ for _cls in (TorchCodec, NumpyLegacyCodec, NumpyCodec, NumpyZeroCopyCodec):
 
 def _real_verl_codecs() -> dict[str, Codec]:
     """``verl-<version>:<mode>`` for every verl installed with ``picklescope verl install``."""
-    from ..verl.codec import installed_codecs
+    from picklescope.verl.codec import installed_codecs
 
     return installed_codecs()
 
@@ -39,7 +39,7 @@ def get_codec(name: str) -> Codec:
         return CODECS.get(name)
     except UnknownNameError:
         if name.startswith("verl-"):
-            from ..verl.envs import CACHE_ENV, cache_problem
+            from picklescope.verl.envs import CACHE_ENV, cache_problem
 
             problem = cache_problem()
             if problem:

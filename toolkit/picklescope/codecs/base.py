@@ -1,6 +1,6 @@
 """What a codec is: the pair ``__getstate__`` / ``__setstate__`` plus the cases it declares it cannot carry.
 
-A codec's steps are marked with :func:`picklescope.steps.step` so every run reports them. Its
+A codec's steps are marked with :func:`picklescope.core.steps.step` so every run reports them. Its
 ``unsupported`` declarations are checked against each batch before any work starts, so an
 unsupported leaf fails with a message naming the leaf and the reason, never with silent corruption.
 The same declarations generate the capability matrix (codec x feature) in the docs and notebooks.
@@ -14,9 +14,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..batch import Batch
-from ..errors import PicklescopeError, UnsupportedCase
-from ..steps import step
+from picklescope.batch import Batch
+from picklescope.core.steps import step
+from picklescope.errors import PicklescopeError, UnsupportedCase
 
 FP8_DTYPES = tuple(
     getattr(torch, n)

@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..batch import Batch
-from ..steps import step
-from .base import Codec, ModeMismatch, Unsupported, describe_state
-from .torch_codec import TorchCodec
+from picklescope.batch import Batch
+from picklescope.codecs.base import Codec, ModeMismatch, Unsupported, describe_state
+from picklescope.codecs.torch_codec import TorchCodec
+from picklescope.core.steps import step
 
 _DTYPE_PREFIX = "torch."
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from ..batch import Batch
-from ..safeload import load_tensordict_archive
-from ..steps import step
-from .base import Codec, ModeMismatch, Unsupported, describe_state
+from picklescope.batch import Batch
+from picklescope.codecs.base import Codec, ModeMismatch, Unsupported, describe_state
+from picklescope.core.safeload import load_tensordict_archive
+from picklescope.core.steps import step
 
 
 class TorchCodec(Codec):

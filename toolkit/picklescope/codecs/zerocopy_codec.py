@@ -4,7 +4,7 @@ The numpy codec's receiver copies every received buffer into a ``bytearray`` (+P
 copy (``torch.from_numpy`` straight on the received array) saves the memory, and over Ray it also
 makes every received tensor a window into the shared object store: numpy's read-only flag is lost,
 torch lets the tensor be written in place, and the write changes the stored object for every other
-reader (:mod:`picklescope.transports_ray.received` detects it and the Ray tests demonstrate it).
+reader (:mod:`picklescope.transports.ray.received` detects it and the Ray tests demonstrate it).
 The sender is exactly :class:`~picklescope.codecs.numpy_codec.NumpyCodec`'s, so a blob is
 interchangeable with verl's numpy mode.
 """
@@ -16,7 +16,7 @@ import warnings
 import numpy as np
 import torch
 
-from .numpy_codec import SENDER_GAPS, NumpyCodec, dtype_from_name
+from picklescope.codecs.numpy_codec import SENDER_GAPS, NumpyCodec, dtype_from_name
 
 
 def _dense_view(spec: tuple[str, tuple[int, ...], np.ndarray]) -> torch.Tensor:

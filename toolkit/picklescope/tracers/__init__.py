@@ -26,11 +26,11 @@ and ``RunResult.attribution`` lists ``{"bytes", "step", "side", "stack", "n_allo
 
 from __future__ import annotations
 
-from .base import ChildContext, ParentContext, SideData, Tracer
-from .catalog import ALL, DEFAULT_TRACER, KEYWORDS, TRACERS, availability, get_tracer, parse_tracers
-from .child import ChildTracing
-from .collect import Collector, per_step
-from .compare import add_notes, report_lines, tracer_report
+from picklescope.tracers.base import ChildContext, ParentContext, SideData, Tracer
+from picklescope.tracers.catalog import ALL, DEFAULT_TRACER, KEYWORDS, TRACERS, availability, get_tracer, parse_tracers
+from picklescope.tracers.child import ChildTracing
+from picklescope.tracers.collect import Collector, per_step
+from picklescope.tracers.compare import add_notes, report_lines, tracer_report
 
 __all__ = [
     "ALL", "DEFAULT_TRACER", "KEYWORDS", "TRACERS", "ChildContext", "ChildTracing", "Collector", "ParentContext",

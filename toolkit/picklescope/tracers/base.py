@@ -2,7 +2,7 @@
 
 A tracer has up to two halves. The child half runs inside the measured process (memray's hooks,
 tracemalloc, torch.profiler must live where the allocations happen): it starts just before the
-baseline is taken, sees every step boundary the :class:`~picklescope.steps.Meter` streams, and
+baseline is taken, sees every step boundary the :class:`~picklescope.core.steps.Meter` streams, and
 stops right after the measured phase. Whatever it learns at a step boundary rides on that step's
 event, so a side killed by SIGKILL still delivers every boundary it reached. The parent half turns
 what arrived (and any capture file) into a plain per-side view: a series over run time, a peak and
@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ..result import RunResult, Timeline
+from picklescope.core.result import RunResult, Timeline
 
 
 @dataclass

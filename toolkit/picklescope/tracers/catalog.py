@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import PicklescopeError, UnknownNameError
-from ..registry import Registry
-from .base import Tracer
-from .memray_tracer import MemrayNativeTracer, MemrayTracer
-from .simple import SamplerTracer, TorchProfilerTracer, TracemallocTracer
+from picklescope.core.registry import Registry
+from picklescope.errors import PicklescopeError, UnknownNameError
+from picklescope.tracers.base import Tracer
+from picklescope.tracers.memray_tracer import MemrayNativeTracer, MemrayTracer
+from picklescope.tracers.simple import SamplerTracer, TorchProfilerTracer, TracemallocTracer
 
 DEFAULT_TRACER = "sampler"
 ALL = ("sampler", "memray", "tracemalloc", "torch-profiler")

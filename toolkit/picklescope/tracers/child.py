@@ -1,6 +1,6 @@
 """The tracers' child half in a measured process: start them, feed them step boundaries, stop them.
 
-:class:`ChildTracing` wraps the pipe the :class:`~picklescope.steps.Meter` sends on. At each step
+:class:`ChildTracing` wraps the pipe the :class:`~picklescope.core.steps.Meter` sends on. At each step
 boundary it asks every running tracer for its view of that moment and attaches the answer to the
 step event itself, so what a tracer saw up to a SIGKILL is already with the parent. When a tracer
 attributes memory by stack (memray), the step start also carries the code block of its
@@ -15,9 +15,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from .. import steps
-from .base import ChildContext, Tracer
-from .catalog import TRACERS
+from picklescope.core import steps
+from picklescope.tracers.base import ChildContext, Tracer
+from picklescope.tracers.catalog import TRACERS
 
 Send = Callable[[dict[str, Any]], None]
 _SKIP = {steps.__file__, contextlib.__file__, __file__}

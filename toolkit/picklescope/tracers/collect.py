@@ -15,10 +15,10 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from ..result import RunResult, Step, Timeline
-from .base import ParentContext, SideData, Tracer
-from .catalog import TRACERS
-from .compare import add_notes
+from picklescope.core.result import RunResult, Step, Timeline
+from picklescope.tracers.base import ParentContext, SideData, Tracer
+from picklescope.tracers.catalog import TRACERS
+from picklescope.tracers.compare import add_notes
 
 EventHook = Callable[[dict[str, Any]], None]
 TAIL_S = 0.005

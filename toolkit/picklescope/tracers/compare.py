@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..result import RunResult
-from ..units import fmt_bytes
+from picklescope.core.result import RunResult
+from picklescope.core.units import fmt_bytes
 
 BIG_STEP = 0.10  # steps adding at least this fraction of the payload get a note
 BLIND = 0.01  # a tracer that saw less than this fraction of the payload is blind to the step
@@ -97,7 +97,7 @@ def tracer_report(result: RunResult, rows: int = 5) -> str:
 # -- tables for reading ------------------------------------------------------------------------------
 # frames of the toolkit's own instrumentation (step markers, tracer plumbing, the child runner) and
 # of the profilers: an allocation made only there is the measurement's cost, not the serialization's
-OWN_FRAMES = ("picklescope/steps.py", "picklescope/tracers/", "picklescope/child.py", "picklescope/launcher.py",
+OWN_FRAMES = ("picklescope/core/steps.py", "picklescope/tracers/", "picklescope/measure/child.py", "picklescope/measure/launcher.py",
               "picklescope/verl/envs.py", "multiprocessing/", "torch/profiler/", "torch/autograd/profiler.py",
               "memray/", "<frozen importlib")
 ATTRIBUTION_SHARE = 0.01  # allocations of at least this share of the payload get a row of their own

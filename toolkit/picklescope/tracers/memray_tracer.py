@@ -20,7 +20,7 @@ import os
 import sys
 from typing import Any
 
-from .base import ChildContext, ParentContext, SideData, Tracer
+from picklescope.tracers.base import ChildContext, ParentContext, SideData, Tracer
 
 MAX_ROWS = 40  # attribution rows per side; the rest is reported as one unlisted total
 MAX_FRAMES = 40

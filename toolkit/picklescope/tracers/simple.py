@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from .base import ChildContext, ParentContext, SideData, Tracer
+from picklescope.tracers.base import ChildContext, ParentContext, SideData, Tracer
 
 
 class SamplerTracer(Tracer):

@@ -15,6 +15,6 @@ its ~5 s / ~360 MiB import and two versions never mix.
 
 from __future__ import annotations
 
-from .envs import VerlEnv, cache_root, get_env, install_source, install_version, installed
+from picklescope.verl.envs import VerlEnv, cache_root, get_env, install_source, install_version, installed
 
 __all__ = ["VerlEnv", "cache_root", "get_env", "install_source", "install_version", "installed"]

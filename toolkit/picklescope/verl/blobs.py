@@ -8,7 +8,7 @@ the exact contents expected back (:func:`contents_record`: shapes, dtypes, sha25
 
 A blob is a pickle: unpickling runs code. So a blob is only loaded from the project's own ``data/``
 folder, from files picklescope wrote itself (recorded with their checksum, see
-:mod:`picklescope.trust`), or when the caller passes ``trust=True`` (``--trust``). A manifest next to
+:mod:`picklescope.codecs.trust`), or when the caller passes ``trust=True`` (``--trust``). A manifest next to
 a blob only says what the blob should contain; it vouches for nothing, since whoever hands over a
 blob can hand over a manifest too. Loading happens in a child process, with the
 real (possibly patched) verl of the chosen environment; the ``DataProto`` in the stream is captured
@@ -26,10 +26,10 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from .. import trust as _trust
-from ..errors import PicklescopeError
-from ..workloads import DATA_DIR
-from . import childcall
+from picklescope.codecs import trust as _trust
+from picklescope.errors import PicklescopeError
+from picklescope.verl import childcall
+from picklescope.workloads.spec import DATA_DIR
 
 BLOB_DIR = DATA_DIR / "blobs"
 MANIFEST = "manifest.json"
@@ -63,7 +63,7 @@ def manifest_entry(path: str | Path) -> dict[str, Any] | None:
 
 
 def check_trusted(path: str | Path, trust: bool = False) -> Path:
-    """``path`` resolved if it may be unpickled, else a PicklescopeError saying why (:mod:`picklescope.trust`)."""
+    """``path`` resolved if it may be unpickled, else a PicklescopeError saying why (:mod:`picklescope.codecs.trust`)."""
     return _trust.check_trusted(path, trust, what="blob")
 
 
@@ -88,7 +88,7 @@ def _json_sha(obj: Any) -> str:
 def contents_record(b: Any) -> dict[str, Any]:
     """What a blob must load back as, in a format of its own (stable JSON, sha256 of raw bytes).
 
-    Independent of :mod:`picklescope.verify` on purpose: shipped manifests must stay checkable when
+    Independent of :mod:`picklescope.codecs.verify` on purpose: shipped manifests must stay checkable when
     the run-time verifier changes how it digests.
     """
     out: dict[str, Any] = {"format": 1, "batch_size": None, "leaves": {}}
@@ -103,7 +103,7 @@ def contents_record(b: Any) -> dict[str, Any]:
 
 def compare_recorded(expected: dict[str, Any], got: Any) -> list[str]:
     """Every difference between a recorded :func:`contents_record` and the loaded object."""
-    from ..batch import Batch
+    from picklescope.batch import Batch
 
     if not isinstance(got, Batch):
         return [f"loaded a {type(got).__name__}, expected a Batch"]
@@ -142,7 +142,7 @@ class _CapturingUnpickler(pickle.Unpickler):
 
 def _load_with(codec: Any, path: str) -> Any:
     """Unpickle ``path``; a DataProto's state goes through ``codec``'s real ``__setstate__``."""
-    from ..batch import Batch, set_active_codec
+    from picklescope.batch import Batch, set_active_codec
 
     set_active_codec(codec.name)
     try:
@@ -162,8 +162,8 @@ def _load_with(codec: Any, path: str) -> Any:
 
 def load_in_child(path: str, codec_name: str, expected: dict[str, Any] | None = None) -> dict[str, Any]:
     """Child side of :func:`load_blob`: load, then compare with the expected contents if known."""
-    from ..batch import Batch
-    from ..codecs import get_codec
+    from picklescope.batch import Batch
+    from picklescope.codecs import get_codec
 
     codec = get_codec(codec_name)
     info = codec.prepare() if hasattr(codec, "prepare") else {}
@@ -175,8 +175,8 @@ def load_in_child(path: str, codec_name: str, expected: dict[str, Any] | None = 
 
 def check_in_child(label: str, patch: str | None, folder: str) -> list[dict[str, Any]]:
     """Child side of :func:`check_reference_blobs`: every blob through this verl (and patch)."""
-    from . import envs
-    from .codec import VerlCodec
+    from picklescope.verl import envs
+    from picklescope.verl.codec import VerlCodec
 
     env = envs.get_env(label)
     m = read_manifest(folder)
@@ -206,9 +206,9 @@ def write_in_child(label: str, out_dir: str, spec: str) -> dict[str, Any]:
     import tensordict
     import torch
 
-    from ..workloads import load_workload
-    from . import envs, loader
-    from .codec import VerlCodec
+    from picklescope.verl import envs, loader
+    from picklescope.verl.codec import VerlCodec
+    from picklescope.workloads.spec import load_workload
 
     env = envs.get_env(label)
     info = VerlCodec(env, "numpy").prepare()
@@ -268,7 +268,7 @@ def load_blob(path: str | Path, codec_name: str, *, trust: bool = False) -> dict
     A file that is not a whole pickle stream (empty, truncated, something else) is refused first,
     with the same one-line error as ``picklescope inspect``.
     """
-    from .blobinfo import describe_blob, require_pickle
+    from picklescope.verl.blobinfo import describe_blob, require_pickle
 
     p = check_trusted(path, trust)
     require_pickle(describe_blob(p))

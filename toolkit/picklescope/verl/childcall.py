@@ -15,10 +15,10 @@ import os
 import traceback
 from typing import Any
 
-from .. import launcher
-from ..codecs.base import ModeMismatch
-from ..errors import PicklescopeError, UnsupportedCase
-from .envs import CACHE_ENV, cache_root
+from picklescope.codecs.base import ModeMismatch
+from picklescope.errors import PicklescopeError, UnsupportedCase
+from picklescope.measure import launcher
+from picklescope.verl.envs import CACHE_ENV, cache_root
 
 
 def _entry(conn: Any, dotted: str, kwargs: dict[str, Any], env: dict[str, str]) -> None:

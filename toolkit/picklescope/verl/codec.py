@@ -17,7 +17,7 @@ in the other mode raises :class:`~picklescope.codecs.base.ModeMismatch` with the
 
 In torch mode verl's ``__setstate__`` calls ``torch.load(..., weights_only=False)`` itself. That is
 left alone on purpose: it is the behaviour under measurement. It only ever reads bytes the same run's
-sender produced, or a blob that passed :func:`picklescope.trust.check_trusted` (docs/safe_loading.md).
+sender produced, or a blob that passed :func:`picklescope.codecs.trust.check_trusted` (docs/safe_loading.md).
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..batch import Batch
-from ..codecs.base import Codec, ModeMismatch, batch_features
-from ..errors import PicklescopeError, UnsupportedCase
-from . import envs, loader
+from picklescope.batch import Batch
+from picklescope.codecs.base import Codec, ModeMismatch, batch_features
+from picklescope.errors import PicklescopeError, UnsupportedCase
+from picklescope.verl import envs, loader
 
 PATCH_ENV = "PICKLESCOPE_VERL_PATCH"
 _candidates: dict[str, str] = {}  # codec name -> patch path, registered in this (parent) process

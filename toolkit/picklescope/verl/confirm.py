@@ -16,13 +16,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import PicklescopeError
-from ..headroom import find_headroom
-from ..result import RunResult
-from ..runner import run
-from ..units import fmt_bytes
-from . import blobs, envs, stepview
-from .codec import PATCH_ENV, register_candidate, split_name
+from picklescope.core.result import RunResult
+from picklescope.core.units import fmt_bytes
+from picklescope.errors import PicklescopeError
+from picklescope.investigate.headroom import find_headroom
+from picklescope.measure.runner import run
+from picklescope.verl import blobs, envs, stepview
+from picklescope.verl.codec import PATCH_ENV, register_candidate, split_name
 
 NOISE = 0.05  # of the payload: differences smaller than this are "no change"
 

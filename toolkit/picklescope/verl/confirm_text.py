@@ -8,9 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .. import table
-from ..units import fmt_bytes
-from .confirm import ConfirmReport, Role, side_by_side
+from picklescope.core.units import fmt_bytes
+from picklescope.verl.confirm import ConfirmReport, Role, side_by_side
+from picklescope.views import table
 
 _OWN = str(Path(__file__).resolve().parents[1])  # the picklescope package: instrumentation, not the code judged
 

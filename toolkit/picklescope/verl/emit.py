@@ -26,11 +26,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import PicklescopeError
-from ..leftovers import temp_name
-from . import envs
-from .codec import PATCH_ENV, split_name
-from .confirm import ConfirmReport
+from picklescope.core.leftovers import temp_name
+from picklescope.errors import PicklescopeError
+from picklescope.verl import envs
+from picklescope.verl.codec import PATCH_ENV, split_name
+from picklescope.verl.confirm import ConfirmReport
 
 TEST_PAYLOAD = 64 << 20
 _HEADER = '''"""Regression test for DataProto serialization memory, emitted by ``picklescope confirm``.

@@ -26,7 +26,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..errors import PicklescopeError
+from picklescope.errors import PicklescopeError
 
 CACHE_ENV = "PICKLESCOPE_CACHE"
 _VERSION_RE = re.compile(r"^[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?$")

@@ -30,10 +30,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ..errors import PicklescopeError
-from ..steps import step
-from ..trust import file_sha256
-from .envs import VerlEnv, get_env, verl_root
+from picklescope.codecs.trust import file_sha256
+from picklescope.core.steps import step
+from picklescope.errors import PicklescopeError
+from picklescope.verl.envs import VerlEnv, get_env, verl_root
 
 MODE_ENV = "VERL_DATAPROTO_SERIALIZATION_METHOD"
 MODES = ("torch", "numpy")

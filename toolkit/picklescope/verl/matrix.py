@@ -19,7 +19,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import childcall
+from picklescope.verl import childcall
 
 EXTRA_CASES = ("strided-nested", "sub-tensordict", "batch-none", "empty-tensordict")
 
@@ -71,10 +71,10 @@ def _cases(workload: str, scale: float) -> list[tuple[str, str, Any]]:
     import torch
     from tensordict import TensorDict
 
-    from ..batch import Batch
-    from ..codecs.base import batch_features
-    from ..workloads import load_workload
-    from .codec import main_feature
+    from picklescope.batch import Batch
+    from picklescope.codecs.base import batch_features
+    from picklescope.verl.codec import main_feature
+    from picklescope.workloads.spec import load_workload
 
     full = load_workload(workload).build(scale)
     n = int(full.batch.batch_size[0])
@@ -104,9 +104,9 @@ def _cases(workload: str, scale: float) -> list[tuple[str, str, Any]]:
 
 
 def _round_trip(codec_name: str, batch: Any) -> tuple[str, str | None, str, str | None]:
-    from ..batch import set_active_codec
-    from ..errors import PicklescopeError
-    from ..verify import compare, manifest
+    from picklescope.batch import set_active_codec
+    from picklescope.codecs.verify import compare, manifest
+    from picklescope.errors import PicklescopeError
 
     expected = manifest(batch)
     set_active_codec(codec_name)
@@ -132,9 +132,9 @@ def _mode_read_at_call_time(codec: Any) -> bool:
     import torch
     from tensordict import TensorDict
 
-    from ..batch import Batch
-    from . import loader
-    from .codec import describe_verl_state
+    from picklescope.batch import Batch
+    from picklescope.verl import loader
+    from picklescope.verl.codec import describe_verl_state
 
     dp = codec.to_dataproto(Batch(TensorDict({"x": torch.zeros(2, 2)}, [2]), {}, {}))
     seen = []
@@ -146,8 +146,8 @@ def _mode_read_at_call_time(codec: Any) -> bool:
 
 def matrix_in_child(label: str, workload: str = "mixed", scale: float = 1.0) -> dict[str, Any]:
     """Child side: import this verl once, run every case in both modes."""
-    from . import envs, loader
-    from .codec import VerlCodec
+    from picklescope.verl import envs, loader
+    from picklescope.verl.codec import VerlCodec
 
     env = envs.get_env(label)
     codecs = {mode: VerlCodec(env, mode) for mode in loader.MODES}
@@ -178,7 +178,7 @@ def _short(c: Cell) -> str:
 
 def matrix_rows(r: MatrixResult) -> list[dict[str, Any]]:
     """One row per case: each mode's status, and whether the matching replica codec declares the same."""
-    from ..codecs import get_codec
+    from picklescope.codecs import get_codec
 
     rows = []
     for case in dict.fromkeys(c.case for c in r.cells):

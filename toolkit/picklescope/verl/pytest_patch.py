@@ -19,7 +19,7 @@ def pytest_configure(config: Any) -> None:
         return
     import verl.protocol
 
-    from .loader import apply_patch
+    from picklescope.verl.loader import apply_patch
 
     apply_patch(verl.protocol.DataProto, path)
 

@@ -6,7 +6,7 @@ Two sources, kept apart so the report never passes one off as the other:
   that called ``TensorDict.consolidate`` (recorded by the instrumentation in
   :mod:`picklescope.verl.loader`) and the exact memory that call added. The function's source is
   read from the very file the child imported (parsed, not run), with those lines marked.
-- a line-by-line trace, when the project's line tracer (``picklescope.stepthrough``) is present:
+- a line-by-line trace, when the project's line tracer (``picklescope.investigate.stepthrough``) is present:
   asked for each function over the same workload in a child with the same verl. When it is missing,
   the report says so.
 """
@@ -19,7 +19,7 @@ import linecache
 from pathlib import Path
 from typing import Any
 
-from ..units import fmt_bytes
+from picklescope.core.units import fmt_bytes
 
 
 def call_sites(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -86,9 +86,9 @@ def sources_for(role_file: str, patch: str | None, patched: list[str]) -> dict[s
 def line_tracer() -> tuple[Any | None, str]:
     """The project's line-by-line tracer module if this build has one, else (None, why not)."""
     try:
-        return importlib.import_module("picklescope.stepthrough"), ""
+        return importlib.import_module("picklescope.investigate.stepthrough"), ""
     except ImportError as exc:
-        return None, f"picklescope.stepthrough is not available in this build ({exc})"
+        return None, f"picklescope.investigate.stepthrough is not available in this build ({exc})"
 
 
 def _row(r: Any) -> dict[str, Any]:

@@ -1,0 +1,65 @@
+"""``picklescope node``: a driver and N worker actors over K training steps, every process on one clock."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from picklescope.cli.commands.common import print_json, seconds
+from picklescope.errors import PicklescopeError
+
+ORDER = 25
+
+
+def _resources(text: str) -> dict[str, float]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = None
+    if not isinstance(value, dict) or not all(isinstance(v, (int, float)) and v >= 0 for v in value.values()):
+        raise PicklescopeError(f"--worker-resources {text!r} is not a JSON mapping of resource names to amounts",
+                               "use e.g. --worker-resources '{\"node2\": 0.01}'")
+    return {str(k): float(v) for k, v in value.items()}
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("node", help="replay a verl node: a driver and N worker actors over K training steps")
+    p.add_argument("--codec", default="numpy", help="codec, including verl-<version>:<mode>; default numpy")
+    p.add_argument("--workload", default="flowgrpo", help="preset name or YAML path; default flowgrpo")
+    p.add_argument("--scale", type=float, default=0.25, help="factor on the batch dimension; default 0.25")
+    p.add_argument("--workers", type=int, default=4, help="worker actors; default 4")
+    p.add_argument("--steps", type=int, default=4, help="training steps; default 4")
+    p.add_argument("--returns", type=float, default=None,
+                   help="each worker returns this multiple of its chunk's payload (default: a small per-token tensor)")
+    p.add_argument("--dispatch", default="chunk", help="chunk (verl's DP_COMPUTE_PROTO) or broadcast")
+    p.add_argument("--gc", default="default", help="default (Python's collector), off, or each-step")
+    p.add_argument("--transport", default="ray-arg", help="ray-arg (the chunk as the call's argument) or ray (ray.put)")
+    p.add_argument("--node-budget", default=None,
+                   help="cap on the node's total above its baseline (700MiB, or a payload multiple: 1.5x)")
+    p.add_argument("--engine", default="replica",
+                   help="replica (default), or verl: real verl's RayWorkerGroup, DP_COMPUTE_PROTO (needs a verl codec)")
+    p.add_argument("--enforcement", default="watchdog",
+                   help="watchdog (default: kill the highest oom_score at the budget) or cgroup (one memory cgroup "
+                        "for the cluster, the kernel's OOM killer picks)")
+    p.add_argument("--ray-address", default=None, help="join this Ray cluster instead of starting a local one")
+    p.add_argument("--worker-resources", type=_resources, default=None,
+                   help="Ray resources each worker needs, as JSON (pins workers to nodes that have them)")
+    p.add_argument("--spread", action="store_true", help="spread the workers over the cluster's nodes")
+    p.add_argument("--timeout", type=seconds, default=900.0, help="wall-clock limit in seconds; default 900")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from picklescope.investigate.node import node
+
+    r = node(args.codec, args.workload, args.scale, args.workers, args.steps, returns=args.returns,
+             dispatch=args.dispatch, gc=args.gc, transport=args.transport, node_budget=args.node_budget,
+             ray_address=args.ray_address, worker_resources=args.worker_resources, spread=args.spread,
+             engine=args.engine, enforcement=args.enforcement, timeout_s=args.timeout)
+    if args.json:
+        print_json(r.to_json_dict())
+    else:
+        print(r.summary())
+    return 0 if r.outcome in ("ok", "oom-killed") else 1

@@ -1,0 +1,1151 @@
+"""A workload file from a user's own saved batch, read without running anything in the file.
+
+``picklescope workload from FILE`` turns a batch someone already has into a workload in the format
+of ``data/workloads/*.yaml``: every tensor key with its dtype, its shape (batch dimension ``N``) and
+its layout, the non-tensor keys (kind and typical length) and the meta_info keys. Values are never
+copied: the workload regenerates them from its seed, so the file is only a description.
+
+FILE may be:
+
+- a ``DataProto`` pickle written by verl's ``save_to_disk``, in either serialization mode (numpy
+  mode: a ``(dtype, shape, uint8 array)`` tuple per leaf; torch mode: a ``torch.save`` zip archive of
+  the consolidated TensorDict carried as bytes inside the pickle);
+- a ``torch.save`` archive of a TensorDict (consolidated or not) or of a dict of tensors;
+- a ``.npz`` (numeric arrays are tensor keys, object arrays non-tensor keys).
+
+Why it can read all of that safely: unpickling runs whatever the stream names, so the stream is
+interpreted by the standard library's own pickle machine with every global it names replaced by an
+inert record (:class:`_Unpickler`): a ``torch._utils._rebuild_tensor_v2`` call becomes a record of
+its storage, offset, size and stride; numpy's ``_reconstruct`` a record of dtype and shape; any name
+it does not know an opaque record that remembers only its name. Large byte strings (tensor data) are
+skipped by seeking, never read, and a ``torch.save`` archive is read from its zip directory and its
+``data.pkl`` (storage sizes come from the zip records). The only data bytes ever read are the
+offsets of jagged nested tensors and the sizes of strided ones: their lengths are the shape.
+
+What the reader cannot describe is refused with one line naming the leaf and the reason. ``--trust``
+(``trust=True``) loads a file only when its format requires running code to know the batch: a pickle
+whose batch is built by a class or function the reader does not know (see docs/safe_loading.md).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import pickle
+import statistics
+import struct
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from picklescope.core.safefile import BLOB_LIMIT_ENV, blob_limit, check_file
+from picklescope.core.units import fmt_bytes
+from picklescope.errors import PicklescopeError
+from picklescope.verl.blobinfo import ZIP_MAGIC
+from picklescope.workloads.spec import _ITEMSIZE, parse_workload
+
+__all__ = ["Described", "describe_file", "to_yaml", "write_workload", "describe_live"]
+
+_NUMPY_TO_TORCH = {
+    "float64": "float64", "float32": "float32", "float16": "float16", "int64": "int64", "int32": "int32",
+    "int16": "int16", "int8": "int8", "uint8": "uint8", "bool": "bool", "complex64": "complex64",
+    "complex128": "complex128",
+}
+_STORAGE_DTYPE = {
+    "DoubleStorage": "float64", "FloatStorage": "float32", "HalfStorage": "float16", "BFloat16Storage": "bfloat16",
+    "LongStorage": "int64", "IntStorage": "int32", "ShortStorage": "int16", "CharStorage": "int8",
+    "ByteStorage": "uint8", "BoolStorage": "bool", "ComplexFloatStorage": "complex64",
+    "ComplexDoubleStorage": "complex128", "Float8_e4m3fnStorage": "float8_e4m3fn",
+    "Float8_e5m2Storage": "float8_e5m2",
+}
+# structure is read by seeking past the data, so a saved batch may be far larger than a blob `inspect`
+# loads; the bound only stops a mistaken path (a disk image, a sparse file) from being walked
+SAVED_BATCH_LIMIT = 256 << 30
+_INLINE = 1 << 16  # byte strings up to this size are read (dtype codes, small strings); larger ones are skipped
+
+
+class Refused(PicklescopeError):
+    """The file holds something the workload format cannot describe (one line: the leaf and why)."""
+
+
+class NeedsCode(PicklescopeError):
+    """The batch is built by code the reader does not know: only a trusted load can describe it."""
+
+    def __init__(self, problem: str, way_out: str, names: list[str]) -> None:
+        super().__init__(problem, way_out)
+        self.names = names
+
+
+# -- inert stand-ins for what a stream names ------------------------------------------------------------
+@dataclass
+class _Bytes:
+    """A byte string of the stream, skipped: where it lies in the file and how long it is."""
+
+    offset: int
+    length: int
+    head: bytes = b""
+    data: bytes | None = None  # kept only when small
+
+
+class _Opaque:
+    """Anything built by a global the reader does not know; remembers only the name."""
+
+    _g = ("?", "?")
+
+    def __new__(cls, *args: Any, **kw: Any) -> _Opaque:
+        self = object.__new__(cls)
+        self.args, self.state, self.items = args, None, []
+        return self
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        pass
+
+    def __call__(self, *args: Any, **kw: Any) -> _Opaque:
+        return _opaque_type(*self._g)(*args)
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+    def append(self, x: Any) -> None:
+        self.items.append(x)
+
+    def extend(self, xs: Any) -> None:
+        self.items.extend(xs)
+
+    def __setitem__(self, k: Any, v: Any) -> None:
+        self.items.append((k, v))
+
+    @property
+    def name(self) -> str:
+        return f"{self._g[0]}.{self._g[1]}"
+
+
+_OPAQUE: dict[tuple[str, str], type] = {}
+
+
+def _opaque_type(module: str, name: str) -> type:
+    key = (module, name)
+    if key not in _OPAQUE:
+        _OPAQUE[key] = type(f"Opaque_{name}", (_Opaque,), {"_g": key})
+    return _OPAQUE[key]
+
+
+@dataclass
+class _Storage:
+    dtype: str
+    key: str
+    numel: int
+    archive: Any = None  # the _Archive it lives in
+
+
+@dataclass
+class _Tensor:
+    """A tensor as the stream describes it: never materialised."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    stride: tuple[int, ...] | None = None
+    layout: str = "dense"  # dense | jagged | strided (nested)
+    lengths: list[int] | None = None  # nested: each component's ragged length
+    inner: tuple[int, ...] = ()  # nested: the dimensions after the ragged one
+    storage: _Storage | None = None
+    offset: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        size = _ITEMSIZE.get(self.dtype, 0)
+        if self.lengths is not None:
+            return sum(self.lengths) * math.prod(self.inner) * size
+        return math.prod(self.shape) * size
+
+
+class _DType:
+    def __init__(self, code: Any = "", *args: Any) -> None:
+        self.code = code if isinstance(code, str) else "?"
+        self.byteorder = "|"
+
+    def __setstate__(self, state: Any) -> None:
+        if isinstance(state, tuple) and len(state) > 1 and isinstance(state[1], str):
+            self.byteorder = state[1]
+
+    @property
+    def width(self) -> int:
+        """Characters of a fixed-width string dtype ('<U12' -> 12)."""
+        digits = "".join(ch for ch in self.code if ch.isdigit())
+        return int(digits) if self.name == "str" and digits else 0
+
+    @property
+    def name(self) -> str:
+        c = self.code
+        if c == "O":
+            return "object"
+        if c and c[0] in "<>|=":
+            c = c[1:]
+        table = {"f8": "float64", "f4": "float32", "f2": "float16", "i8": "int64", "i4": "int32", "i2": "int16",
+                 "i1": "int8", "u1": "uint8", "b1": "bool", "c8": "complex64", "c16": "complex128"}
+        if c in table:
+            return table[c]
+        if c.startswith(("U", "S")):
+            return "str"
+        return c
+
+
+class _NDArray:
+    """A numpy array as the stream describes it; object arrays keep their (inert) elements."""
+
+    def __init__(self, dtype: Any = None, shape: tuple[int, ...] = (), nbytes: int = 0) -> None:
+        self.dtype = dtype.name if isinstance(dtype, _DType) else str(dtype)
+        self.width = dtype.width if isinstance(dtype, _DType) else 0
+        self.shape = tuple(shape)
+        self.nbytes = nbytes
+        self.items: list[Any] | None = None
+
+    def __setstate__(self, state: Any) -> None:
+        # numpy's array state: (version, shape, dtype, is_fortran, data)
+        if not (isinstance(state, tuple) and len(state) == 5):
+            raise Refused("a numpy array in the stream has a state of an unknown form",
+                          "save the batch with a numpy of version 1.x or 2.x")
+        _v, shape, dtype, _fortran, data = state
+        self.shape = tuple(int(d) for d in shape)
+        self.dtype = dtype.name if isinstance(dtype, _DType) else str(dtype)
+        self.width = dtype.width if isinstance(dtype, _DType) else 0
+        if isinstance(data, list):
+            self.items = data
+        self.nbytes = data.length if isinstance(data, _Bytes) else len(data) if isinstance(data, bytes) else 0
+
+
+def _reconstruct(subtype: Any, shape: Any, dtype: Any) -> _NDArray:
+    return _NDArray(dtype if isinstance(dtype, _DType) else _DType(dtype), tuple(shape) if shape else ())
+
+
+def _frombuffer(buf: Any, dtype: Any, shape: Any, order: Any = "C") -> _NDArray:
+    length = buf.length if isinstance(buf, _Bytes) else len(buf) if isinstance(buf, (bytes, bytearray)) else 0
+    return _NDArray(dtype, tuple(shape), length)
+
+
+def _storage_type(name: str) -> type:
+    dtype = _STORAGE_DTYPE.get(name)
+    return type(name, (), {"dtype": dtype, "storage_name": name})
+
+
+def _rebuild_tensor_v2(storage: Any, offset: int, size: Any, stride: Any, *rest: Any) -> _Tensor:
+    if not isinstance(storage, _Storage):
+        raise Refused("a tensor in the archive has no storage record", "save it with torch.save")
+    return _Tensor(storage.dtype, tuple(size), tuple(stride), storage=storage, offset=int(offset))
+
+
+def _rebuild_tensor_v3(storage: Any, offset: int, size: Any, stride: Any, requires_grad: Any, hooks: Any,
+                       dtype: Any, *rest: Any) -> _Tensor:
+    """Newer dtypes (uint16, ...) are saved on an untyped storage with the dtype beside it."""
+    if not isinstance(storage, _Storage):
+        raise Refused("a tensor in the archive has no storage record", "save it with torch.save")
+    name = dtype.name if isinstance(dtype, _TorchDType) else str(dtype)
+    return _Tensor(name, tuple(size), tuple(stride), storage=storage, offset=int(offset))
+
+
+class _TorchDType:
+    """``torch.float32`` and friends, named in a stream (e.g. by ``_rebuild_tensor_v3``)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def _rebuild_from_type_v2(func: Any, new_type: Any, args: Any, state: Any) -> Any:
+    out = func(*args)
+    if isinstance(out, _Opaque):
+        out.state = state
+    return out
+
+
+def _rebuild_parameter(data: Any, *rest: Any) -> Any:
+    return data
+
+
+def _read_ints(t: _Tensor) -> list[int]:
+    """The values of a small int64 tensor (nested offsets or sizes), read from its storage record."""
+    if t.storage is None or t.storage.archive is None or t.dtype != "int64":
+        raise Refused("a nested tensor's offsets are not an int64 tensor of the archive", "save it with torch.save")
+    count = math.prod(t.shape)
+    raw = t.storage.archive.read_range(t.storage.key, t.offset * 8, count * 8)
+    values = list(struct.unpack(f"<{count}q", raw))
+    if t.stride is not None and len(t.shape) == 2 and t.stride != (t.shape[1], 1):
+        raise Refused("a nested tensor's size table is not contiguous", "save it with torch.save")
+    return values
+
+
+def _njt(components: Any, *rest: Any) -> _Tensor:
+    """``torch.nested._internal.nested_tensor._rebuild_njt(components)``: a jagged tensor's values and offsets."""
+    values, offsets = (components.get("values"), components.get("offsets")) if isinstance(components, dict) \
+        else (None, None)
+    if not (isinstance(values, _Tensor) and isinstance(offsets, _Tensor)):
+        raise Refused("a jagged nested tensor without values and offsets tensors", "save it with torch.save")
+    off = _read_ints(offsets)
+    lengths = [b - a for a, b in zip(off, off[1:])]
+    return _Tensor(values.dtype, (len(lengths), -1, *values.shape[1:]), None, "jagged", lengths,
+                   tuple(values.shape[1:]))
+
+
+def _rebuild_nested(buffer: Any, sizes: Any, strides: Any, offsets: Any) -> _Tensor:
+    if not (isinstance(buffer, _Tensor) and isinstance(sizes, _Tensor)):
+        raise Refused("a strided nested tensor without its buffer and size table", "save it with torch.save")
+    rows, dims = (sizes.shape + (0,))[:2] if len(sizes.shape) == 2 else (sizes.shape[0] if sizes.shape else 0, 0)
+    flat = _read_ints(sizes) if rows and dims else []
+    comps = [tuple(flat[i * dims:(i + 1) * dims]) for i in range(rows)]
+    inner = comps[0][1:] if comps else ()
+    if any(c[1:] != inner for c in comps):
+        raise Refused("a strided nested tensor whose components differ beyond their first dimension",
+                      "the workload format has ragged first dimensions only")
+    return _Tensor(buffer.dtype, (rows, -1, *inner), None, "strided", [c[0] for c in comps], tuple(inner))
+
+
+def _tensordict_consolidated(metadata: Any, storage: Any, *rest: Any) -> dict[str, Any]:
+    """``tensordict._reductions._rebuild_tensordict_files_consolidated(metadata, storage)``: leaves from metadata."""
+    if not isinstance(storage, _Tensor) or storage.storage is None:
+        raise Refused("a consolidated TensorDict without its storage", "save it with torch.save")
+    return _from_consolidated(metadata, storage, "")
+
+
+def _from_consolidated(meta: Any, storage: _Tensor, prefix: str) -> dict[str, Any]:
+    if not isinstance(meta, dict):
+        raise Refused("a consolidated TensorDict with metadata of an unknown form", "save it with torch.save")
+    leaves = meta.get("leaves") or {}
+    out: dict[str, Any] = {"__tensordict__": True, "batch_size": list((meta.get("cls_metadata") or {})
+                                                                      .get("batch_size") or []), "leaves": {}}
+    njt: dict[str, dict[str, Any]] = {}
+    for key, rec in leaves.items():
+        for tag in ("<NJT_VALUES>", "<NJT_OFFSETS>", "<NJT_LENGTHS>"):
+            if key.startswith(tag):
+                njt.setdefault(key[len(tag):], {})[tag] = rec
+                break
+        else:
+            dtype, shape, start, stop, *_ = rec
+            out["leaves"][prefix + key] = _Tensor(str(dtype).removeprefix("torch."), tuple(shape), None,
+                                                  storage=storage.storage, offset=int(start))
+    for key, parts in njt.items():
+        vals, offs = parts.get("<NJT_VALUES>"), parts.get("<NJT_OFFSETS>")
+        if vals is None or offs is None:
+            raise Refused(f"leaf {prefix + key!r}: a jagged nested tensor without offsets", "save it unconsolidated")
+        count = math.prod(offs[1])
+        raw = storage.storage.archive.read_range(storage.storage.key, int(offs[2]), count * 8)
+        o = list(struct.unpack(f"<{count}q", raw))
+        lengths = [b - a for a, b in zip(o, o[1:])]
+        dtype, shape = str(vals[0]).removeprefix("torch."), tuple(vals[1])
+        out["leaves"][prefix + key] = _Tensor(dtype, (len(lengths), -1, *shape[1:]), None, "jagged", lengths,
+                                              tuple(shape[1:]))
+    for key, sub in (meta.items() if isinstance(meta, dict) else []):
+        if key not in ("cls", "non_tensors", "leaves", "cls_metadata") and isinstance(sub, dict) and "leaves" in sub:
+            raise Refused(f"leaf {prefix + key!r}: a nested sub-TensorDict",
+                          "the format has flat TensorDicts only; flatten it (td.flatten_keys()) and save again")
+    return out
+
+
+def _make_td(cls: Any, state: Any, *rest: Any) -> dict[str, Any]:
+    """``tensordict._reductions._make_td(cls, state)``: an unconsolidated TensorDict's leaves."""
+    if not isinstance(state, dict):
+        raise Refused("a TensorDict with a state of an unknown form", "save it with torch.save")
+    leaves = state.get("_tensordict") or {}
+    meta = state.get("_batch_size")
+    for key, v in leaves.items():
+        if isinstance(v, dict) and v.get("__tensordict__"):
+            raise Refused(f"leaf {key!r}: a nested sub-TensorDict",
+                          "the format has flat TensorDicts only; flatten it (td.flatten_keys()) and save again")
+    non_tensor = state.get("_non_tensordict") or {}
+    return {"__tensordict__": True, "batch_size": list(meta) if isinstance(meta, (list, tuple)) else None,
+            "leaves": dict(leaves), "non_tensor_in_td": list(non_tensor)}
+
+
+def _size(*args: Any) -> tuple[int, ...]:
+    return tuple(args[0]) if args else ()
+
+
+def _ordered_dict(*args: Any) -> dict[Any, Any]:
+    return dict(*args)
+
+
+_KNOWN: dict[tuple[str, str], Any] = {
+    ("numpy._core.multiarray", "_reconstruct"): _reconstruct,
+    ("numpy.core.multiarray", "_reconstruct"): _reconstruct,
+    ("numpy._core.numeric", "_frombuffer"): _frombuffer,
+    ("numpy.core.numeric", "_frombuffer"): _frombuffer,
+    ("numpy", "ndarray"): _NDArray,
+    ("numpy", "dtype"): _DType,
+    ("torch", "Size"): _size,
+    ("collections", "OrderedDict"): _ordered_dict,
+    ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor_v2,
+    ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
+    ("torch._utils", "_rebuild_tensor_v3"): _rebuild_tensor_v3,
+    ("torch._utils", "_rebuild_nested_tensor"): _rebuild_nested,
+    ("torch._tensor", "_rebuild_from_type_v2"): _rebuild_from_type_v2,
+    ("torch.nested._internal.nested_tensor", "_rebuild_njt"): _njt,
+    ("tensordict._reductions", "_rebuild_tensordict_files_consolidated"): _tensordict_consolidated,
+    ("tensordict._reductions", "_make_td"): _make_td,
+    ("builtins", "set"): set, ("__builtin__", "set"): set,
+}
+
+
+class _Unpickler(pickle._Unpickler):  # type: ignore[name-defined]
+    """The standard library's pickle machine with every global replaced by an inert stand-in.
+
+    Byte strings longer than ``_INLINE`` are skipped by seeking (when outside a frame, which is where
+    pickle writes large ones), so reading a 500 MiB blob costs no memory for its data.
+    """
+
+    dispatch = dict(pickle._Unpickler.dispatch)  # type: ignore[attr-defined]
+
+    def __init__(self, f: BinaryIO, archive: Any = None) -> None:
+        super().__init__(f)
+        self._f = f
+        self._archive = archive
+        self.unknown: list[str] = []
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _KNOWN:
+            return _KNOWN[(module, name)]
+        if module in ("torch", "torch.storage") and name.endswith("Storage"):
+            return _storage_type(name)
+        if module == "torch" and (name in _ITEMSIZE or name.startswith(("uint", "int", "float", "complex"))):
+            return _TorchDType(name)
+        if (module, name) == ("torch", "Tensor"):
+            return _opaque_type(module, name)
+        full = f"{module}.{name}"
+        if full not in self.unknown:
+            self.unknown.append(full)
+        return _opaque_type(module, name)
+
+    def persistent_load(self, pid: Any) -> Any:
+        if isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage":
+            _, stype, key, _loc, numel = pid
+            dtype = getattr(stype, "dtype", None)
+            if getattr(stype, "storage_name", "") == "UntypedStorage":
+                dtype = "untyped"  # the tensor record names its dtype (_rebuild_tensor_v3)
+            if dtype is None:
+                raise Refused(f"a storage of type {getattr(stype, 'storage_name', stype)!r} the workload format has "
+                              "no dtype for", "use one of: " + ", ".join(_ITEMSIZE))
+            return _Storage(dtype, str(key), int(numel), self._archive)
+        raise Refused("the stream refers to a persistent object that is not a torch storage",
+                      "save the batch with torch.save or DataProto.save_to_disk")
+
+    def _bytes(self, n: int) -> _Bytes:
+        frame = getattr(self._unframer, "current_frame", None)
+        if n <= _INLINE or frame is not None:
+            data = self.read(n)
+            if len(data) != n:
+                raise pickle.UnpicklingError("data ran out")
+            return _Bytes(-1, n, data[:4], data)
+        at = self._f.tell()
+        head = self._f.read(4)
+        self._f.seek(at + n)
+        if self._f.tell() != at + n or len(head) < min(4, n):
+            raise pickle.UnpicklingError("data ran out")
+        return _Bytes(at, n, head)
+
+    def _push_bytes(self, fmt: str, size: int) -> None:
+        (n,) = struct.unpack(fmt, self.read(size))
+        b = self._bytes(n)
+        self.append(b.data if b.data is not None else b)
+
+    def load_binbytes(self) -> None:
+        self._push_bytes("<I", 4)
+
+    def load_short_binbytes(self) -> None:
+        self._push_bytes("<B", 1)
+
+    def load_binbytes8(self) -> None:
+        self._push_bytes("<Q", 8)
+
+    def load_bytearray8(self) -> None:
+        self._push_bytes("<Q", 8)
+
+    def load_next_buffer(self) -> None:
+        self.append(_Bytes(-1, 0))
+
+    dispatch[pickle.BINBYTES[0]] = load_binbytes
+    dispatch[pickle.SHORT_BINBYTES[0]] = load_short_binbytes
+    dispatch[pickle.BINBYTES8[0]] = load_binbytes8
+    dispatch[pickle.BYTEARRAY8[0]] = load_bytearray8
+    dispatch[pickle.NEXT_BUFFER[0]] = load_next_buffer
+
+
+def _read_stream(f: BinaryIO, archive: Any = None) -> tuple[Any, list[str]]:
+    u = _Unpickler(f, archive)
+    try:
+        obj = u.load()
+    except PicklescopeError:
+        raise
+    except RecursionError:
+        raise Refused("the stream nests too deeply to read", "save a flatter batch") from None
+    except Exception as exc:  # noqa: BLE001 - a stream the machine cannot read: the caller words it
+        raise _Unreadable(f"{type(exc).__name__}: {exc}") from None
+    return obj, u.unknown
+
+
+class _Unreadable(Exception):
+    pass
+
+
+# -- zip archives (torch.save, npz) -----------------------------------------------------------------------
+class _Window(io.RawIOBase):
+    """A read-only, seekable window on part of a file: a zip archive carried inside a pickle."""
+
+    def __init__(self, f: BinaryIO, start: int, length: int) -> None:
+        self._f, self._start, self._len, self._pos = f, start, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        self._pos = max(0, {0: pos, 1: self._pos + pos, 2: self._len + pos}[whence])
+        return self._pos
+
+    def read(self, n: int = -1) -> bytes:
+        n = self._len - self._pos if n is None or n < 0 else min(n, self._len - self._pos)
+        self._f.seek(self._start + self._pos)
+        data = self._f.read(max(0, n))
+        self._pos += len(data)
+        return data
+
+    def readinto(self, b: Any) -> int:
+        data = self.read(len(b))
+        b[:len(data)] = data
+        return len(data)
+
+
+class _Archive:
+    """A ``torch.save`` zip: its ``data.pkl`` and the sizes of its storage records, nothing else read."""
+
+    def __init__(self, f: BinaryIO, where: str) -> None:
+        try:
+            self.zip = zipfile.ZipFile(f)
+        except (zipfile.BadZipFile, OSError, ValueError) as exc:
+            raise PicklescopeError(f"{where} is not a readable zip archive ({exc})",
+                                   "copy it again; a torch.save file is a zip archive") from None
+        names = self.zip.namelist()
+        pkl = next((n for n in names if n.endswith("/data.pkl") or n == "data.pkl"), None)
+        if pkl is None:
+            raise PicklescopeError(f"{where} is a zip archive without a data.pkl (not written by torch.save)",
+                                   "give a torch.save file, a .npz, or a DataProto.save_to_disk pickle")
+        self.pkl = pkl
+        self.prefix = pkl[: -len("data.pkl")]
+        self.where = where
+
+    def record_size(self, key: str) -> int | None:
+        try:
+            return self.zip.getinfo(f"{self.prefix}data/{key}").file_size
+        except KeyError:
+            return None
+
+    def read_range(self, key: str, start: int, n: int) -> bytes:
+        try:
+            with self.zip.open(f"{self.prefix}data/{key}") as m:
+                m.seek(start)
+                data = m.read(n)
+        except KeyError:
+            raise PicklescopeError(f"{self.where}: storage record {key!r} is missing",
+                                   "copy the file again; the archive is incomplete") from None
+        if len(data) != n:
+            raise PicklescopeError(f"{self.where}: storage record {key!r} is shorter than its tensor",
+                                   "copy the file again; the archive is truncated")
+        return data
+
+    def root(self) -> tuple[Any, list[str]]:
+        with self.zip.open(self.pkl) as m:
+            data = m.read()
+        try:
+            return _read_stream(io.BytesIO(data), self)
+        except _Unreadable as exc:
+            raise PicklescopeError(f"{self.where}: its data.pkl is not a readable pickle ({exc})",
+                                   "copy the file again") from None
+
+
+# -- the description --------------------------------------------------------------------------------------
+@dataclass
+class Described:
+    """What a file holds, as a workload would describe it (no values)."""
+
+    path: str
+    format: str  # verl DataProto (numpy mode) | ... | torch.save TensorDict | torch.save dict | npz
+    batch_size: int
+    tensors: dict[str, dict[str, Any]] = field(default_factory=dict)
+    non_tensor: dict[str, dict[str, Any]] = field(default_factory=dict)
+    meta_info: dict[str, Any] = field(default_factory=dict)
+    file_payload_bytes: int = 0  # the file's own tensor bytes
+    notes: list[str] = field(default_factory=list)
+    loaded: bool = False  # True only when --trust made a child load the file
+
+    def summary(self, payload: int | None = None) -> str:
+        p = self.file_payload_bytes if payload is None else payload
+        return (f"{len(self.tensors)} tensor keys, {len(self.non_tensor)} non-tensor keys, "
+                f"{fmt_bytes(p)} at batch {self.batch_size}")
+
+
+def _refuse_leaf(key: str, why: str, hint: str = "") -> Refused:
+    return Refused(f"leaf {key!r}: {why}", hint or "the workload format cannot describe it; drop or convert that "
+                   "key before saving (see docs/workload_from.md)")
+
+
+def _tensor_spec(key: str, t: _Tensor, n: int) -> dict[str, Any]:
+    """One tensor key as a workload entry: shape with ``N``, dtype, kind."""
+    if t.dtype not in _ITEMSIZE:
+        raise _refuse_leaf(key, f"dtype {t.dtype} has no entry in the workload format",
+                           "known dtypes: " + ", ".join(_ITEMSIZE))
+    if t.lengths is not None:
+        if len(t.lengths) != n:
+            raise _refuse_leaf(key, f"a nested tensor of {len(t.lengths)} components in a batch of {n}")
+        lo, hi = min(t.lengths, default=1), max(t.lengths, default=1)
+        if lo <= 0:
+            raise _refuse_leaf(key, "a nested tensor with an empty component (the format draws lengths >= 1)")
+        mean = statistics.fmean(t.lengths) if t.lengths else 1
+        # lengths are redrawn uniformly in [min_len, max_len]; keep the file's shortest or longest and put the
+        # other end where the expected mean equals the file's, inside the file's own range
+        if mean - lo <= hi - mean:
+            lo2, hi2 = lo, max(lo, min(hi, round(2 * mean - lo)))
+        else:
+            lo2, hi2 = max(lo, min(hi, round(2 * mean - hi))), hi
+        kind = "jagged-nested" if t.layout == "jagged" else "strided-nested"
+        return {"shape": ["N", "J", *t.inner], "dtype": t.dtype, "kind": kind, "min_len": lo2, "max_len": hi2}
+    shape = t.shape
+    if not shape:
+        raise _refuse_leaf(key, "a 0-dim tensor has no batch dimension")
+    if shape[0] != n:
+        raise _refuse_leaf(key, f"its first dimension is {shape[0]}, not the batch dimension {n}",
+                           "give --batch-dim with the batch size, or save leaves that share the batch dimension")
+    kind = "dense"
+    if t.stride is not None and math.prod(shape) > 0:
+        dense = _contiguous(shape)
+        if tuple(t.stride) != dense:
+            swapped = (*shape[:-2], shape[-1], shape[-2]) if len(shape) >= 2 else shape
+            base = _contiguous(swapped)
+            transposed = (*base[:-2], base[-1], base[-2]) if len(shape) >= 2 else base
+            if len(shape) >= 3 and tuple(t.stride) == transposed:
+                kind = "non-contiguous"
+            elif not _same_layout(shape, tuple(t.stride)):
+                raise _refuse_leaf(key, f"a view with strides {tuple(t.stride)} on shape {tuple(shape)}",
+                                   "the format's only view is the last two dimensions transposed (3+ dims); "
+                                   "save x.contiguous() or that transpose")
+    return {"shape": ["N", *shape[1:]], "dtype": t.dtype, **({"kind": kind} if kind != "dense" else {})}
+
+
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= max(d, 1)
+    return tuple(reversed(out))
+
+
+def _same_layout(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """Strides that differ from contiguous only on dimensions of size 1 describe the same bytes."""
+    return all(s == c or d == 1 for d, s, c in zip(shape, stride, _contiguous(shape)))
+
+
+def _non_tensor_spec(key: str, arr: Any, n: int) -> dict[str, Any]:
+    if not isinstance(arr, _NDArray):
+        raise _refuse_leaf(key, f"non-tensor value of type {_type_name(arr)}, not a numpy object array")
+    items = arr.items
+    if not arr.shape or arr.shape[0] != n:
+        raise _refuse_leaf(key, f"a non-tensor array of shape {arr.shape} in a batch of {n}")
+    if len(arr.shape) != 1:
+        raise _refuse_leaf(key, f"a non-tensor array of {len(arr.shape)} dimensions (the format has 1)")
+    if items is None:
+        if arr.dtype == "str":
+            return {"kind": "strings", "length": max(1, arr.width)}
+        raise _refuse_leaf(key, f"a numeric non-tensor array ({arr.dtype})", "keep numbers in the TensorDict")
+    kinds = {_elem_kind(x) for x in items}
+    if len(kinds) != 1 or None in kinds:
+        seen = ", ".join(sorted({_type_name(x) for x in items}))
+        raise _refuse_leaf(key, f"non-tensor elements of type {seen}; the format has strings, dicts or ints")
+    kind = kinds.pop()
+    out: dict[str, Any] = {"kind": kind}
+    if kind == "strings":
+        out["length"] = int(statistics.median(len(x) for x in items)) if items else 8
+    return out
+
+
+def _elem_kind(x: Any) -> str | None:
+    if isinstance(x, str):
+        return "strings"
+    if isinstance(x, dict):
+        return "dicts"
+    if isinstance(x, int) and not isinstance(x, bool):
+        return "ints"
+    return None
+
+
+def _type_name(x: Any) -> str:
+    if isinstance(x, _Opaque):
+        return x.name
+    if isinstance(x, _NDArray):
+        return f"numpy {x.dtype} array"
+    if isinstance(x, _Tensor):
+        return "tensor"
+    return type(x).__name__
+
+
+def _meta(meta: Any) -> dict[str, Any]:
+    """meta_info keys; plain scalar values kept (settings, not data), anything else named by its type."""
+    if meta is None:
+        return {}
+    if not isinstance(meta, dict):
+        raise Refused(f"meta_info is a {_type_name(meta)}, not a dict", "save a DataProto with a dict meta_info")
+    out: dict[str, Any] = {}
+    for k, v in meta.items():
+        if isinstance(v, (bool, int, float, str)) or v is None:
+            out[str(k)] = v if not isinstance(v, str) or len(v) <= 200 else f"<str of {len(v)} characters>"
+        elif isinstance(v, (list, tuple)) and len(v) <= 16 and all(isinstance(x, (bool, int, float)) for x in v):
+            out[str(k)] = list(v)
+        else:
+            out[str(k)] = f"<{_type_name(v)}>"
+    return out
+
+
+def _payload(tensors: dict[str, _Tensor]) -> int:
+    return sum(t.nbytes for t in tensors.values())
+
+
+def _build(path: str, fmt: str, n: int | None, tensors: dict[str, _Tensor], non_tensor: dict[str, Any],
+           meta: Any, batch_dim: int | None, notes: list[str]) -> Described:
+    if batch_dim is not None:
+        n = batch_dim
+    if n is None:
+        firsts = {(len(t.lengths) if t.lengths is not None else (t.shape[0] if t.shape else None))
+                  for t in tensors.values()}
+        firsts |= {a.shape[0] for a in non_tensor.values() if isinstance(a, _NDArray) and a.shape}
+        firsts.discard(None)
+        if len(firsts) != 1:
+            raise Refused(f"{path}: the leaves do not share one first dimension ({sorted(firsts)}) and the file "
+                          "does not say its batch size", "give --batch-dim N (the batch size)")
+        n = firsts.pop()
+    if not n or n <= 0:
+        raise Refused(f"{path}: a batch of size {n} has nothing to describe", "save a batch with at least one row")
+    d = Described(path, fmt, int(n), notes=notes)
+    for k, t in tensors.items():
+        d.tensors[str(k)] = _tensor_spec(str(k), t, n)
+    for k, a in non_tensor.items():
+        d.non_tensor[str(k)] = _non_tensor_spec(str(k), a, n)
+    d.meta_info = _meta(meta)
+    d.file_payload_bytes = _payload(tensors)
+    return d
+
+
+def _verl_numpy_batch(state: Any) -> tuple[int | None, dict[str, _Tensor]]:
+    """verl's numpy mode: ``(batch_size, device, {key: (dtype, shape, uint8 array) | (layout, [..])})``."""
+    batch_size, _device, items = state
+    out: dict[str, _Tensor] = {}
+    for k, v in (items or {}).items():
+        if isinstance(v, tuple) and len(v) == 3:
+            dtype, shape, _data = v
+            out[k] = _Tensor(str(dtype), tuple(int(d) for d in shape))
+        elif isinstance(v, tuple) and len(v) == 2:
+            layout, parts = v
+            comps = [tuple(int(d) for d in p[1]) for p in parts]
+            if not comps:
+                raise _refuse_leaf(k, "a nested tensor without components")
+            inner = comps[0][1:]
+            if any(c[1:] != inner for c in comps):
+                raise _refuse_leaf(k, "nested components that differ beyond their first dimension")
+            out[k] = _Tensor(str(parts[0][0]), (len(comps), -1, *inner), None,
+                             "jagged" if layout == "jagged" else "strided", [c[0] for c in comps], tuple(inner))
+        else:
+            raise _refuse_leaf(k, f"an entry of verl's numpy mode of an unknown form ({_type_name(v)})")
+    n = int(batch_size[0]) if batch_size else None
+    return n, out
+
+
+def _td_leaves(td: dict[str, Any]) -> dict[str, _Tensor]:
+    out = {}
+    for k, v in td["leaves"].items():
+        if isinstance(v, _Tensor):
+            out[k] = v
+        elif isinstance(v, dict) and v.get("__tensordict__"):
+            raise _refuse_leaf(k, "a nested sub-TensorDict", "flatten it (td.flatten_keys()) and save again")
+        else:
+            raise _refuse_leaf(k, f"a TensorDict entry of type {_type_name(v)}")
+    if td.get("non_tensor_in_td"):
+        k = td["non_tensor_in_td"][0]
+        raise _refuse_leaf(k, "non-tensor data stored inside the TensorDict",
+                           "keep non-tensor values in non_tensor_batch (a DataProto) or in a dict beside it")
+    return out
+
+
+def _from_dataproto(path: str, state: Any, f: BinaryIO, container: str, batch_dim: int | None) -> Described:
+    if not (isinstance(state, tuple) and len(state) == 3):
+        raise Refused(f"{path}: the {container}'s state is not the (batch, non_tensor_batch, meta_info) verl writes",
+                      "save it with DataProto.save_to_disk")
+    batch, non_tensor, meta = state
+    notes: list[str] = []
+    if batch is None:
+        fmt, n, tensors = f"{container} (numpy mode, batch=None)", None, {}
+    elif isinstance(batch, tuple) and len(batch) == 3:
+        fmt = f"{container} (numpy mode)"
+        n, tensors = _verl_numpy_batch(batch)
+        notes.append("numpy mode writes each leaf flattened and contiguous: a view in the original batch "
+                     "reads back as dense")
+    elif isinstance(batch, (_Bytes, bytes)):
+        fmt = f"{container} (torch mode)"
+        b = batch if isinstance(batch, _Bytes) else _Bytes(-1, len(batch), batch[:4], batch)
+        if b.head != ZIP_MAGIC:
+            raise Refused(f"{path}: the {container}'s batch bytes are not a torch.save archive",
+                          "save it with DataProto.save_to_disk")
+        src: BinaryIO = _Window(f, b.offset, b.length) if b.data is None else io.BytesIO(b.data)  # type: ignore
+        root, unknown = _Archive(src, f"{path} (its torch archive)").root()
+        _no_unknown(path, unknown, root)
+        if root is None:
+            n, tensors = None, {}
+        elif isinstance(root, dict) and root.get("__tensordict__"):
+            tensors = _td_leaves(root)
+            n = root["batch_size"][0] if root.get("batch_size") else None
+        else:
+            raise Refused(f"{path}: the torch archive inside holds a {_type_name(root)}, not a TensorDict",
+                          "save it with DataProto.save_to_disk")
+        notes.append("torch mode consolidates the batch first: a view in the original batch reads back as dense")
+    else:
+        raise Refused(f"{path}: the {container}'s batch is a {_type_name(batch)}, neither verl mode",
+                      "save it with DataProto.save_to_disk")
+    if not isinstance(non_tensor, dict):
+        raise Refused(f"{path}: non_tensor_batch is a {_type_name(non_tensor)}, not a dict",
+                      "save it with DataProto.save_to_disk")
+    if n is None and non_tensor:
+        first = next(iter(non_tensor.values()))
+        n = first.shape[0] if isinstance(first, _NDArray) and first.shape else None
+    return _build(path, fmt, n, tensors, non_tensor, meta, batch_dim, notes)
+
+
+def _no_unknown(path: str, unknown: list[str], root: Any) -> None:
+    """Names the reader does not know are fine where they carry no batch data (e.g. a class named in a
+    TensorDict's metadata); a torch archive whose batch itself is built by unknown code is refused, and
+    ``--trust`` does not change that: torch archives are only ever loaded with ``weights_only=True``,
+    which refuses that code as well (docs/safe_loading.md)."""
+    if isinstance(root, _Opaque):
+        raise Refused(f"{path}: its torch archive's batch is built by {root.name}, which picklescope does not run "
+                      "(torch archives are loaded with weights_only=True only, --trust or not)",
+                      "save the batch as a TensorDict or a dict of tensors (torch.save(td, path))")
+
+
+def _from_pickle(path: str, f: BinaryIO, batch_dim: int | None) -> Described:
+    try:
+        root, unknown = _read_stream(f)
+    except _Unreadable:
+        from picklescope.verl.blobinfo import describe_blob, require_pickle
+
+        require_pickle(describe_blob(path))  # the same one-line words as 'picklescope inspect'
+        raise PicklescopeError(f"{path} is not a pickle stream picklescope can read",
+                               "give a DataProto.save_to_disk pickle, a torch.save file or a .npz") from None
+    if isinstance(root, _Opaque) and root._g in (("verl.protocol", "DataProto"), ("picklescope.batch", "Batch")):
+        container = "verl DataProto" if root._g[0] == "verl.protocol" else "picklescope Batch"
+        return _from_dataproto(path, root.state, f, container, batch_dim)
+    if isinstance(root, _Opaque):
+        raise NeedsCode(f"{path}: a pickle whose top object is built by {root.name}, which picklescope does not read "
+                        "without running it", "pass --trust to load it in a child process, only if you know who "
+                        "wrote it (docs/safe_loading.md)", unknown)
+    if isinstance(root, dict):
+        return _from_mapping(path, "pickle of a dict", root, batch_dim)
+    raise Refused(f"{path}: a pickle of a {_type_name(root)}, not a DataProto, TensorDict or dict of tensors",
+                  "give a DataProto.save_to_disk pickle, a torch.save file or a .npz")
+
+
+def _from_mapping(path: str, fmt: str, root: dict[Any, Any], batch_dim: int | None) -> Described:
+    tensors: dict[str, _Tensor] = {}
+    non_tensor: dict[str, Any] = {}
+    for k, v in root.items():
+        if isinstance(v, _Tensor):
+            tensors[str(k)] = v
+        elif isinstance(v, _NDArray) and v.dtype in ("object", "str"):
+            non_tensor[str(k)] = v
+        elif isinstance(v, _NDArray) and v.dtype in _NUMPY_TO_TORCH:
+            tensors[str(k)] = _Tensor(_NUMPY_TO_TORCH[v.dtype], v.shape)
+        elif isinstance(v, _Opaque):
+            raise NeedsCode(f"{path}: key {k!r} is built by {v.name}, which picklescope does not read without "
+                            "running it", "pass --trust to load it in a child process, only if you know who wrote it",
+                            [v.name])
+        else:
+            raise _refuse_leaf(str(k), f"a value of type {_type_name(v)}")
+    return _build(path, fmt, None, tensors, non_tensor, None, batch_dim, [])
+
+
+def _from_torch_zip(path: str, f: BinaryIO, batch_dim: int | None) -> Described:
+    root, unknown = _Archive(f, path).root()
+    _no_unknown(path, unknown, root)
+    if isinstance(root, dict) and root.get("__tensordict__"):
+        tensors = _td_leaves(root)
+        n = root["batch_size"][0] if root.get("batch_size") else None
+        return _build(path, "torch.save TensorDict", n, tensors, {}, None, batch_dim, [])
+    if isinstance(root, dict):
+        return _from_mapping(path, "torch.save dict", root, batch_dim)
+    if isinstance(root, _Tensor):
+        raise Refused(f"{path}: a torch.save of one tensor, not of a batch",
+                      "save a dict of tensors or a TensorDict, e.g. torch.save({'x': x}, path)")
+    raise Refused(f"{path}: a torch.save of a {_type_name(root)}, not a TensorDict or a dict of tensors",
+                  "save a dict of tensors or a TensorDict")
+
+
+def _from_npz(path: str, f: BinaryIO, batch_dim: int | None) -> Described:
+    from numpy.lib import format as npformat
+
+    try:
+        z = zipfile.ZipFile(f)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise PicklescopeError(f"{path} is not a readable zip archive ({exc})", "copy it again") from None
+    tensors: dict[str, _Tensor] = {}
+    non_tensor: dict[str, Any] = {}
+    for info in z.infolist():
+        if not info.filename.endswith(".npy"):
+            continue
+        key = info.filename[:-4]
+        with z.open(info) as m:
+            try:
+                version = npformat.read_magic(m)
+                reader = npformat.read_array_header_1_0 if version == (1, 0) else npformat.read_array_header_2_0
+                shape, fortran, dtype = reader(m)  # a literal parsed safely by numpy, no code run
+            except ValueError as exc:
+                raise _refuse_leaf(key, f"its .npy header cannot be read ({exc})") from None
+            if not dtype.hasobject:  # a header is a claim: the member must hold what it declares
+                declared, held = math.prod(int(d) for d in shape) * dtype.itemsize, info.file_size - m.tell()
+                if declared > held:
+                    raise _refuse_leaf(key, f"its .npy header declares shape {tuple(shape)} of {dtype} "
+                                       f"({fmt_bytes(declared)}) but the member holds {fmt_bytes(max(held, 0))}",
+                                       "the file is truncated or damaged: save it again")
+            if dtype.hasobject:
+                arr, unknown = _read_stream(m)  # np.save pickles object arrays: read that stream inertly
+                if isinstance(arr, _Opaque):
+                    raise _refuse_leaf(key, f"an object array built by {arr.name}, which picklescope does not run "
+                                       "(an .npz is never loaded with allow_pickle, --trust or not)",
+                                       "keep strings, dicts or ints in object arrays")
+                non_tensor[key] = arr
+            elif dtype.kind in "US":
+                non_tensor[key] = _StrArray(tuple(shape), dtype.itemsize // (4 if dtype.kind == "U" else 1))
+            elif dtype.name in _NUMPY_TO_TORCH:
+                t = _Tensor(_NUMPY_TO_TORCH[dtype.name], tuple(shape))
+                if fortran and len(shape) >= 2:
+                    t.stride = tuple(reversed(_contiguous(tuple(reversed(shape)))))
+                tensors[key] = t
+            else:
+                raise _refuse_leaf(key, f"numpy dtype {dtype} has no entry in the workload format")
+    if not tensors and not non_tensor:
+        raise Refused(f"{path}: a zip archive with no .npy members", "give an .npz written by numpy.savez")
+    return _build(path, "npz", None, tensors, non_tensor, None, batch_dim, [])
+
+
+class _StrArray(_NDArray):
+    """A fixed-width numpy string array of an npz: kind strings, its width as the length."""
+
+    def __init__(self, shape: tuple[int, ...], width: int) -> None:
+        super().__init__("str", shape)
+        self.items = ["x" * width] * (shape[0] if shape else 0)
+
+
+def describe_file(path: str | os.PathLike, *, batch_dim: int | None = None, trust: bool = False) -> Described:
+    """Describe FILE's batch without running anything in it (see the module docstring).
+
+    ``trust=True`` loads the file in a child process only when reading cannot describe it because its
+    batch is built by code (see docs/safe_loading.md); every other file is read the same way with or
+    without it.
+    """
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise PicklescopeError(f"{p} is a directory, not a saved batch", "give the path of a file inside it")
+    size = check_file(p, "saved batch", 1 << 62)  # a FIFO, a device or a link to one is named, never opened
+    limit = max(blob_limit(), SAVED_BATCH_LIMIT)
+    if size > limit:
+        raise PicklescopeError(f"{p} is {fmt_bytes(size)}, over the {fmt_bytes(limit)} limit for a saved batch",
+                               f"set {BLOB_LIMIT_ENV} (e.g. 512GiB) if this really is one")
+    if batch_dim is not None and (isinstance(batch_dim, bool) or not isinstance(batch_dim, int) or batch_dim <= 0):
+        raise PicklescopeError(f"--batch-dim {batch_dim!r} must be a positive integer (the batch size)",
+                               "use e.g. --batch-dim 128")
+    try:
+        with open(p, "rb") as f:
+            head = f.read(4)
+            f.seek(0)
+            if not head:
+                raise PicklescopeError(f"{p} is empty (0 bytes)", "copy or download it again")
+            if head == ZIP_MAGIC:
+                try:
+                    names = zipfile.ZipFile(f).namelist()
+                except zipfile.BadZipFile as exc:
+                    raise PicklescopeError(f"{p} is not a readable zip archive ({exc})", "copy it again") from None
+                f.seek(0)
+                if any(n.endswith(".npy") for n in names) and not any(n.endswith("data.pkl") for n in names):
+                    return _from_npz(str(p), f, batch_dim)
+                return _from_torch_zip(str(p), f, batch_dim)
+            return _from_pickle(str(p), f, batch_dim)
+    except NeedsCode:
+        if not trust:
+            raise
+        return _trusted_load(p, batch_dim)
+
+
+# -- --trust: load in a child, describe the live objects -------------------------------------------------
+def _trusted_load(p: Path, batch_dim: int | None) -> Described:
+    from picklescope.verl import childcall
+
+    try:
+        d = childcall.call("picklescope.investigate.workload_from.load_in_child", path=str(p.resolve()), batch_dim=batch_dim,
+                           timeout_s=600.0)
+    except childcall.ChildError as exc:
+        first = str(exc).split("\n", 1)[0].split(" raised ", 1)[-1]
+        raise PicklescopeError(f"loading {p} with --trust failed in the child process: {first}",
+                               "run it where the classes the file names are importable (--debug shows the "
+                               "child's traceback)") from exc
+    out = Described(**{k: v for k, v in d.items() if k != "summary"})
+    out.loaded = True
+    return out
+
+
+def load_in_child(path: str, batch_dim: int | None) -> dict[str, Any]:
+    """Child side of a trusted load (a plain pickle only): unpickle and describe the live batch."""
+    with open(path, "rb") as f:
+        obj = pickle.load(f)  # the caller passed --trust for exactly this file, and reading could not describe it
+    d = describe_live(obj, path=path, batch_dim=batch_dim)
+    return {k: getattr(d, k) for k in ("path", "format", "batch_size", "tensors", "non_tensor", "meta_info",
+                                       "file_payload_bytes", "notes")}
+
+
+def describe_live(obj: Any, *, path: str = "<object>", batch_dim: int | None = None,
+                  fmt: str | None = None) -> Described:
+    """The same description from live objects: a DataProto-like batch, a TensorDict or a dict of tensors.
+
+    Used by the capture probe (the batch is in the trainer's memory already) and by a trusted load.
+    ``fmt`` names the object's type when ``obj`` is a stand-in for it (the probe describes a shallow
+    copy of the batch's containers taken at call time, off the call itself).
+    """
+    tensors: dict[str, _Tensor] = {}
+    non_tensor: dict[str, Any] = {}
+    meta: Any = None
+    n: int | None = None
+    td = obj
+    if hasattr(obj, "non_tensor_batch") and hasattr(obj, "meta_info"):
+        td, meta = getattr(obj, "batch", None), obj.meta_info
+        non_tensor = {k: _live_array(v) for k, v in (obj.non_tensor_batch or {}).items()}
+        fmt = fmt or f"{type(obj).__module__}.{type(obj).__name__}"
+    else:
+        fmt = fmt or type(obj).__name__
+    if td is not None:
+        if hasattr(td, "batch_size") and hasattr(td, "items"):
+            n = int(td.batch_size[0]) if len(td.batch_size) else None
+            items = list(td.items())
+        elif isinstance(td, dict):
+            items = list(td.items())
+        else:
+            raise Refused(f"{path}: loaded a {type(td).__name__}, not a DataProto, TensorDict or dict of tensors",
+                          "give a DataProto, a TensorDict or a dict of tensors")
+        for k, v in items:
+            if hasattr(v, "batch_size") and hasattr(v, "items"):
+                raise _refuse_leaf(str(k), "a nested sub-TensorDict", "flatten it (td.flatten_keys()) and save again")
+            if hasattr(v, "dtype") and hasattr(v, "shape") and hasattr(v, "is_nested"):
+                tensors[str(k)] = _live_tensor(str(k), v)
+            elif hasattr(v, "dtype") and hasattr(v, "shape"):
+                if v.dtype == object:
+                    non_tensor[str(k)] = _live_array(v)
+                else:
+                    tensors[str(k)] = _Tensor(_NUMPY_TO_TORCH.get(v.dtype.name, v.dtype.name), tuple(v.shape),
+                                              tuple(s // v.itemsize for s in v.strides))
+            else:
+                raise _refuse_leaf(str(k), f"a value of type {type(v).__name__}")
+    return _build(path, fmt, n, tensors, non_tensor, meta, batch_dim, [])
+
+
+def _live_tensor(key: str, v: Any) -> _Tensor:
+    dtype = str(v.dtype).removeprefix("torch.")
+    if v.is_nested:
+        import torch
+
+        parts = list(v.unbind())
+        lengths = [int(p.shape[0]) for p in parts]
+        inner = tuple(int(d) for d in parts[0].shape[1:]) if parts else ()
+        layout = "jagged" if v.layout == torch.jagged else "strided"
+        return _Tensor(dtype, (len(parts), -1, *inner), None, layout, lengths, inner)
+    return _Tensor(dtype, tuple(int(d) for d in v.shape), tuple(int(s) for s in v.stride()))
+
+
+def _live_array(v: Any) -> Any:
+    if not (hasattr(v, "dtype") and hasattr(v, "shape")):
+        return v
+    a = _NDArray("object" if v.dtype == object else ("str" if v.dtype.kind in "US" else v.dtype.name),
+                 tuple(v.shape))
+    if v.dtype == object:
+        a.items = list(v.reshape(-1)[:4096])  # kinds and a typical length are judged on the first 4096
+    elif v.dtype.kind in "US":
+        return _StrArray(tuple(v.shape), v.dtype.itemsize // (4 if v.dtype.kind == "U" else 1))
+    return a
+
+
+# -- the workload file -----------------------------------------------------------------------------------
+_PLAIN = __import__("re").compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
+_YAML_WORDS = {"yes", "no", "on", "off", "true", "false", "null", "none", "~"}
+
+
+def _scalar(v: Any) -> str:
+    """One value in YAML flow style, written directly (no YAML library on the probe's path)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "null"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        text = repr(v)
+        return text if ("." in text or "n" in text) else text.replace("e", ".0e", 1)  # 1e-05 -> 1.0e-05
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_scalar(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_key(str(k))}: {_scalar(x)}" for k, x in v.items()) + "}"
+    return _key(str(v))
+
+
+def _key(k: str) -> str:
+    if _PLAIN.match(k) and k.lower() not in _YAML_WORDS:
+        return k
+    return json.dumps(k)  # a JSON string is a YAML double-quoted scalar
+
+
+def _flow(d: dict[str, Any]) -> str:
+    return _scalar(d)
+
+
+def to_yaml(d: Described, name: str | None = None, seed: int = 0, validate: bool = True) -> str:
+    """The workload file's text, checked by the same parser every workload goes through.
+
+    The capture probe passes ``validate=False``: parsing YAML costs milliseconds, more than the call
+    it watches; the text comes from the same writer either way.
+    """
+    name = name or (Path(d.path).stem or "my-batch")
+    lines = [f"# Written by 'picklescope workload from' from {Path(d.path).name} ({d.format}).",
+             "# Structure only: every value is regenerated from the seed.",
+             f"# The file's own tensor payload: {d.file_payload_bytes} bytes ({fmt_bytes(d.file_payload_bytes)}) "
+             f"at batch {d.batch_size}."]
+    lines += [f"# {note}" for note in d.notes]
+    lines += [f"name: {_key(name)}", f"description: {_key(d.summary())}", f"batch_size: {d.batch_size}",
+              f"seed: {seed}"]
+    width = max((len(_key(k)) for k in [*d.tensors, *d.non_tensor]), default=0) + 1
+    lines.append("tensors:" + ("" if d.tensors else " {}"))
+    lines += [f"  {(_key(k) + ':').ljust(width + 1)} {_flow(v)}" for k, v in d.tensors.items()]
+    lines.append("non_tensor:" + ("" if d.non_tensor else " {}"))
+    lines += [f"  {(_key(k) + ':').ljust(width + 1)} {_flow(v)}" for k, v in d.non_tensor.items()]
+    lines.append("meta_info:" + ("" if d.meta_info else " {}"))
+    lines += [f"  {_key(str(k))}: {_scalar(v)}" for k, v in d.meta_info.items()]
+    text = "\n".join(lines) + "\n"
+    if validate:
+        parse_workload(text, "<derived workload>")  # what we write must load
+    return text
+
+
+def write_workload(d: Described, out: str | os.PathLike, name: str | None = None) -> Path:
+    """Write the workload file (parents created); returns its path."""
+    p = Path(out).expanduser()
+    if p.is_dir():
+        raise PicklescopeError(f"--out {p} is a directory", "give a file name ending in .yaml")
+    if p.suffix not in (".yaml", ".yml"):
+        raise PicklescopeError(f"--out {p} does not end in .yaml", "give a file name ending in .yaml, so --workload "
+                               "takes it for a path")
+    text = to_yaml(d, name)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text)
+    return p

@@ -1,0 +1,244 @@
+"""Run a notebook cell's code in an isolated, measured child, under an optional memory budget.
+
+This is what ``%%picklescope`` stands on. The cell's code cannot run in the kernel: an allocation
+beyond the budget must end a process, and that process must not be the kernel holding the user's
+work. So the code goes to a child from the warm forkserver (torch already imported, never computed,
+so no OpenMP deadlock after the kernel's own torch work). The child first re-runs the kernel's
+import statements (their cost lands in the baseline, not in the cell's peak), then runs the cell
+inside one step named ``cell`` with a :class:`~picklescope.core.steps.Meter` installed, so the cell's
+exact peak comes from ``VmHWM`` and any ``step(...)`` the cell marks gets its own peak too.
+
+The parent samples the child's RSS; the same :class:`~picklescope.measure.watchdog.Watchdog` that guards
+every run enforces the budget the way the kernel's OOM killer would (SIGKILL, no Python exception,
+after ``faulthandler`` wrote the Python stack), and :mod:`picklescope.measure.verdicts` words the outcome,
+so a cell's verdict reads like a run's. ``--tracer`` attaches the same in-process tracers as a run.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from multiprocessing.connection import wait
+from typing import Any
+
+from picklescope import tracers
+from picklescope.core import procmem, steps
+from picklescope.core.leftovers import temp_name
+from picklescope.core.result import RunResult, Side, Step
+from picklescope.core.units import fmt_bytes
+from picklescope.errors import PicklescopeError
+from picklescope.measure import launcher, verdicts
+from picklescope.measure.budget import Limits, check_machine, machine_reserve
+from picklescope.measure.sampler import Sampler
+from picklescope.measure.watchdog import Watchdog
+from picklescope.tracers import DEFAULT_TRACER, ChildContext, ChildTracing
+
+SIDE = "cell"
+CELL_FILE = "picklescope_cell.py"
+DEFAULT_TIMEOUT_S = 600.0
+_SHM = "/dev/shm" if os.path.isdir("/dev/shm") else None
+
+
+class _StreamToParent:
+    """A file-like ``sys.stdout`` for the child: each write is sent to the parent as it happens."""
+
+    def __init__(self, conn: Any, name: str) -> None:
+        self.conn = conn
+        self.name = name
+
+    def write(self, text: str) -> int:
+        if text:
+            self.conn.send({"type": "output", "side": SIDE, "stream": self.name, "text": text})
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+def cell_main(conn: Any, cfg: dict[str, Any]) -> None:
+    """Child side: imports, baseline, the cell in step ``cell``, then held and cycle-held memory."""
+    stack_file = open(os.path.join(cfg["run_dir"], "cell.stack"), "w")  # noqa: SIM115 - read by the handler
+    import faulthandler
+
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    sys.stdout = _StreamToParent(conn, "stdout")  # type: ignore[assignment]
+    sys.stderr = _StreamToParent(conn, "stderr")  # type: ignore[assignment]
+    # The cell's source as a real file, so tracebacks show its lines and a kill names the cell's line.
+    cell_file = os.path.join(cfg["run_dir"], CELL_FILE)
+    with open(cell_file, "w") as f:
+        f.write(cfg["code"])
+    ns: dict[str, Any] = {"__name__": "__main__", "__file__": cell_file}
+    import_errors = []
+    try:
+        ns.update(pickle.loads(cfg["variables"]))
+    except BaseException as exc:  # noqa: BLE001 - a variable that cannot be rebuilt here is reported
+        import_errors.append(f"pushed variables: {type(exc).__name__}: {exc}")
+    for stmt in cfg["imports"]:
+        try:
+            exec(compile(stmt, "<kernel imports>", "exec"), ns)
+        except BaseException as exc:  # noqa: BLE001 - a kernel import that fails here is reported, not fatal
+            import_errors.append(f"{stmt}: {type(exc).__name__}: {exc}")
+    gc.collect()
+    conn.send({"type": "ready", "side": SIDE, "pid": os.getpid(), "import_errors": import_errors})
+    tracing = ChildTracing(list(cfg["tracers"]), ChildContext(SIDE, cfg["run_dir"], cfg["t0"]), conn.send)
+    meter = steps.Meter(tracing.sink, cfg["t0"], SIDE)
+    steps.install(meter)
+    tracing.start()  # before the baseline: a tracer's fixed cost is not the cell's
+    meter.start()
+    error = None
+    try:
+        with steps.step(SIDE):
+            exec(compile(cfg["code"], cell_file, "exec"), ns)
+    except BaseException as exc:  # noqa: BLE001 - the cell's own failure is the result, not a crash
+        error = {"type": "error", "side": SIDE, "exc_type": type(exc).__name__, "message": str(exc),
+                 "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__.tb_next))}
+    peak = meter.finish()
+    steps.install(None)
+    tracing.stop()
+    before = procmem.rss()
+    gc.collect()
+    after = procmem.rss()
+    if error:
+        conn.send(error)
+    conn.send({"type": "done", "side": SIDE, "peak_bytes": peak, "held_bytes": before - meter.baseline,
+               "cycle_held_bytes": before - after, "baseline_bytes": meter.baseline, "t_s": meter.now()})
+    try:
+        conn.recv()  # stay alive (and sampled) until the parent lets go
+    except EOFError:
+        pass
+
+
+def _fold(result: RunResult, open_steps: list[Step], errors: list[dict[str, Any]], ev: dict[str, Any]) -> None:
+    side = result.sides[SIDE]
+    kind = ev["type"]
+    if kind == "ready":
+        result.extra["import_errors"] = ev.get("import_errors", [])
+    elif kind == "baseline":
+        side.baseline_bytes = ev["baseline_bytes"]
+        side.baseline_s = ev.get("t_s")
+    elif kind == "step_start":
+        st = Step(ev["name"], ev["t_s"], None, None, None, depth=ev["depth"])
+        side.steps.append(st)
+        open_steps.append(st)
+    elif kind == "step_end" and open_steps:
+        st = open_steps.pop()
+        st.end_s, st.peak_bytes, st.added_bytes = ev["end_s"], ev["peak_bytes"], ev["added_bytes"]
+        st.retained_bytes, st.error = ev["retained_bytes"], ev["error"]
+    elif kind == "output":
+        result.extra.setdefault("output", []).append((ev["stream"], ev["text"]))
+    elif kind == "error":
+        errors.append(ev)
+        result.outcome = "error"
+        result.error = f"{ev['exc_type']}: {ev['message']}"
+        result.extra["traceback"] = ev["traceback"]
+    elif kind == "done":
+        side.peak_bytes, side.held_bytes = ev["peak_bytes"], ev["held_bytes"]
+        side.cycle_held_bytes, side.baseline_bytes = ev["cycle_held_bytes"], ev["baseline_bytes"]
+
+
+def _limits(budget_bytes: int | None) -> Limits:
+    """The cell's budget, checked against what the machine can give, plus the machine guard."""
+    check_machine({SIDE: budget_bytes})
+    return Limits({SIDE: budget_bytes}, {SIDE: None if budget_bytes is None else fmt_bytes(budget_bytes)},
+                  "watchdog", note="the parent samples the cell's process and kills it with SIGKILL at its budget",
+                  guard_floor_bytes=machine_reserve(procmem.machine_memory()["total"]) // 2)
+
+
+def run_cell(code: str, *, imports: list[str] | tuple[str, ...] = (), variables: dict[str, Any] | None = None,
+             budget_bytes: int | None = None, tracer: str | list[str] | None = "sampler",
+             timeout_s: float = DEFAULT_TIMEOUT_S, sample_interval_s: float = 0.001,
+             on_event: Any = None) -> RunResult:
+    """Run ``code`` after ``imports`` in an isolated child; always returns a :class:`RunResult`.
+
+    ``variables`` (picklable) are defined in the child before the baseline, after the imports run.
+    The result has one side, ``cell``; its outcome is ``ok``, ``error``, ``memory-error``,
+    ``oom-killed`` (the budget watchdog, the machine guard, or the system's OOM killer) or
+    ``timeout``. ``tracer`` adds in-process tracers as for :func:`picklescope.run`.
+    """
+    try:
+        blob = pickle.dumps(dict(variables or {}))
+    except Exception as exc:  # noqa: BLE001 - tell which values cannot cross, before any child starts
+        raise PicklescopeError(f"the pushed variables cannot be pickled ({type(exc).__name__}: {exc})",
+                               "push only plain values (numbers, strings, lists, arrays)") from None
+    names = tracers.parse_tracers(tracer)
+    if DEFAULT_TRACER not in names:
+        raise PicklescopeError("a cell always runs with the sampler", "drop --tracer none")
+    limits = _limits(budget_bytes)
+    side = Side(SIDE, budget_bytes=budget_bytes)
+    result = RunResult(codec="%%picklescope", transport="none", workload="cell", scale=1.0, payload_bytes=0,
+                       sides={SIDE: side}, tracer=",".join(names))
+    if budget_bytes is not None:
+        result.enforcement, result.enforcement_note = limits.enforcement, limits.note
+    run_dir = tempfile.mkdtemp(prefix=temp_name("picklescope-cell-"), dir=_SHM)
+    t0 = time.monotonic()
+    cfg = {"code": code, "imports": list(imports), "variables": blob, "run_dir": run_dir, "t0": t0,
+           "tracers": names}
+    guard = Watchdog(limits, run_dir, t0)
+    collector = tracers.Collector(names)
+    sampler = Sampler(t0, sample_interval_s)
+    sampler.watchers.append(guard.watch)
+    sampler.start()
+    open_steps: list[Step] = []
+    errors: list[dict[str, Any]] = []
+    proc = conn = None
+    done = False
+    try:
+        proc, conn = launcher.start(cell_main, (cfg,), "picklescope-cell")
+        side.pid = proc.pid
+        sampler.add(SIDE, proc.pid)
+        guard.add(SIDE, proc.pid)
+        deadline = t0 + timeout_s
+        while not done:
+            if time.monotonic() > deadline:
+                result.outcome, result.error = "timeout", "the cell exceeded its wall-clock limit"
+                break
+            ready = wait([conn, proc.sentinel], timeout=0.5)
+            try:
+                while conn.poll():
+                    ev = conn.recv()
+                    _fold(result, open_steps, errors, ev)
+                    guard.event(ev)
+                    collector.observe(ev)
+                    done = done or ev["type"] == "done"
+                    if on_event:
+                        on_event(ev)
+            except (EOFError, OSError):
+                pass
+            if proc.sentinel in ready and not proc.is_alive() and not done:
+                break
+    finally:
+        sampler.stop()
+        if proc is not None:
+            try:
+                conn.send({"type": "release"})
+            except (OSError, BrokenPipeError):
+                pass
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+            side.exit_code = proc.exitcode
+            conn.close()
+        guard.close()
+        side.timeline = sampler.timelines.get(SIDE, side.timeline)
+        collector.collect(result, run_dir, t0, sampler.timelines)  # before the capture files go
+        shutil.rmtree(run_dir, ignore_errors=True)
+    if not done and result.outcome == "ok":
+        result.outcome = "error"
+        result.error = f"the cell's process ended without a result (exit code {side.exit_code})"
+    verdicts.decide(result, errors, {SIDE: done}, guard.kills, result.enforcement, {})
+    if result.outcome == "oom-killed" and side.peak_bytes is None:
+        side.peak_bytes = result.memory_at_death_bytes  # no VmHWM reading survives a SIGKILL
+        side.extra["peak_source"] = "sampled at the kill"
+    result.wall_s = time.monotonic() - t0
+    return result

@@ -1,0 +1,167 @@
+"""The code that runs inside the sender and receiver processes.
+
+Both sides follow the same shape: setup (imports are already warm; build or map the data), take the
+baseline, run the measured steps with a :class:`~picklescope.core.steps.Meter` installed, then measure
+what is still held and what only ``gc.collect()`` frees. Every event goes to the parent as it
+happens, so a SIGKILL loses nothing already sent.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import gc
+import os
+import signal
+import time
+import traceback
+from typing import Any
+
+from picklescope.batch import set_active_codec
+from picklescope.codecs import get_codec
+from picklescope.codecs.verify import compare, manifest
+from picklescope.core import procmem, steps
+from picklescope.core.plugins import load_plugins
+from picklescope.errors import PicklescopeError
+from picklescope.measure.budget import apply_in_child, lift_in_child
+from picklescope.tracers.child import ChildTracing
+from picklescope.transports import get_transport
+from picklescope.workloads.spec import load_workload
+
+
+def arm_stack_dump(cfg: dict[str, Any], side: str) -> Any:
+    """SIGUSR1 writes every thread's Python stack to a file: the watchdog sends it before SIGKILL."""
+    path = os.path.join(cfg["run_dir"], f"{side}.stack")
+    f = open(path, "w")  # noqa: SIM115 - must stay open for the signal handler
+    faulthandler.register(signal.SIGUSR1, file=f, all_threads=True)
+    return f
+
+
+def error_event(side: str, exc: BaseException) -> dict[str, Any]:
+    ev = {"type": "error", "side": side, "exc_type": type(exc).__name__, "message": str(exc),
+          "traceback": traceback.format_exc(limit=30)}
+    if isinstance(exc, PicklescopeError):  # the user's input, found where it is used: the parent raises it
+        ev["bad_input"] = [exc.problem, exc.hint]
+    return ev
+
+
+def held_memory(meter: steps.Meter) -> tuple[int, int]:
+    """(held, freed by gc.collect) in bytes, after the measured phase."""
+    before = procmem.rss()
+    gc.collect()
+    after = procmem.rss()
+    return before - meter.baseline, before - after
+
+
+def _apply_env(cfg: dict[str, Any], side: str) -> None:
+    for key, value in (cfg.get("env") or {}).get(side, {}).items():
+        os.environ[key] = value
+
+
+def _prepare_codec(conn: Any, side: str, name: str) -> None:
+    """Let a codec load what it needs (real verl: ~5 s of imports) during setup, before the baseline.
+
+    What it returns (e.g. the verl version and the file it was loaded from) is recorded in the run.
+    """
+    codec = get_codec(name)
+    prepare = getattr(codec, "prepare", None)
+    info = prepare() if prepare is not None else None
+    if info:
+        conn.send({"type": "codec_info", "side": side, "info": info})
+
+
+def sender_main(conn: Any, cfg: dict[str, Any]) -> None:
+    """Build the workload, serialize it with the codec over the transport, hand it off."""
+    side = "sender"
+    arm_stack_dump(cfg, side)
+    _apply_env(cfg, side)
+    try:
+        load_plugins(cfg.get("plugins"))
+        set_active_codec(cfg["codec"])
+        _prepare_codec(conn, side, cfg["codec"])
+        transport = get_transport(cfg["transport"])
+        batch = load_workload(cfg["workload"]).build(cfg["scale"])
+        expected = manifest(batch)
+        gc.collect()
+        procmem.populate_file_mappings()  # library pages into the baseline, not into the steps
+        conn.send({"type": "ready", "side": side, "pid": os.getpid(), "manifest": expected})
+    except BaseException as exc:  # noqa: BLE001 - any setup failure is reported, not raised
+        conn.send({**error_event(side, exc), "phase": "setup"})
+        return
+    tracing = ChildTracing.from_cfg(cfg, side, conn.send)  # tracers see every step boundary
+    meter = steps.make_meter(tracing.sink, cfg, side)
+    steps.install(meter)
+    tracing.start()  # before the baseline: a tracer's fixed cost is not a step's
+    meter.start()
+    info: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    try:
+        apply_in_child(cfg, side)  # cgroup / address-space budgets start at the baseline
+        info = transport.send(batch, cfg["run_dir"])
+    except BaseException as exc:  # noqa: BLE001
+        error = error_event(side, exc)
+    peak = meter.finish()
+    tracing.stop()
+    lift_in_child(cfg)
+    steps.install(None)
+    held, cycle = held_memory(meter)
+    if error:
+        conn.send({**error, "phase": "measure"})
+    conn.send({"type": "done", "side": side, "peak_bytes": peak, "held_bytes": held,
+               "cycle_held_bytes": cycle, "handoff": info, "baseline_bytes": meter.baseline,
+               "t_s": meter.now()})
+    conn.recv()  # stay alive (and sampled) until the parent lets go
+
+
+def receiver_main(conn: Any, cfg: dict[str, Any]) -> None:
+    """Wait for the hand-off, map it, deserialize, then verify against the sender's manifest."""
+    side = "receiver"
+    arm_stack_dump(cfg, side)
+    _apply_env(cfg, side)
+    try:
+        load_plugins(cfg.get("plugins"))
+        set_active_codec(cfg.get("receiver_codec") or cfg["codec"])
+        _prepare_codec(conn, side, cfg.get("receiver_codec") or cfg["codec"])
+        transport = get_transport(cfg["transport"])
+        procmem.populate_file_mappings()  # while the sender works: library pages into the baseline
+        conn.send({"type": "waiting", "side": side, "pid": os.getpid()})
+        msg = conn.recv()
+        if msg.get("type") != "go":
+            return
+        prepared = transport.prepare(msg["handoff"])
+        gc.collect()
+    except EOFError:
+        return
+    except BaseException as exc:  # noqa: BLE001
+        conn.send({**error_event(side, exc), "phase": "setup"})
+        return
+    tracing = ChildTracing.from_cfg(cfg, side, conn.send)  # tracers see every step boundary
+    meter = steps.make_meter(tracing.sink, cfg, side)
+    steps.install(meter)
+    tracing.start()  # before the baseline: a tracer's fixed cost is not a step's
+    meter.start()
+    obj = None
+    error = None
+    try:
+        apply_in_child(cfg, side)
+        obj = transport.receive(prepared)
+    except BaseException as exc:  # noqa: BLE001
+        error = error_event(side, exc)
+    peak = meter.finish()
+    tracing.stop()
+    lift_in_child(cfg)
+    steps.install(None)
+    end_t = meter.now()
+    held, cycle = held_memory(meter)
+    if error:
+        conn.send({**error, "phase": "measure"})
+    mismatches = compare(msg["manifest"], obj) if error is None else []
+    conn.send({"type": "done", "side": side, "peak_bytes": peak, "held_bytes": held,
+               "cycle_held_bytes": cycle, "baseline_bytes": meter.baseline, "t_s": end_t,
+               "mismatches": mismatches})
+    del obj
+    prepared.close()
+    time.sleep(0)  # let the last message flush before the parent reaps us
+    try:
+        conn.recv()
+    except EOFError:
+        pass

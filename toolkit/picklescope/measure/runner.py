@@ -1,0 +1,398 @@
+"""One isolated, measured run: a sender process and a receiver process, as in Ray.
+
+The parent (a terminal, a test, a Jupyter kernel) never touches the batch: it starts the two
+children from the warm forkserver, samples their RSS, relays the hand-off, collects every streamed
+event and always returns a :class:`RunResult`, whatever happened to the children.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from multiprocessing.connection import wait
+from typing import Any
+
+from picklescope import tracers
+from picklescope.codecs import get_codec
+from picklescope.core import procmem
+from picklescope.core.leftovers import RunTracker, sweep_orphans, temp_name
+from picklescope.core.result import RunResult, Side, Step, Variation
+from picklescope.errors import PicklescopeError
+from picklescope.measure import launcher, verdicts
+from picklescope.measure.budget import plan as plan_limits
+from picklescope.measure.sampler import Sampler
+from picklescope.measure.watchdog import Watchdog
+from picklescope.transports import get_transport
+from picklescope.workloads.spec import DEFAULT_WORKLOAD, check_scale, load_workload
+
+DEFAULT_TIMEOUT_S = 900.0
+MAX_REPEAT = 1000
+SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
+EventHook = Callable[[dict[str, Any]], None]
+
+
+def _check_fits(payload: int) -> None:
+    """Refuse a workload that cannot fit the machine before any child allocates it."""
+    avail = procmem.machine_memory()["available"]
+    need = 3 * payload  # the batch, one copy in flight, the hand-off
+    if avail and need > avail:
+        from picklescope.core.units import fmt_bytes
+
+        raise PicklescopeError(
+            f"workload payload {fmt_bytes(payload)} needs about {fmt_bytes(need)} but the machine has "
+            f"{fmt_bytes(avail)} available",
+            "use a smaller --scale",
+        )
+
+
+class _Run:
+    """Bookkeeping of one run while its events arrive."""
+
+    def __init__(self, result: RunResult, on_event: EventHook | None) -> None:
+        self.result = result
+        self.on_event = on_event
+        self.open_steps: dict[str, list[Step]] = {"sender": [], "receiver": []}
+        self.done: dict[str, bool] = {"sender": False, "receiver": False}
+        self.manifest: dict[str, Any] | None = None
+        self.handoff: dict[str, Any] | None = None
+        self.errors: list[dict[str, Any]] = []
+
+    def handle(self, ev: dict[str, Any]) -> None:
+        side = self.result.sides[ev["side"]]
+        kind = ev["type"]
+        if kind == "ready":
+            self.manifest = ev.pop("manifest")
+        elif kind == "baseline":
+            side.baseline_bytes = ev["baseline_bytes"]
+            side.baseline_s = ev.get("t_s")
+        elif kind == "step_start":
+            st = Step(ev["name"], ev["t_s"], None, None, None, depth=ev["depth"])
+            side.steps.append(st)
+            self.open_steps[ev["side"]].append(st)
+        elif kind == "step_end":
+            st = self.open_steps[ev["side"]].pop()
+            st.end_s, st.peak_bytes, st.added_bytes = ev["end_s"], ev["peak_bytes"], ev["added_bytes"]
+            st.retained_bytes, st.error, st.line = ev["retained_bytes"], ev["error"], ev.get("line")
+        elif kind == "error":
+            self.errors.append(ev)
+        elif kind == "codec_info":  # what a codec loaded in this side (e.g. real verl's version and file)
+            side.extra["codec_info"] = ev["info"]
+            self.result.extra.setdefault("codec_info", {})[ev["side"]] = ev["info"]
+        elif kind == "done":
+            side.peak_bytes = ev["peak_bytes"]
+            side.held_bytes = ev["held_bytes"]
+            side.cycle_held_bytes = ev["cycle_held_bytes"]
+            side.baseline_bytes = ev["baseline_bytes"]
+            self.done[ev["side"]] = True
+            if ev["side"] == "sender":
+                self.handoff = ev.get("handoff")
+            else:
+                self.result.roundtrip = {"ok": not ev["mismatches"], "mismatches": ev["mismatches"]}
+        if self.on_event:
+            self.on_event(ev)
+
+
+def run(
+    codec: str = "numpy",
+    transport: str = "pickle5-oob",
+    workload: str = DEFAULT_WORKLOAD,
+    scale: float = 0.25,
+    *,
+    receiver_codec: str | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    sample_interval_s: float = 0.001,
+    env: dict[str, dict[str, str]] | None = None,
+    on_event: EventHook | None = None,
+    on_sample: Callable[[str, float, int], None] | None = None,
+    probe: dict[str, str | None] | None = None,
+    plugins: list[str] | None = None,
+    budget: Any = None,
+    receiver_budget: Any = None,
+    enforcement: str = "watchdog",
+    tracer: str | list[str] | None = "sampler",
+    transport_options: dict[str, Any] | None = None,
+    handoff_dir: str | None = None,
+    repeat: int = 1,
+) -> RunResult:
+    """Serialize ``workload`` with ``codec`` over ``transport`` in two isolated processes.
+
+    Returns a :class:`RunResult` in every case; only bad input (unknown names, bad scale) raises.
+    ``plugins`` are files or modules (see :mod:`picklescope.core.plugins`) loaded here and in both
+    children before the codec is looked up, for codecs that are not built in. ``probe`` switches a
+    side to a single-reading meter (``benchmarks/fidelity.py``).
+
+    ``budget`` / ``receiver_budget`` cap what the sender / receiver may use above its baseline, as
+    bytes or a size (``"700MiB"``) or a multiple of the payload (``"1.5x"``); a side that crosses its
+    budget is killed and the run ends ``oom-killed`` with the side, step, stack and the timeline up to
+    the kill. ``enforcement`` is ``watchdog`` (default), ``cgroup`` or ``address-space`` (see
+    :mod:`picklescope.measure.budget`). A budget the machine cannot give raises before anything starts.
+
+    ``tracer`` chooses how memory is watched (see :mod:`picklescope.tracers`): ``"sampler"`` (always
+    on), ``"memray"``, ``"tracemalloc"``, ``"torch-profiler"``, several joined by commas, or ``"all"``;
+    their views land in ``result.tracers`` and memray's stacks in ``result.attribution``.
+
+    ``transport_options`` go to a transport that runs its own receiver (``ray``: ``ray_address`` to
+    join an existing cluster, ``object_store_bytes``); see :mod:`picklescope.transports.ray`.
+
+    ``handoff_dir`` puts the run's hand-off file (and its other temporaries) in that folder instead of
+    ``/dev/shm``; a hand-off that does not fit the free space there is refused before any child starts
+    (see :func:`picklescope.transports.check_handoff_space`).
+
+    ``repeat=N`` runs the case N times, each in fresh children forked from a freshly started forkserver
+    (children of one forkserver inherit its allocator state, and with it the value a varying peak
+    takes: see docs/varying_peaks.md), and returns the run with the largest
+    sender peak (the one a budget must survive) with ``variation`` holding min / median / max of every
+    exact peak over the N runs and whether it varies by more than 1% of the payload. A run that does
+    not end ``ok`` stops the repetition and is returned as it is.
+    """
+    if not (isinstance(repeat, int) and not isinstance(repeat, bool) and 1 <= repeat <= MAX_REPEAT):
+        raise PicklescopeError(f"repeat {repeat!r} must be a whole number from 1 to {MAX_REPEAT}",
+                               "use e.g. --repeat 5 (1 runs the case once)")
+    kw = dict(receiver_codec=receiver_codec, timeout_s=timeout_s, sample_interval_s=sample_interval_s, env=env,
+              on_event=on_event, on_sample=on_sample, probe=probe, plugins=plugins, budget=budget,
+              receiver_budget=receiver_budget, enforcement=enforcement, tracer=tracer,
+              transport_options=transport_options, handoff_dir=handoff_dir)
+    results: list[RunResult] = []
+    forkservers: list[int | None] = []
+    for i in range(repeat):
+        if i:  # a fresh forkserver: a new process, as each production worker is (docs/varying_peaks.md)
+            launcher.shutdown()
+        results.append(_run_once(codec, transport, workload, scale, **kw))
+        forkservers.append(launcher.forkserver_pid())
+        if results[-1].outcome != "ok":
+            break
+    if repeat == 1:
+        return results[0]
+    variation = Variation.of(results)
+    variation.forkserver_pids = forkservers
+    failed = next((r for r in results if r.outcome != "ok"), None)
+    worst = failed or max(results, key=lambda r: r.sender.peak_bytes or 0)
+    worst.variation = variation
+    return worst
+
+
+def _run_once(
+    codec: str,
+    transport: str,
+    workload: str,
+    scale: float,
+    *,
+    receiver_codec: str | None,
+    timeout_s: float,
+    sample_interval_s: float,
+    env: dict[str, dict[str, str]] | None,
+    on_event: EventHook | None,
+    on_sample: Callable[[str, float, int], None] | None,
+    probe: dict[str, str | None] | None,
+    plugins: list[str] | None,
+    budget: Any,
+    receiver_budget: Any,
+    enforcement: str,
+    tracer: str | list[str] | None,
+    transport_options: dict[str, Any] | None,
+    handoff_dir: str | None,
+) -> RunResult:
+    """One run of :func:`run`: two fresh children, one result."""
+    from picklescope.core.plugins import load_plugins
+
+    plugins = [str(p) for p in plugins or []]
+    load_plugins(plugins)
+    get_codec(codec)
+    if receiver_codec is not None:
+        get_codec(receiver_codec)
+    get_transport(transport)
+    check_scale(scale)
+    if not (isinstance(timeout_s, (int, float)) and timeout_s > 0 and timeout_s == timeout_s):
+        raise PicklescopeError(f"timeout_s {timeout_s!r} must be a positive number of seconds",
+                               f"use e.g. timeout_s=300 (default {DEFAULT_TIMEOUT_S:g})")
+    own_check = getattr(get_transport(transport), "check_options", None)
+    if own_check is not None:  # Ray: installed? does a cluster answer at ray_address? before anything starts
+        own_check(transport_options or {})
+    spec = load_workload(workload)
+    payload = spec.payload_bytes(scale)
+    _check_fits(payload)
+    from picklescope.transports import check_handoff_space, handoff_root
+
+    handoff_base = handoff_root(handoff_dir) if handoff_dir is not None else SHM_DIR
+    if getattr(get_transport(transport), "run_sides", None) is None:  # Ray's object store is not our hand-off
+        check_handoff_space(handoff_base, payload, chosen=handoff_dir is not None)
+    limits = plan_limits(budget, receiver_budget, payload, enforcement)
+    tracer_names = tracers.parse_tracers(tracer)
+    if not tracer_names and limits.any:
+        raise PicklescopeError("tracer 'none' turns off the sampling a budget is enforced with",
+                               "drop --tracer none or the budget")
+
+    result = RunResult(codec=codec, transport=transport, workload=spec.name, scale=scale,
+                       payload_bytes=payload, receiver_codec=receiver_codec,
+                       sides={"sender": Side("sender"), "receiver": Side("receiver")},
+                       tracer=",".join(tracer_names) or "none")
+    for name, side in result.sides.items():
+        side.budget_bytes = limits.budgets[name]
+    if limits.any:
+        result.enforcement, result.enforcement_note = limits.enforcement, limits.note
+    state = _Run(result, on_event)
+    sweep_orphans([handoff_base] if handoff_base else None)  # what a parent killed with SIGKILL could not remove
+    run_dir = tempfile.mkdtemp(prefix=temp_name("picklescope-"), dir=handoff_base)  # creator pid: see leftovers.py
+    result.extra["run_dir"] = run_dir  # removed when the run ends; kept here so tests can check
+    t0 = time.monotonic()
+    cfg = {"codec": codec, "transport": transport, "workload": spec.source or spec.name, "scale": scale,
+           "receiver_codec": receiver_codec, "run_dir": run_dir, "t0": t0, "env": env or {}, "probe": probe or {},
+           "plugins": plugins, "limits": limits.child_cfg(), "tracers": tracer_names}
+    from picklescope.measure import child
+
+    guard = Watchdog(limits, run_dir, t0)  # budgets, and the machine guard that protects this process
+    state.on_event = guard.chain(on_event)
+    collector = tracers.Collector(tracer_names)  # gathers what the tracers stream, reads their files
+    state.on_event = collector.hook(state.on_event)
+    own_run = getattr(get_transport(transport), "run_sides", None)
+    if own_run is not None:  # Ray, TransferQueue: the transport starts its receiver (an actor) and cleans up
+        ray_result = own_run(state, cfg, timeout_s=timeout_s, sample_interval_s=sample_interval_s,
+                             on_sample=on_sample, options=transport_options or {}, guard=guard, limits=limits)
+        guard.check_refused()
+        _raise_bad_setup(state)
+        _armed_budgets(ray_result, limits)
+        return ray_result
+
+    sampler = Sampler(t0, sample_interval_s)
+    if on_sample:  # live views (the notebook explorer) see each RSS sample as it is taken
+        sampler.watchers.append(on_sample)
+    sampler.watchers.append(guard.watch)
+    sampler.start()
+    procs: dict[str, Any] = {}
+    conns: dict[str, Any] = {}
+    tracker = RunTracker()  # the sides and every descendant, whatever session it starts: ended with the run
+    try:
+        for name, target in (("receiver", child.receiver_main), ("sender", child.sender_main)):
+            procs[name], conns[name] = launcher.start(target, (cfg,), f"picklescope-{name}")
+            tracker.add(procs[name].pid)
+            result.sides[name].pid = procs[name].pid
+            if tracer_names:  # tracer "none": no sampling at all (overhead baseline)
+                sampler.add(name, procs[name].pid)
+            guard.add(name, procs[name].pid)
+        _drive(state, procs, conns, t0 + timeout_s)
+    except BaseException:  # Ctrl-C (or a failure of ours): end the children now, not after their grace
+        for p in procs.values():
+            p.kill()
+        raise
+    finally:
+        sampler.stop()
+        tracker.snapshot()  # while the sides live, their descendants are still in their tree
+        for name in procs:
+            try:
+                conns[name].send({"type": "release"})
+            except (OSError, BrokenPipeError):
+                pass
+        for p in procs.values():
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        for name, p in procs.items():
+            result.sides[name].exit_code = p.exitcode
+            conns[name].close()
+        stray = [pid for pid in tracker.end() if pid not in tracker.pids]
+        if stray:
+            result.extra["killed_descendants"] = stray  # processes a side started and left running
+        guard.close()
+        cgroup_counters = limits.cleanup()
+        collector.collect(result, run_dir, t0, sampler.timelines)  # before the capture files go
+        result.extra["sampler_priority"] = sampler.priority  # realtime / raised / normal: see sampler.py
+        shutil.rmtree(run_dir, ignore_errors=True)
+    guard.check_refused()  # a whole-process limit under the side's baseline: bad input, nothing measured
+    _raise_bad_setup(state)
+    _armed_budgets(result, limits)
+    for name, tl in sampler.timelines.items():
+        result.sides[name].timeline = tl
+    _finish(state)
+    verdicts.decide(result, state.errors, state.done, guard.kills, result.enforcement, cgroup_counters)
+    result.wall_s = time.monotonic() - t0
+    return result
+
+
+def _drive(state: _Run, procs: dict[str, Any], conns: dict[str, Any], deadline: float) -> None:
+    """Relay events until both sides are done, one fails, or the deadline passes."""
+    by_obj = {id(c): name for name, c in conns.items()}
+    sentinels = {p.sentinel: name for name, p in procs.items()}
+    go_sent = False
+    while not (state.done["sender"] and state.done["receiver"]):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            state.result.outcome = "timeout"
+            state.result.error = "the run exceeded its wall-clock limit"
+            return
+        ready = wait(list(conns.values()) + list(sentinels), timeout=min(remaining, 0.5))
+        for obj in ready:
+            if isinstance(obj, int):
+                continue
+            name = by_obj[id(obj)]
+            try:
+                while obj.poll():
+                    state.handle(obj.recv())
+            except (EOFError, OSError):
+                pass
+        if state.errors and not go_sent:
+            return
+        if state.done["sender"] and not go_sent:
+            if state.handoff is None:
+                return
+            conns["receiver"].send({"type": "go", "handoff": state.handoff, "manifest": state.manifest})
+            go_sent = True
+        for sentinel, name in sentinels.items():
+            if sentinel in ready and not state.done[name] and not procs[name].is_alive():
+                # drain what the process sent before it died
+                try:
+                    while conns[name].poll():
+                        state.handle(conns[name].recv())
+                except (EOFError, OSError):
+                    pass
+                if not state.done[name]:
+                    return
+
+
+def _armed_budgets(result: RunResult, limits: Any) -> None:
+    """Each side's budget as enforced: a ``total:`` limit became bytes above the baseline only when the
+    watchdog saw that side's baseline (:meth:`~picklescope.measure.budget.Limits.arm_total`)."""
+    for name, side in result.sides.items():
+        if limits.budgets.get(name) is not None:
+            side.budget_bytes = limits.budgets[name]
+
+
+def _raise_bad_setup(state: _Run) -> None:
+    """A child that refused the user's input while setting up (a verl that does not import, a plugin
+    that fails in the child) raises the same one-line error here, after the run's processes are gone:
+    nothing was measured, so there is no result to return."""
+    for ev in state.errors:
+        if ev.get("phase") == "setup" and ev.get("bad_input"):
+            raise PicklescopeError(*ev["bad_input"])
+
+
+def _finish(state: _Run) -> None:
+    """Turn what arrived into the verdict and the summary fields."""
+    r = state.result
+    snd, rcv = r.sender, r.receiver
+    if state.handoff:
+        r.blob_bytes = state.handoff["blob_bytes"]
+        r.inband_bytes = state.handoff["inband_bytes"]
+        r.oob_bytes = state.handoff["oob_bytes"]
+    dumps, loads = snd.step("pickle.dumps"), rcv.step("pickle.loads")
+    r.serialize_s = dumps.duration_s if dumps and dumps.error is None else None
+    r.deserialize_s = loads.duration_s if loads and loads.error is None else None
+    if r.outcome == "timeout":
+        return
+    if state.errors:
+        first = state.errors[0]
+        r.outcome = "error"
+        r.error = f"{first['side']}: {first['exc_type']}: {first['message']}"
+        r.extra["traceback"] = first.get("traceback")
+        return
+    for name in ("sender", "receiver"):
+        if not state.done[name]:
+            side = r.sides[name]
+            r.outcome = "error"
+            r.error = f"{name} process ended without a result (exit code {side.exit_code})"
+            return
+    if r.roundtrip.get("ok") is False:
+        r.outcome = "ok"  # the run itself worked; the mismatch is reported in roundtrip

@@ -1,0 +1,410 @@
+"""Many named processes measured from the parent on one clock: sample, fold events, enforce a budget.
+
+A :class:`Session` adopts processes by name and pid (a child of ours, or a process someone else
+started, such as a Ray actor), samples every one of them and the object store from one thread of
+the parent at about 1 ms, folds the events each process streams (named steps with exact ``VmHWM``
+peaks, training-step boundaries) into typed records, and enforces one budget on the node's total.
+
+Accounting (what a node total means). Each process's curve is its *private* resident memory,
+``VmRSS - RssShmem`` from ``/proc/PID/status`` (anonymous plus file-backed pages). Shared-memory
+pages (``RssShmem``: the object store's ``/dev/shm`` file that a ``ray.put`` writer or a
+zero-copy ``ray.get`` reader maps) are left out of every process and counted once, as the store:
+the allocated blocks of the plasma file (``fstat``), read on the same tick. The node total at a
+tick is the sum of those private curves plus the store. ``smaps_rollup`` (PSS) was not used: the
+kernel walks every mapping to produce it, which costs milliseconds per read for a process that
+mapped torch, too slow for 1 ms sampling of ten processes, and it would still split the store's
+pages among its readers instead of counting them once. File-backed pages (shared libraries) stay
+in each process, as they do in RSS; they are part of each process's baseline, and budgets count
+above the node's baseline.
+
+The budget check runs on every tick. Its victim is the process the kernel's OOM killer would pick,
+the highest ``/proc/PID/oom_score`` among the adopted processes (Ray raises its workers'
+``oom_score_adj``, so the kernel, and this check, pick a worker before the driver unless the driver
+is much larger). The victim gets SIGUSR1 (its stack is dumped by ``faulthandler``) then SIGKILL.
+
+This module imports neither Ray nor torch: it only reads ``/proc`` and sends signals.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from picklescope.core.procmem import PAGE  # noqa: F401 - re-exported for readers of statm-based figures
+from picklescope.measure.sampler import _hold_gc, raise_priority
+from picklescope.measure.watchdog import dump_stack_then_kill
+
+# -- typed records: what the parent folds the streamed events into --------------------------------
+
+
+@dataclass
+class StepRecord:
+    """One named step of one process, with the kernel's exact peak (above that process's baseline)."""
+
+    name: str
+    start_s: float
+    end_s: float | None = None
+    depth: int = 0
+    training_step: int | None = None
+    peak_bytes: int | None = None
+    added_bytes: int | None = None
+    retained_bytes: int | None = None
+    error: str | None = None
+
+
+@dataclass
+class TrainingStep:
+    """One training step as the driver saw it (start and end on the session clock)."""
+
+    index: int
+    start_s: float
+    end_s: float | None = None
+    node_bytes: int | None = None  # node total above the node baseline at the step's end (sampled)
+    driver_bytes: int | None = None  # the driver's private memory above its baseline at the end (exact)
+    per_process_bytes: dict[str, int] = field(default_factory=dict)  # at the step's end, above baselines
+
+
+@dataclass
+class KillRecord:
+    """Whom the budget check killed, when, and what every process held at that moment."""
+
+    process: str
+    pid: int
+    t_s: float
+    node_bytes: int  # node total above its baseline when the budget was crossed
+    budget_bytes: int
+    training_step: int | None
+    step: str | None  # the innermost step open in the killed process (or the driver's) at the kill
+    oom_scores: dict[str, int] = field(default_factory=dict)
+    memory_bytes: dict[str, int] = field(default_factory=dict)  # per process (private) and "store", absolute
+    stack: str | None = None
+    sigkill_t_s: float | None = None
+
+
+@dataclass
+class Series:
+    t_s: list[float] = field(default_factory=list)
+    bytes: list[int] = field(default_factory=list)
+
+
+@dataclass
+class ProcessRecord:
+    """Everything the session knows about one adopted process."""
+
+    name: str
+    pid: int
+    role: str = "worker"
+    node_id: str | None = None
+    sampled: bool = True
+    baseline_bytes: int | None = None  # private bytes at the baseline tick (sampled)
+    exact_baseline_bytes: int | None = None  # VmRSS the process reported at its own baseline
+    peak_bytes: int | None = None  # exact: VmHWM above its baseline over the measured phase
+    held_bytes: int | None = None
+    cycle_held_bytes: int | None = None
+    steps: list[StepRecord] = field(default_factory=list)
+    timeline: Series = field(default_factory=Series)
+    open_steps: list[StepRecord] = field(default_factory=list)
+    done: bool = False
+    error: str | None = None
+    exit_code: int | None = None
+
+
+# -- reading /proc -----------------------------------------------------------------------------------
+
+
+class StatusReader:
+    """Private resident bytes (``VmRSS - RssShmem``) of one process, one ``pread`` per sample."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._fd = os.open(f"/proc/{pid}/status", os.O_RDONLY)
+
+    def read(self) -> int | None:
+        try:
+            data = os.pread(self._fd, 4096, 0)
+        except OSError:
+            return None
+        if not data:
+            return None
+        rss = _field(data, b"VmRSS:")
+        if rss is None:  # a zombie has no memory fields
+            return None
+        return rss - (_field(data, b"RssShmem:") or 0)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _field(data: bytes, name: bytes) -> int | None:
+    i = data.find(name)
+    if i < 0:
+        return None
+    return int(data[i + len(name):data.index(b"kB", i)]) * 1024
+
+
+def oom_score(pid: int) -> int | None:
+    """The kernel's OOM-killer score of ``pid`` (higher is killed first), or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/oom_score") as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+# -- the session ------------------------------------------------------------------------------------
+
+
+class Session:
+    """Named processes and one store on one clock; ``with Session(t0, run_dir) as s: s.adopt(...)``."""
+
+    def __init__(self, t0: float, run_dir: str, interval_s: float = 0.001, budget_bytes: int | None = None) -> None:
+        self.t0 = t0
+        self.run_dir = run_dir
+        self.interval_s = interval_s
+        self.budget_bytes = budget_bytes
+        self.processes: dict[str, ProcessRecord] = {}
+        self.node = Series()
+        self.store = Series()
+        self.store_source: str | None = None
+        self.node_baseline: int | None = None
+        self.store_baseline: int | None = None
+        self.baseline_s: float | None = None
+        self.training_steps: list[TrainingStep] = []
+        self.kill: KillRecord | None = None
+        self.priority = "normal"
+        self._readers: dict[str, StatusReader] = {}
+        self._store_reader: Any = None
+        self._last: dict[str, int] = {}
+        self._last_store = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._want_baseline = threading.Event()
+        self._baseline_taken = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="picklescope-session", daemon=True)
+        self._gc_held = False
+
+    # -- membership ---------------------------------------------------------------------------------
+    def adopt(self, name: str, pid: int, *, role: str = "worker", node_id: str | None = None,
+              sampled: bool = True) -> ProcessRecord:
+        """Start measuring ``pid`` under ``name`` (sampled from here only when it runs on this machine)."""
+        rec = self.processes.get(name) or ProcessRecord(name, pid, role)
+        rec.pid, rec.role, rec.node_id, rec.sampled = pid, role, node_id, sampled
+        self.processes[name] = rec
+        if sampled:
+            try:
+                reader = StatusReader(pid)
+            except OSError:
+                rec.sampled = False
+                return rec
+            with self._lock:
+                self._readers[name] = reader
+        return rec
+
+    def set_store(self, reader: Any, source: str) -> None:
+        """The object store's reader (``read() -> bytes``): sampled on the same tick, counted once."""
+        with self._lock:
+            self._store_reader = reader
+        self.store_source = source
+
+    def start(self) -> Session:
+        _hold_gc(True)
+        self._gc_held = True
+        self._thread.start()
+        return self
+
+    def take_baseline(self, timeout_s: float = 5.0) -> int | None:
+        """Ask the sampler for the node's baseline (the next tick's total); returns it."""
+        self._want_baseline.set()
+        self._baseline_taken.wait(timeout_s)
+        return self.node_baseline
+
+    # -- sampling -----------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        self.priority = raise_priority()
+        while not self._stop.is_set():
+            self.tick()
+            time.sleep(self.interval_s)
+
+    def tick(self) -> None:
+        """One sample of every process and the store, on one timestamp; then the budget check."""
+        with self._lock:
+            readers = list(self._readers.items())
+            store = self._store_reader
+        t = round(time.monotonic() - self.t0, 6)
+        total = 0
+        gone = []
+        for name, reader in readers:
+            value = reader.read()
+            if value is None:
+                gone.append(name)
+                continue
+            self._last[name] = value
+            tl = self.processes[name].timeline
+            tl.t_s.append(t)
+            tl.bytes.append(value)
+            total += value
+        if store is not None:
+            s = store.read()
+            if s is not None:
+                self._last_store = s
+                self.store.t_s.append(t)
+                self.store.bytes.append(s)
+                total += s
+        for name in gone:
+            self._drop(name)
+            self._last.pop(name, None)
+        if not readers and store is None:
+            return
+        self.node.t_s.append(t)
+        self.node.bytes.append(total)
+        if self._want_baseline.is_set() and not self._baseline_taken.is_set():
+            self.node_baseline = total
+            self.store_baseline = self._last_store if store is not None else 0
+            self.baseline_s = t
+            for name, _ in readers:
+                if name in self._last:
+                    self.processes[name].baseline_bytes = self._last[name]
+            self._baseline_taken.set()
+        if (self.budget_bytes is not None and self.node_baseline is not None and self.kill is None
+                and total - self.node_baseline > self.budget_bytes):
+            self._kill_victim(t, total - self.node_baseline)
+
+    def _drop(self, name: str) -> None:
+        with self._lock:
+            reader = self._readers.pop(name, None)
+        if reader is not None:
+            reader.close()
+
+    # -- the budget -----------------------------------------------------------------------------------
+    def _kill_victim(self, t: float, over: int) -> None:
+        scores = {}
+        for name, rec in self.processes.items():
+            if name in self._readers and not rec.done:
+                score = oom_score(rec.pid)
+                if score is not None:
+                    scores[name] = score
+        if not scores:
+            return
+        victim = max(scores, key=lambda n: (scores[n], self._last.get(n, 0)))
+        rec = self.processes[victim]
+        open_in = rec.open_steps or (self.processes["driver"].open_steps if "driver" in self.processes else [])
+        memory = {n: v for n, v in self._last.items()}
+        memory["store"] = self._last_store
+        kill = KillRecord(victim, rec.pid, t, over, int(self.budget_bytes or 0), self.current_training_step(),
+                          open_in[-1].name if open_in else None, scores, memory)
+        self.kill = kill
+        dump_stack_then_kill(rec.pid, os.path.join(self.run_dir, f"{victim}.stack"), self.t0, kill)
+
+    # -- events ---------------------------------------------------------------------------------------
+    def current_training_step(self, at: float | None = None) -> int | None:
+        """The training step running at ``at`` (default: now), from the driver's boundaries."""
+        found = None
+        for ts in self.training_steps:
+            if at is None or ts.start_s <= at:
+                found = ts.index
+        return found
+
+    def fold(self, name: str, ev: dict[str, Any]) -> None:
+        """Fold one streamed event of process ``name`` into its typed record."""
+        rec = self.processes.get(name)
+        if rec is None:
+            return
+        kind = ev.get("type")
+        if kind == "baseline":
+            rec.exact_baseline_bytes = ev.get("baseline_bytes")
+        elif kind == "step_start":
+            s = StepRecord(ev["name"], ev["t_s"], depth=ev.get("depth", 0),
+                           training_step=self.current_training_step(ev["t_s"]))
+            rec.open_steps.append(s)
+            rec.steps.append(s)
+        elif kind == "step_end":
+            s = rec.open_steps.pop() if rec.open_steps else StepRecord(ev["name"], ev["start_s"])
+            s.end_s, s.peak_bytes = ev["end_s"], ev.get("peak_bytes")
+            s.added_bytes, s.retained_bytes, s.error = ev.get("added_bytes"), ev.get("retained_bytes"), ev.get("error")
+            if s.peak_bytes is not None:
+                rec.peak_bytes = max(rec.peak_bytes or 0, s.peak_bytes)
+        elif kind == "train_step_start":
+            self.training_steps.append(TrainingStep(ev["index"], ev["t_s"]))
+        elif kind == "train_step_end":
+            ts = next((x for x in self.training_steps if x.index == ev["index"]), None)
+            if ts is not None:
+                ts.end_s = ev["t_s"]
+                base = rec.exact_baseline_bytes
+                if ev.get("private_bytes") is not None and ev.get("private_baseline_bytes") is not None:
+                    ts.driver_bytes = ev["private_bytes"] - ev["private_baseline_bytes"]
+                elif base is not None and ev.get("rss_bytes") is not None:
+                    ts.driver_bytes = ev["rss_bytes"] - base
+        elif kind == "done":
+            rec.done = True
+            if ev.get("peak_bytes") is not None:
+                rec.peak_bytes = max(rec.peak_bytes or 0, ev["peak_bytes"])
+            rec.held_bytes, rec.cycle_held_bytes = ev.get("held_bytes"), ev.get("cycle_held_bytes")
+        elif kind == "error":
+            rec.error = rec.error or f"{ev.get('exc_type')}: {ev.get('message')}"
+
+    # -- after the run --------------------------------------------------------------------------------
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        for name in list(self._readers):
+            self._drop(name)
+        with self._lock:
+            store, self._store_reader = self._store_reader, None
+        if store is not None:
+            store.close()
+        if self._gc_held:
+            self._gc_held = False
+            _hold_gc(False)
+
+    def max_gap_s(self, after_s: float | None = None) -> float:
+        """The longest interval between two consecutive ticks (after ``after_s``, default the baseline)."""
+        start = self.baseline_s if after_s is None else after_s
+        ts = [t for t in self.node.t_s if start is None or t >= start]
+        return max((b - a for a, b in zip(ts, ts[1:])), default=0.0)
+
+    def node_at(self, t: float) -> tuple[float, int] | None:
+        """The first tick at or after ``t`` (or the last one): (its time, the node total)."""
+        for tt, v in zip(self.node.t_s, self.node.bytes):
+            if tt >= t:
+                return tt, v
+        return (self.node.t_s[-1], self.node.bytes[-1]) if self.node.t_s else None
+
+    def value_at(self, series: Series, t: float) -> int | None:
+        for tt, v in zip(series.t_s, series.bytes):
+            if tt >= t:
+                return v
+        return series.bytes[-1] if series.bytes else None
+
+    def settle_training_steps(self) -> None:
+        """Fill each training step's node and per-process memory at its end from the samples."""
+        base = self.node_baseline
+        for ts in self.training_steps:
+            if ts.end_s is None or base is None:
+                continue
+            at = self.node_at(ts.end_s)
+            if at is not None:
+                ts.node_bytes = at[1] - base
+                for name, rec in self.processes.items():
+                    v = self.value_at(rec.timeline, at[0])
+                    if v is not None and rec.baseline_bytes is not None:
+                        ts.per_process_bytes[name] = v - rec.baseline_bytes
+                sv = self.value_at(self.store, at[0])
+                if sv is not None and self.store_baseline is not None:
+                    ts.per_process_bytes["store"] = sv - self.store_baseline
+
+    def __enter__(self) -> Session:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def to_dict(obj: Any) -> Any:
+    """A record as plain JSON-able data."""
+    return asdict(obj)

@@ -1,0 +1,212 @@
+"""The parent-side killer: SIGUSR1 (stack dump) then SIGKILL the moment a side crosses its budget.
+
+It lives in the parent because the measured process cannot be trusted to police itself: a thread
+inside it is starved by the GIL during ``pickle.dumps``, and the real OOM killer gives no warning
+either. Three independent signals trigger it, so the verdict does not depend on sampling luck:
+
+- each RSS sample the parent's sampler takes (about every millisecond);
+- the side's kernel high-water mark (``VmHWM``, read from the parent with every sample), which
+  catches a spike that rose and fell between two samples;
+- the exact step peaks the side streams, which catch anything else the moment a step ends.
+
+A machine guard runs in every run, budget or not: if the machine's available memory falls under
+the reserve, the biggest side is killed, so the kernel's own OOM killer never has to choose a victim
+(it might choose the Jupyter kernel).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from picklescope.core.procmem import machine_memory
+from picklescope.measure.budget import BudgetBelowBaseline, Limits
+
+EventHook = Callable[[dict[str, Any]], None]
+STACK_WAIT_S = 0.1  # longest wait for the stack dump before SIGKILL
+STACK_STABLE_S = 0.005  # the dump is complete once its size has not changed for this long
+MEMINFO_EVERY_S = 0.01
+
+
+@dataclass
+class Kill:
+    """Why, when and at what memory the watchdog killed one side."""
+
+    side: str
+    reason: str  # "budget" | "machine"
+    via: str  # what saw the crossing: sampled RSS, kernel peak, exact step peak, available memory
+    t_s: float  # run clock (seconds since the run started)
+    above_baseline_bytes: int | None
+    budget_bytes: int | None
+    step: str | None = None  # the step whose exact peak crossed, when that is what saw it
+    stack: str | None = None  # the side's Python stack at death (faulthandler), if it was written
+    sigkill_t_s: float | None = None  # run clock when SIGKILL was sent: the side's timeline ends here
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _hwm_from(fd: int) -> int | None:
+    try:
+        data = os.pread(fd, 4096, 0)
+    except OSError:
+        return None
+    i = data.find(b"VmHWM:")
+    if i < 0:
+        return None
+    return int(data[i + 6:data.index(b"kB", i)]) * 1024
+
+
+class Watchdog:
+    """Watches the sides of one run; :attr:`kills` says whom it killed."""
+
+    def __init__(self, limits: Limits, run_dir: str, t0: float) -> None:
+        self.limits = limits
+        self.run_dir = run_dir
+        self.t0 = t0
+        self.enforce = limits.enforcement == "watchdog"
+        self.kills: dict[str, Kill] = {}
+        self.refused: dict[str, tuple[int, int]] = {}  # side -> (total limit, baseline): see check_refused
+        self.pids: dict[str, int] = {}
+        self.baselines: dict[str, int] = {}
+        self.last_rss: dict[str, int] = {}
+        self._status: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._next_meminfo = 0.0
+
+    def add(self, side: str, pid: int) -> None:
+        """Start watching a side (before its baseline only the machine guard applies)."""
+        self.pids[side] = pid
+        try:
+            self._status[side] = os.open(f"/proc/{pid}/status", os.O_RDONLY)
+        except OSError:
+            pass
+
+    def chain(self, hook: EventHook | None) -> EventHook:
+        """An event hook that lets the watchdog see each event, then calls ``hook``."""
+
+        def both(ev: dict[str, Any]) -> None:
+            self.event(ev)
+            if hook is not None:
+                hook(ev)
+
+        return both
+
+    def _budget(self, side: str) -> int | None:
+        return self.limits.budgets.get(side) if self.enforce else None
+
+    def event(self, ev: dict[str, Any]) -> None:
+        """Arm on a side's baseline; kill on an exact step peak over the budget."""
+        side, kind = ev.get("side"), ev.get("type")
+        if kind == "baseline":
+            total = self.limits.totals.get(side)
+            if total is not None and self.limits.arm_total(side, ev["baseline_bytes"]) is None:
+                self.refused[side] = (total, ev["baseline_bytes"])  # not a kill: nothing was measured
+                try:
+                    os.kill(self.pids[side], signal.SIGKILL)
+                except (KeyError, ProcessLookupError):
+                    pass
+            self.baselines[side] = ev["baseline_bytes"]
+            return
+        budget = self._budget(side)
+        if budget is None or kind not in ("step_end", "done"):
+            return
+        peak = ev.get("peak_bytes")
+        if peak is not None and peak > budget:
+            self._kill(side, "budget", "exact step peak", peak, ev.get("name") if kind == "step_end" else None)
+
+    def watch(self, side: str, t: float, rss: int) -> None:
+        """Sampler watcher: called with every RSS sample of every side, in the sampler thread."""
+        if side in self.kills:
+            return
+        self.last_rss[side] = rss
+        budget = self._budget(side)
+        base = self.baselines.get(side)
+        if budget is not None and base is not None:
+            if rss - base > budget:
+                self._kill(side, "budget", "sampled RSS", rss - base)
+                return
+            fd = self._status.get(side)
+            hwm = _hwm_from(fd) if fd is not None else None
+            if hwm is not None and hwm - base > budget:
+                self._kill(side, "budget", "kernel peak (VmHWM)", hwm - base)
+                return
+        now = time.monotonic()
+        if now >= self._next_meminfo:
+            self._next_meminfo = now + MEMINFO_EVERY_S
+            avail = machine_memory()["available"]
+            if avail and avail < self.limits.guard_floor_bytes:
+                alive = {s: r for s, r in self.last_rss.items() if s not in self.kills}
+                victim = max(alive, key=alive.__getitem__) if alive else side
+                b = self.baselines.get(victim)
+                self._kill(victim, "machine", "available memory", None if b is None else alive.get(victim, rss) - b)
+
+    def _kill(self, side: str, reason: str, via: str, above: int | None, step: str | None = None) -> None:
+        with self._lock:
+            if side in self.kills or side not in self.pids:
+                return
+            kill = Kill(side, reason, via, round(time.monotonic() - self.t0, 6), above,
+                        self.limits.budgets.get(side), step)
+            self.kills[side] = kill
+        dump_stack_then_kill(self.pids[side], os.path.join(self.run_dir, f"{side}.stack"), self.t0, kill)
+
+    def check_refused(self) -> None:
+        """Raise :class:`~picklescope.measure.budget.BudgetBelowBaseline` if a whole-process limit was refused.
+
+        Called by the runner after the run's processes are gone, so refusing leaves nothing behind.
+        """
+        for side, (total, baseline) in self.refused.items():
+            raise BudgetBelowBaseline(side, total, baseline)
+
+    def close(self) -> None:
+        for fd in self._status.values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._status = {}
+
+
+def dump_stack_then_kill(pid: int, path: str, t0: float, kill: Any) -> None:
+    """SIGUSR1 (the process's faulthandler writes its Python stack to ``path``), then SIGKILL; sets
+    ``kill.sigkill_t_s`` (seconds since ``t0``) and ``kill.stack``. Shared by every budget that kills."""
+    try:
+        os.kill(pid, signal.SIGUSR1)
+        wait_for_dump(path)
+        kill.sigkill_t_s = round(time.monotonic() - t0, 6)
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        with open(path) as f:
+            kill.stack = f.read() or None
+    except OSError:
+        pass
+
+
+def wait_for_dump(path: str) -> None:
+    """Until faulthandler has finished writing the stack (its size unchanged for ``STACK_STABLE_S``),
+    at most 0.1 s. faulthandler writes a dump in many small pieces; the sampler thread that runs this
+    wakes every millisecond on time (real-time priority), so a single unchanged reading 1 ms apart
+    can fall in a pause of a busy child and cut the stack short."""
+    deadline = time.monotonic() + STACK_WAIT_S
+    last, since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            size = 0
+        now = time.monotonic()
+        if size != last:
+            last, since = size, now
+        elif size and now - since >= STACK_STABLE_S:
+            return
+        time.sleep(0.001)
+
+
+# Old private names, kept while the modules named below still import them; use the public names.

@@ -1,0 +1,306 @@
+"""Every process of a Ray cluster we started, found and ended from the parent, whatever happened.
+
+``ray.init(address="local")`` in the driver starts gcs_server, raylet, a log monitor, an autoscaler
+monitor, dashboard and runtime-env agents and worker processes. A clean ``ray.shutdown()`` stops
+them, but a SIGKILLed driver cannot, and several of them outlive it. So the driver makes itself a
+session leader (``os.setsid``) before ``ray.init``: every Ray process inherits that session id
+(workers change their process group, not their session), and the parent, which never imports Ray,
+finds them by scanning ``/proc`` for the session, for descendants of the pids the driver reported,
+and for command lines naming the run's private Ray temp directory. Three independent nets, because
+a leftover raylet holds the object store's shared memory until it dies.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+
+def _stat(pid: int) -> tuple[int, int, int] | None:
+    """(ppid, session id, start time in clock ticks) of ``pid``, or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    rest = data[data.rindex(b")") + 2:].split()  # the name may hold spaces and parentheses
+    return int(rest[1]), int(rest[3]), int(rest[19])
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _pids() -> list[int]:
+    return [int(n) for n in os.listdir("/proc") if n.isdigit()]
+
+
+def start_ticks(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot): guards against a reused pid."""
+    st = _stat(pid)
+    return None if st is None else st[2]
+
+
+def cluster_processes(session: int | None, not_before: int | None, known: Iterable[int] = (),
+                      temp_dir: str | None = None) -> set[int]:
+    """Live pids that belong to the cluster: same session, descendants of ``known``, or naming ``temp_dir``.
+
+    ``not_before`` (start ticks of the driver) excludes older processes that merely reuse a number.
+    """
+    me = os.getpid()
+    table: dict[int, tuple[int, int, int]] = {}
+    for pid in _pids():
+        st = _stat(pid)
+        if st is not None:
+            table[pid] = st
+    found: set[int] = set()
+    for pid, (_, sid, ticks) in table.items():
+        if pid == me or (not_before is not None and ticks < not_before) or _is_zombie(pid):
+            continue
+        if (session is not None and sid == session) or (temp_dir and temp_dir in _cmdline(pid)):
+            found.add(pid)
+    roots = {p for p in known if p in table} | found
+    changed = True
+    while changed:  # descendants of anything found so far
+        changed = False
+        for pid, (ppid, _, ticks) in table.items():
+            if pid not in roots and ppid in roots and pid != me and (not_before is None or ticks >= not_before):
+                roots.add(pid)
+                changed = True
+    return {pid for pid in roots if not _is_zombie(pid)}  # a zombie holds no memory; its parent reaps it
+
+
+def kill(pids: Iterable[int], wait_s: float = 10.0) -> list[int]:
+    """SIGKILL every pid and wait until they are gone; returns those that were still alive."""
+    alive = []
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            alive.append(pid)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            pass
+    deadline = time.monotonic() + wait_s
+    pending = set(alive)
+    while pending and time.monotonic() < deadline:
+        for pid in list(pending):
+            st = _stat(pid)
+            if st is None or _is_zombie(pid):
+                pending.discard(pid)
+        if pending:
+            time.sleep(0.02)
+    return alive
+
+
+def stop_all(scan: Callable[[], set[int]], rounds: int = 10) -> tuple[list[int], list[int]]:
+    """Freeze, then kill, everything ``scan()`` finds, until a scan finds nothing: (killed, remaining).
+
+    A raylet that loses its driver starts new workers, so a single scan-then-kill can miss a process
+    forked in between. SIGSTOP first freezes every process found (a frozen raylet forks nothing), a
+    rescan catches what was forked before the freeze, and only then does everything get SIGKILL.
+    """
+    frozen: set[int] = set()
+    for _ in range(rounds):
+        new = scan() - frozen
+        if not new:
+            break
+        for pid in new:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except (ProcessLookupError, PermissionError):
+                pass
+        frozen |= new
+    killed = kill(frozen)
+    remaining = sorted(scan())
+    for _ in range(rounds):
+        if not remaining:
+            break
+        killed += kill(remaining)
+        remaining = sorted(scan())
+    return killed, remaining
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return True
+    return data[data.rindex(b")") + 2:].split()[0] in (b"Z", b"X")
+
+
+def plasma_file(raylet_pid: int) -> str | None:
+    """``/proc/<raylet>/fd/<n>`` of the shared-memory file that backs the object store, if found.
+
+    Plasma creates the file in ``/dev/shm`` (or its fallback directory) and unlinks it at once, so it
+    is only reachable through the raylet's open descriptor.
+    """
+    fd_dir = f"/proc/{raylet_pid}/fd"
+    try:
+        names = os.listdir(fd_dir)
+    except OSError:
+        return None
+    for n in names:
+        try:
+            target = os.readlink(os.path.join(fd_dir, n))
+        except OSError:
+            continue
+        if "plasma" in os.path.basename(target):
+            return os.path.join(fd_dir, n)
+    return None
+
+
+def raylet_serving(socket_name: str) -> int | None:
+    """Pid of the raylet on this machine that serves ``socket_name`` (a cluster we joined)."""
+    for pid in _pids():
+        cmd = _cmdline(pid)
+        if "raylet" in cmd and f"--raylet_socket_name={socket_name}" in cmd:
+            return pid
+    return None
+
+
+def running(pid: int, ticks: int | None) -> bool:
+    """Whether ``pid`` is still the process that started at ``ticks`` and has not ended (a zombie has)."""
+    return start_ticks(pid) == ticks and not _is_zombie(pid)
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent pid of ``pid`` (read from ``/proc``), or None if it is gone."""
+    st = _stat(pid)
+    return None if st is None else st[0]
+
+
+def wait_gone(pid: int, ticks: int | None, stop: threading.Event | None = None, poll_s: float = 0.1) -> None:
+    """Block until ``pid`` (started at ``ticks``) has ended, or ``stop`` is set.
+
+    A pidfd becomes readable the moment the process ends (a zombie included), so the wait costs no
+    CPU; where pidfds are missing (an old kernel) the start time is polled instead.
+    """
+    fd = None
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        fd = None
+    try:
+        while not (stop is not None and stop.is_set()):
+            if not running(pid, ticks):  # also covers a pid already gone or reused before pidfd_open
+                return
+            if fd is not None:
+                if select.select([fd], [], [], 1.0)[0]:
+                    return
+            else:
+                time.sleep(poll_s)
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+class ParentWatch:
+    """End a cluster we started, and the run's temporaries, as soon as the run's parent process dies.
+
+    The driver starts a cluster the parent cannot stop once it is gone: a parent SIGKILLed during
+    ``ray.init`` (or any later moment) would leave gcs_server, the raylet, its agents and workers until
+    Ray's own health checks (about a minute) or the next run's sweep. A thread of the driver waits on
+    the parent; when it dies, it removes the temporaries first, then freezes and kills every process
+    of the driver's session (:func:`stop_all`), then removes the temporaries again and ends the driver.
+    The order matters: once its raylet is gone, Ray's core worker ends the driver at once, so the
+    files go before the processes. A thread rather than a signal handler, because a handler only runs
+    when the main thread is back in Python, which a call blocked inside Ray's C++ may never be.
+    """
+
+    def __init__(self, parent: int, temporaries: Iterable[str | None], temp_dir: str | None = None,
+                 exit_code: int = 1) -> None:
+        self.parent = parent
+        self.ticks = start_ticks(parent)
+        self.temporaries = [t for t in temporaries if t]
+        self.temp_dir = temp_dir
+        self.exit_code = exit_code
+        self.stop_event = threading.Event()
+        self.lock = threading.Lock()
+        self.report: dict[str, object] = {}
+        self.thread = threading.Thread(target=self._watch, name="picklescope-parent-watch", daemon=True)
+
+    def start(self) -> ParentWatch:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop watching (a run that ended normally: the parent reaps the cluster and the files)."""
+        self.stop_event.set()
+
+    def parent_alive(self) -> bool:
+        return running(self.parent, self.ticks)
+
+    def _watch(self) -> None:
+        wait_gone(self.parent, self.ticks, self.stop_event)
+        if not self.stop_event.is_set():
+            self.end_orphaned()
+
+    def remove_temporaries(self) -> None:
+        for path in self.temporaries:
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            elif os.path.lexists(path):
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+
+    def end_orphaned(self) -> None:
+        """The parent is gone: remove the files, end the session's cluster, end this process."""
+        with self.lock:  # the main thread may get here too (its SIGTERM from the parent's death)
+            self.remove_temporaries()
+            me = os.getpid()
+            killed, remaining = stop_all(lambda: cluster_processes(me, None, (), self.temp_dir))
+            self.report = {"killed": killed, "remaining": remaining}
+            self.remove_temporaries()
+            os._exit(self.exit_code)
+
+
+def watch_main(argv: list[str]) -> int:
+    """``python -S cluster.py PARENT PARENT_TICKS LEADER LEADER_TICKS TEMP_DIR``: end a ``ray start`` cluster
+    whose starter died.
+
+    :class:`~picklescope.transports.ray.local_cluster.LocalCluster` starts ``ray start --head --block``
+    in a session of its own (the leader); a starter SIGKILLed during or after the start-up could not
+    stop it. This small process (the standard library only, so it starts in milliseconds) waits on
+    the starter; when it dies it kills every process of the leader's session and removes the
+    cluster's temp dir. It exits on its own once the leader is gone (a cluster stopped normally).
+    """
+    parent, parent_ticks, leader, leader_ticks = (int(a) for a in argv[:4])
+    temp_dir = argv[4] if len(argv) > 4 and argv[4] else None
+    try:
+        fd: int | None = os.pidfd_open(parent)
+    except (AttributeError, OSError):
+        fd = None
+    while True:
+        if not running(leader, leader_ticks):
+            return 0
+        if not running(parent, parent_ticks):
+            break
+        if fd is not None:
+            select.select([fd], [], [], 0.5)
+        else:
+            time.sleep(0.2)
+    if temp_dir:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    stop_all(lambda: cluster_processes(leader, leader_ticks, (leader,), temp_dir))
+    if temp_dir:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    return 1
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(watch_main(sys.argv[1:]))

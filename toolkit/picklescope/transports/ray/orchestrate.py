@@ -1,0 +1,338 @@
+"""The parent's side of a run over Ray: start the driver, listen to both sides, leave nothing behind.
+
+The in-process transports start a sender and a receiver child; over Ray the receiver is an actor that
+the cluster starts, so the transport owns the run (:func:`picklescope.measure.runner.run` hands it over).
+The parent still never touches the batch or imports Ray. It starts the driver from the warm
+forkserver, opens a listener the actor reports to, samples both sides' RSS and the object store on
+one clock, and in every case (clean end, error, timeout, a SIGKILLed driver or actor) kills what is
+left of the cluster before it returns a :class:`~picklescope.core.result.RunResult` in the same
+``sides`` shape as every other transport.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+import time
+from multiprocessing.connection import Listener, wait
+from typing import Any
+
+from picklescope.core.leftovers import temp_name
+from picklescope.core.procmem import StatmReader
+from picklescope.core.result import RunResult
+from picklescope.errors import PicklescopeError
+from picklescope.measure import launcher, verdicts
+from picklescope.measure.runner import _finish, _Run
+from picklescope.measure.sampler import Sampler
+from picklescope.transports.ray import cluster
+from picklescope.transports.ray import costs as report
+from picklescope.transports.ray.driver import driver_main, object_store_bytes
+from picklescope.transports.ray.events import machine_id
+from picklescope.transports.ray.store import ShmFileReader, StoreSampler, store_trace
+
+RELEASE_WAIT_S = 30.0  # ray.shutdown on a busy 2-core machine takes a few seconds
+RAY_ENV_DEFAULTS = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DISABLE_DOCKER_CPU_WARNING": "1"}
+
+
+def ray_env(joining: bool) -> dict[str, str]:
+    """Environment for the driver (and so the cluster it starts): the user's RAY_* plus safe defaults.
+
+    A cluster we start is private to the run, so its token auth is off; joining a real cluster keeps
+    whatever the user's environment says.
+    """
+    env = {k: v for k, v in os.environ.items() if k.startswith("RAY_")}
+    for k, v in RAY_ENV_DEFAULTS.items():
+        env.setdefault(k, v)
+    if not joining:
+        env.setdefault("RAY_AUTH_MODE", "disabled")
+    return env
+
+
+class _Listener:
+    """Accepts the actor's event connection in the background (it connects once, when created)."""
+
+    def __init__(self, run_dir: str, remote: bool) -> None:
+        self.key = os.urandom(16)
+        if remote:
+            self.listener = Listener(("0.0.0.0", 0), family="AF_INET", authkey=self.key)
+            self.address: Any = ["", self.listener.address[1]]  # the driver fills in its node's address
+        else:
+            self.listener = Listener(os.path.join(run_dir, "events.sock"), family="AF_UNIX", authkey=self.key)
+            self.address = self.listener.address
+        self.conn: Any = None
+        self._thread = threading.Thread(target=self._accept, name="picklescope-ray-accept", daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        try:
+            self.conn = self.listener.accept()
+        except (OSError, EOFError, ValueError) as exc:  # closed at cleanup, or a bad auth key
+            self.error = exc
+
+    def close(self) -> None:
+        try:
+            self.listener.close()
+        except OSError:
+            pass
+        if self.conn is not None:
+            self.conn.close()
+
+
+class RayRun:
+    """One run's state on the parent: processes, event bookkeeping, cleanup record."""
+
+    def __init__(self, state: _Run, cfg: dict[str, Any], options: dict[str, Any]) -> None:
+        self.state = state
+        self.result: RunResult = state.result
+        self.cfg = cfg
+        self.address = options.get("ray_address")
+        self.tracking: dict[str, Any] = {"address": self.address or "local", "driver_pid": None,
+                                         "cluster_pids": {}, "left_after_driver": [], "killed": [],
+                                         "remaining": [], "timing": {}}
+        self.shm: dict[str, dict[str, Any]] = {s: {"stack": [], "added": [], "baseline": None, "end": None}
+                                               for s in ("sender", "receiver")}
+        self.receiver_errors_from_driver = False
+        self.driver_start: int | None = None
+        self.guard: Any = None
+
+    # -- events -----------------------------------------------------------------------------------
+    def mark(self, moment: str) -> None:
+        """Record when a phase of the run happened (run clock): where a Ray run's wall time goes."""
+        self.tracking["timing"].setdefault(moment, round(time.monotonic() - self.cfg["t0"], 3))
+
+    def handle(self, ev: dict[str, Any], samplers: tuple[Sampler, StoreSampler]) -> None:
+        kind, side = ev.get("type"), ev.get("side", "sender")
+        if kind in ("ray_info", "hello", "ready", "done"):
+            self.mark(f"{side} {kind}" if kind == "done" else kind)
+        if kind in ("ray_info", "hello"):  # the cluster is up / the actor is up: live views may show it
+            if kind == "ray_info":
+                self._on_ray_info(ev, samplers[1])
+            else:
+                self._on_hello(ev, samplers[0])
+            if self.state.on_event:
+                self.state.on_event(ev)
+            return
+        if kind == "store_process":
+            self._on_store_process(ev, samplers[1])
+            return
+        if kind == "note":
+            self.tracking.setdefault("notes", []).append(ev["message"])
+            return
+        if kind == "received":
+            self.result.extra["received"] = ev["report"]
+            self.shm["receiver"]["end"] = ev.get("shm_end_bytes")
+            return
+        rec = self.shm.get(side)
+        if rec is not None:
+            if kind == "baseline":
+                rec["baseline"] = ev.get("shm_bytes")
+            elif kind == "step_start":
+                rec["stack"].append((len(rec["added"]), ev.get("shm_bytes")))
+                rec["added"].append(None)
+            elif kind == "step_end" and rec["stack"]:
+                i, start = rec["stack"].pop()
+                if start is not None and ev.get("shm_bytes") is not None:
+                    rec["added"][i] = ev["shm_bytes"] - start
+            elif kind == "done" and ev.get("shm_end_bytes") is not None:
+                rec["end"] = ev["shm_end_bytes"]
+        if kind == "error" and ev.get("reported_by") == "driver":
+            self.receiver_errors_from_driver = True
+        self.state.handle(ev)
+
+    def _on_ray_info(self, ev: dict[str, Any], store_sampler: StoreSampler) -> None:
+        self.tracking["cluster_pids"] = ev.get("pids", {})
+        self.tracking["session_dir"] = ev.get("session_dir")
+        if ev.get("error"):
+            self.tracking["info_error"] = ev["error"]
+        raylets = ev.get("pids", {}).get("raylet") or []
+        if not raylets and ev.get("raylet_socket"):  # joined a cluster: its raylet may still be local
+            found = cluster.raylet_serving(ev["raylet_socket"])
+            raylets = [found] if found else []
+        path = cluster.plasma_file(raylets[0]) if raylets else None
+        if path is None:
+            self.result.extra["object_store"] = {"t_s": [], "bytes": [], "source": None, "capacity_bytes":
+                                                 self.cfg.get("object_store_bytes"),
+                                                 "unavailable": "no local raylet with a plasma file (joined "
+                                                                "a remote cluster, or Ray changed its layout)"}
+            return
+        try:
+            store_sampler.add_reader("object_store", ShmFileReader(path))
+            self.store_source = f"fstat of the plasma file held by raylet {raylets[0]} ({os.readlink(path)})"
+        except OSError as exc:
+            self.store_source = None
+            self.result.extra["object_store"] = {"unavailable": f"cannot open {path}: {exc}"}
+
+    def _on_store_process(self, ev: dict[str, Any], store_sampler: StoreSampler) -> None:
+        """A store that is a process (TransferQueue's storage unit): sample its RSS as the store."""
+        pid = ev.get("pid")
+        try:
+            store_sampler.add_reader("object_store", StatmReader(pid))
+            self.store_source = f"RSS of the {ev.get('what', 'store')} process {pid}"
+        except (OSError, TypeError) as exc:
+            self.result.extra["object_store"] = {"unavailable": f"cannot sample {ev.get('what')} pid {pid}: {exc}"}
+
+    def _on_hello(self, ev: dict[str, Any], sampler: Sampler) -> None:
+        self.result.receiver.pid = ev["pid"]
+        if ev.get("machine") == machine_id():
+            sampler.add("receiver", ev["pid"])
+            if self.guard is not None:
+                self.guard.add("receiver", ev["pid"])
+            self.tracking["receiver_sampled"] = True
+        else:
+            self.tracking["receiver_sampled"] = False
+            self.result.receiver.extra["note"] = (f"the actor runs on another machine ({ev.get('machine')}): its "
+                                                  "curve is not sampled; its steps and peaks are exact")
+
+    # -- cleanup ----------------------------------------------------------------------------------
+    def reap_cluster(self) -> None:
+        """Kill every process of a cluster we started that is still alive; record what was found."""
+        if self.address or self.tracking["driver_pid"] is None:
+            return
+        known = [p for pids in self.tracking["cluster_pids"].values() for p in pids]
+        args = (self.tracking["driver_pid"], self.driver_start, known, self.cfg.get("ray_temp_dir"))
+        self.tracking["left_after_driver"] = sorted(cluster.cluster_processes(*args))
+        killed, remaining = cluster.stop_all(lambda: cluster.cluster_processes(*args))
+        self.tracking["killed"], self.tracking["remaining"] = killed, remaining
+
+
+def _refuse_unsupported(cfg: dict[str, Any], limits: Any) -> None:
+    """Budgets are enforced by the parent's watchdog only; tracers other than the sampler need our children."""
+    tracers = [t for t in cfg.get("tracers") or [] if t != "sampler"]
+    problem = None
+    if tracers:
+        problem = f"tracer(s) {', '.join(tracers)} cannot run inside Ray's processes"
+    elif limits is not None and limits.any and limits.enforcement != "watchdog":
+        problem = f"enforcement {limits.enforcement!r} needs a child of ours on both sides; over Ray only the watchdog"
+    if problem:
+        shutil.rmtree(cfg["run_dir"], ignore_errors=True)
+        raise PicklescopeError(problem, "use --tracer sampler / --enforcement watchdog, or an in-process transport")
+
+
+def run_sides(state: _Run, cfg: dict[str, Any], *, ray_path: str, timeout_s: float, sample_interval_s: float,
+              on_sample: Any = None, options: dict[str, Any] | None = None, guard: Any = None,
+              limits: Any = None) -> RunResult:
+    """Run one codec over Ray (``ray_path`` "put" or "arg"); see the module docstring.
+
+    ``guard`` is the runner's watchdog (budgets and the machine guard), fed with both sides' samples.
+    """
+    _refuse_unsupported(cfg, limits)
+    options = dict(options or {})
+    result = state.result
+    run = RayRun(state, cfg, options)
+    run.guard = guard
+    t0 = cfg["t0"]
+    remote = bool(run.address)
+    listener = _Listener(cfg["run_dir"], remote)
+    ray_tmp = None if remote else tempfile.mkdtemp(prefix=temp_name("psray-"), dir="/tmp")
+
+    cfg = {**cfg, "ray_path": ray_path, "ray_address": run.address, "ray_temp_dir": ray_tmp,
+           "object_store_bytes": object_store_bytes(result.payload_bytes, options.get("object_store_bytes")),
+           "events_address": listener.address, "events_key": listener.key.hex(), "machine": machine_id(),
+           "t0_wall": time.time() - (time.monotonic() - t0), "ray_env": ray_env(remote)}
+    run.cfg = cfg
+    result.extra["ray"] = run.tracking
+    sampler = Sampler(t0, sample_interval_s)
+    if on_sample:
+        sampler.watchers.append(on_sample)
+    if guard is not None:
+        sampler.watchers.append(guard.watch)
+    store_sampler = StoreSampler(t0, sample_interval_s)
+    sampler.start()
+    store_sampler.start()
+    proc, conn = None, None
+    try:
+        proc, conn = launcher.start(driver_main, (cfg,), "picklescope-ray-driver")
+        run.tracking["driver_pid"] = result.sender.pid = proc.pid
+        run.driver_start = cluster.start_ticks(proc.pid)
+        sampler.add("sender", proc.pid)
+        if guard is not None:
+            guard.add("sender", proc.pid)
+        _drive(run, proc, conn, listener, (sampler, store_sampler), t0 + timeout_s)
+    finally:
+        sampler.stop()
+        store_sampler.stop()
+        if proc is not None:
+            try:
+                conn.send({"type": "release"})
+            except (OSError, BrokenPipeError):
+                pass
+            proc.join(timeout=RELEASE_WAIT_S)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+            result.sender.exit_code = proc.exitcode
+            conn.close()
+            run.mark("driver exited")
+        run.reap_cluster()
+        run.mark("cluster reaped")
+        listener.close()
+        if guard is not None:
+            guard.close()
+        counters = limits.cleanup() if limits is not None else {}
+        if ray_tmp and not os.environ.get("PICKLESCOPE_KEEP_RAY_LOGS"):  # set it to read Ray's own logs
+            shutil.rmtree(ray_tmp, ignore_errors=True)
+        shutil.rmtree(cfg["run_dir"], ignore_errors=True)
+    for name, tl in sampler.timelines.items():
+        result.sides[name].timeline = tl
+    if "object_store" in store_sampler.timelines:
+        result.extra["object_store"] = store_trace(store_sampler.timelines["object_store"],
+                                                   getattr(run, "store_source", None), cfg["object_store_bytes"])
+    _finish(state)
+    if guard is not None:
+        verdicts.decide(result, state.errors, state.done, guard.kills, result.enforcement, counters)
+    report.summarize(result, run.shm, ray_path)
+    result.wall_s = time.monotonic() - t0
+    return result
+
+
+def _drive(run: RayRun, proc: Any, conn: Any, listener: _Listener, samplers: tuple[Sampler, StoreSampler],
+           deadline: float) -> None:
+    """Relay events from the driver and the actor until the run is decided."""
+    state = run.state
+    actor_conn: Any = None
+    actor_open = True
+    while True:
+        if actor_conn is None and listener.conn is not None:
+            actor_conn = listener.conn
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            state.result.outcome = "timeout"
+            state.result.error = "the run exceeded its wall-clock limit"
+            return
+        watch = [conn, proc.sentinel] + ([actor_conn] if actor_conn is not None and actor_open else [])
+        ready = wait(watch, timeout=min(remaining, 0.2))
+        if conn in ready:
+            _drain(run, conn, samplers)
+        if actor_conn is not None and actor_conn in ready:
+            actor_open = _drain(run, actor_conn, samplers)
+        if state.done["sender"] and state.done["receiver"]:
+            return
+        if any(e.get("phase") == "setup" for e in state.errors):
+            return
+        if state.done["sender"] and any(e["side"] == "sender" for e in state.errors):
+            return  # the driver's own put failed: nothing reaches the actor
+        if run.receiver_errors_from_driver and not state.done["receiver"]:
+            if actor_conn is not None and actor_open:
+                _drain(run, actor_conn, samplers)
+            return
+        if proc.sentinel in ready and not proc.is_alive():
+            _drain(run, conn, samplers)
+            if actor_conn is not None and actor_open:
+                _drain(run, actor_conn, samplers)
+            return
+
+
+def _drain(run: RayRun, c: Any, samplers: tuple[Sampler, StoreSampler]) -> bool:
+    """Handle every event waiting on ``c``; False once the other end has closed."""
+    try:
+        while c.poll():
+            run.handle(c.recv(), samplers)
+    except (EOFError, OSError):
+        return False
+    return True
+
+
+# Old private names, kept while the modules named below still import them; use the public names.
+_ray_env = ray_env  # node.py

@@ -1,0 +1,94 @@
+"""The node's memory as one figure: a stacked area per process plus the object store, on one clock.
+
+Each layer is a process's private resident memory above its own baseline (the store's pages are one
+layer of their own, counted once), so the top of the stack is the node's total above its baseline,
+the figure a node budget is compared with. Training steps are shaded bands, the budget is a line,
+and a kill is a marker at the moment and height of the crossing. With many workers the workers are
+drawn as one layer (their sum), so the driver's growth stays readable.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import plotly.graph_objects as go
+
+from picklescope.core.units import fmt_bytes
+
+GROUP_WORKERS_ABOVE = 6
+COLORS = {"driver": "#d62728", "store": "#7f7f7f", "workers": "#1f77b4"}
+WORKER_COLORS = ("#1f77b4", "#2ca02c", "#9467bd", "#17becf", "#bcbd22", "#8c564b")
+
+
+def _mib(v: float) -> float:
+    return v / 2**20
+
+
+def _layers(doc: dict[str, Any], group: bool) -> list[tuple[str, list[float], list[float]]]:
+    """(name, t_s, bytes above baseline) per layer, samples from the node baseline on."""
+    node = doc["node"]
+    t0 = node.get("baseline_s") or 0.0
+    ticks = [t for t in node["timeline"]["t_s"] if t >= t0]
+    layers: list[tuple[str, list[float], list[float]]] = []
+
+    def above(series: dict[str, Any], base: int | None) -> dict[float, float]:
+        b = base or 0
+        return {t: max(0, v - b) for t, v in zip(series["t_s"], series["bytes"]) if t >= t0}
+
+    procs = doc["processes"]
+    workers = sorted((n for n in procs if n != "driver"), key=lambda n: int(n.split("-")[-1]) if n[-1].isdigit() else 0)
+    if "driver" in procs:
+        d = above(procs["driver"]["timeline"], procs["driver"].get("baseline_bytes"))
+        layers.append(("driver", ticks, [d.get(t, 0) for t in ticks]))
+    if group and workers:
+        total = {t: 0.0 for t in ticks}
+        for n in workers:
+            for t, v in above(procs[n]["timeline"], procs[n].get("baseline_bytes")).items():
+                if t in total:
+                    total[t] += v
+        layers.append((f"workers ({len(workers)})", ticks, [total[t] for t in ticks]))
+    else:
+        for n in workers:
+            w = above(procs[n]["timeline"], procs[n].get("baseline_bytes"))
+            layers.append((n, ticks, [w.get(t, 0) for t in ticks]))
+    store = node.get("store") or {}
+    if store.get("t_s"):
+        s = above(store, store.get("baseline_bytes"))
+        layers.append(("store", ticks, [s.get(t, 0) for t in ticks]))
+    return layers
+
+
+def node_figure(result: Any, *, group_workers: bool | None = None, title: str | None = None) -> go.Figure:
+    """Stacked node memory of a :class:`~picklescope.investigate.node.NodeResult` (or its ``--json`` document)."""
+    doc = result.to_json_dict() if hasattr(result, "to_json_dict") else result
+    n_workers = sum(1 for n in doc["processes"] if n != "driver")
+    group = n_workers > GROUP_WORKERS_ABOVE if group_workers is None else group_workers
+    fig = go.Figure()
+    for i, (name, ts, vals) in enumerate(_layers(doc, group)):
+        color = COLORS.get(name.split(" ")[0], WORKER_COLORS[i % len(WORKER_COLORS)])
+        fig.add_trace(go.Scatter(x=ts, y=[_mib(v) for v in vals], name=name, mode="lines", stackgroup="node",
+                                 line={"width": 0.5, "color": color},
+                                 hovertemplate=f"{name}: %{{y:.1f}} MiB at %{{x:.3f}} s<extra></extra>"))
+    for s in doc.get("training_steps", []):
+        if s.get("end_s") is None:
+            continue
+        fig.add_vrect(x0=s["start_s"], x1=s["end_s"], fillcolor="#ffbf00" if s["index"] % 2 else "#ffe08a",
+                      opacity=0.15, line_width=0, annotation_text=f"step {s['index']}", annotation_position="top left")
+    node = doc["node"]
+    budget = node.get("budget_bytes")
+    if budget:
+        fig.add_hline(y=_mib(budget), line_dash="dash", line_color="black",
+                      annotation_text=f"node budget {fmt_bytes(budget)}", annotation_position="top right")
+    killed = doc.get("killed")
+    if killed:
+        fig.add_trace(go.Scatter(
+            x=[killed["t_s"]], y=[_mib(killed["node_bytes"])], mode="markers+text", name="kill",
+            marker={"symbol": "x", "size": 14, "color": "black"}, textposition="top center",
+            text=[f"killed {killed['process']} (step {killed['training_step']}, {killed['step']})"]))
+    payload = doc.get("payload_bytes")
+    fig.update_layout(
+        title=title or (f"{doc['codec']}: {doc['workers']} workers, {doc['steps']} steps, payload "
+                        f"{fmt_bytes(payload)}: {doc['outcome']}"),
+        xaxis_title="seconds (one clock for every process)", yaxis_title="MiB above the node's baseline",
+        legend={"orientation": "h", "y": -0.2}, template="plotly_white", height=420)
+    return fig

@@ -1,0 +1,310 @@
+"""The postmortem: one self-contained HTML file an engineer can attach to a ticket and open offline.
+
+Everything is inside the file: plotly.js itself (inlined once), each figure's data as an inline JSON
+block, the tables, the stacks, the environment and the command that reproduces it. Nothing is
+fetched from the network, so it opens on an air-gapped laptop years later. Figures come from
+:mod:`picklescope.views.figures` (drawn from the results, never recomputed here); if a figure cannot be
+drawn the report says so where it would have been instead of leaving a silent gap. Every string that
+came from the user (workload, codec and file names, error messages, the command) is HTML-escaped.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from picklescope.core.result import RunResult
+from picklescope.core.units import fmt_bytes
+from picklescope.errors import PicklescopeError
+from picklescope.investigate.reproduce import Investigation, budgeted_results, matrix_results
+from picklescope.views import figures, table
+
+OWN_FILES = ("report.html", "results.json")
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2rem auto;max-width:1200px;
+color:#1d1d1f;padding:0 1rem}
+h1{font-size:1.5rem}h2{font-size:1.2rem;margin-top:2rem;border-bottom:1px solid #ddd;padding-bottom:.2rem}
+.headline{font-size:1.15rem;background:#f5f7fa;border-left:4px solid #c0392b;padding:.7rem 1rem}
+table{border-collapse:collapse;font-size:.85rem;margin:.5rem 0}th,td{border:1px solid #ddd;padding:.25rem .5rem;
+text-align:left}th{background:#f0f0f0}td.num{text-align:right;font-variant-numeric:tabular-nums}
+pre{background:#f7f7f7;padding:.6rem;overflow-x:auto;font-size:.8rem}
+.note{color:#666;font-style:italic}.missing{color:#a15c00;border:1px dashed #d9a441;padding:.5rem}
+.oom-killed,.memory-error{color:#c0392b;font-weight:600}.ok{color:#1e8449;font-weight:600}
+"""
+
+_LOADER = """
+document.querySelectorAll('script[type="application/json"][data-figure]').forEach(function (el) {
+  var fig = JSON.parse(el.textContent);
+  var cfg = Object.assign({responsive: true, displaylogo: false}, fig.config || {});
+  Plotly.newPlot(document.getElementById(el.getAttribute('data-figure')), fig.data, fig.layout || {}, cfg);
+});
+"""
+
+
+def e(value: Any) -> str:
+    """HTML-escape anything (None shows as a dash)."""
+    return "-" if value is None else html.escape(str(value), quote=True)
+
+
+def prepare_out_dir(path: str, force: bool = False) -> str:
+    """Create ``path`` or check it may be written; a folder holding other files needs ``force``.
+
+    Called before any run, so a refusal costs nothing. Only ``report.html`` and ``results.json`` of a
+    previous run are ever replaced.
+    """
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise PicklescopeError(f"--out {path!r} exists and is not a folder", "give a folder path")
+    if os.path.isdir(path):
+        others = sorted(set(os.listdir(path)) - set(OWN_FILES))
+        if others and not force:
+            shown = ", ".join(others[:3]) + (" ..." if len(others) > 3 else "")
+            raise PicklescopeError(f"--out {path!r} already holds other files ({shown})",
+                                   "choose an empty or new folder, or pass --force to write beside them")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def _json_for_script(obj: Any) -> str:
+    """JSON that cannot end the ``<script>`` element it sits in, whatever strings it holds."""
+    text = obj if isinstance(obj, str) else json.dumps(obj)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+class _Figures:
+    """Numbered figure blocks; a figure that fails to draw becomes a visible note with the reason."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def block(self, draw: Callable[..., Any], *args: Any, caption: str = "", **kw: Any) -> str:
+        why = ""
+        fig = None
+        try:
+            fig = draw(*args, **kw)
+        except Exception as exc:  # noqa: BLE001 - any drawing failure becomes a visible note
+            why = f"{draw.__name__}() failed: {type(exc).__name__}: {exc}"
+        cap = f"<p class='note'>{e(caption)}</p>" if caption else ""
+        if fig is None:
+            return f"<div class='missing'>Figure unavailable: {e(why)}</div>{cap}"
+        self.count += 1
+        fid = f"figure-{self.count}"
+        return (f"<div id='{fid}' class='figure' style='width:100%;min-height:420px'></div>"
+                f"<script type='application/json' data-figure='{fid}'>{_json_for_script(fig.to_json())}</script>"
+                f"{cap}")
+
+
+def _table(rows: list[dict[str, Any]], columns: Iterable[str] | None = None) -> str:
+    if not rows:
+        return "<p class='note'>(no rows)</p>"
+    cols = list(columns or rows[0].keys())
+    head = "".join(f"<th>{e(c)}</th>" for c in cols)
+    body = []
+    for r in rows:
+        cells = []
+        for c in cols:
+            v = r.get(c, "")
+            s = "" if v is None else str(v)
+            cls = " class='num'" if s[:1].isdigit() or (s[:1] in "+-" and s[1:2].isdigit()) else ""
+            cells.append(f"<td{cls}>{e(s)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _label(r: RunResult) -> str:
+    b = r.sides["sender"].budget_bytes if "sender" in r.sides else None
+    return f"{r.codec} over {r.transport}" + (f" at sender budget {fmt_bytes(b)}" if b else "")
+
+
+def _verdict_block(r: RunResult) -> str:
+    out = [f"<h3>{e(_label(r))}: <span class='{e(r.outcome)}'>{e(r.outcome)}</span></h3>"]
+    rows = [("killed side", r.killed_side), ("step", r.killed_in_step),
+            ("line", r.extra.get("killed_at")), ("memory at death (above baseline)", fmt_bytes(r.memory_at_death_bytes)
+                                                 if r.memory_at_death_bytes is not None else None),
+            ("enforcement", r.enforcement), ("why this enforcement", r.enforcement_note)]
+    if r.outcome in ("oom-killed", "memory-error"):
+        out.append("<table>" + "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in rows) + "</table>")
+    elif r.outcome == "ok":
+        peak = r.sender.peak_bytes
+        out.append(f"<p>Survived: exact sender peak {e(fmt_bytes(peak))} above baseline, under the budget.</p>")
+    if r.error:
+        out.append(f"<p>{e(r.error)}</p>")
+    if r.original_error:
+        out.append(f"<p><b>Original error</b> (classified as out-of-memory): <code>{e(r.original_error)}</code></p>")
+    if r.extra.get("stack_note"):
+        out.append(f"<p class='note'>{e(r.extra['stack_note'])}</p>")
+    if r.stack_at_death:
+        out.append(f"<details><summary>Python stack at death</summary><pre>{e(r.stack_at_death)}</pre></details>")
+    return "\n".join(out)
+
+
+def _headroom_rows(results: list[RunResult]) -> list[dict[str, Any]]:
+    rows = []
+    for r in results:
+        h = r.extra.get("headroom_detail")
+        if not h:
+            continue
+        p = r.payload_bytes
+        runs = "; ".join(f"{fmt_bytes(x['budget_bytes'])}: {x['outcome']}"
+                         + (f" in {x['killed_in_step']}" if x.get("killed_in_step") else "") for x in h["runs"])
+        rows.append({"codec": r.codec, "transport": r.transport,
+                     "exact peak": f"{(h['predicted_bytes'] or 0) / p:.3f}x" if h.get("predicted_bytes") is not None
+                     else "-",
+                     "headroom": "-" if h.get("headroom_bytes") is None else f"{h['headroom_bytes'] / p:.2f}x",
+                     "killed at": "-" if h.get("killed_below_bytes") is None else f"{h['killed_below_bytes'] / p:.2f}x",
+                     "method": h.get("method") or h.get("error") or "-", "confirming runs": runs})
+    return rows
+
+
+def _tracer_rows(r: RunResult) -> tuple[list[dict[str, Any]], list[str]]:
+    """One row per tracer of a traced run (what it saw, overall and in the biggest steps), and its notes."""
+    p = r.payload_bytes
+    big = sorted((s for s in r.sender.steps if s.added_bytes is not None), key=lambda s: -(s.added_bytes or 0))[:3]
+    rows, notes = [], []
+    for name, entry in (r.tracers or {}).items():
+        if not isinstance(entry, dict):
+            continue
+        peak = entry.get("peak_bytes")
+        row: dict[str, Any] = {"tracer": name, "available": "yes" if entry.get("available") else "no",
+                               "peak seen": "-" if peak is None else f"{fmt_bytes(peak)} ({peak / p:.2f}x)" if p
+                               else fmt_bytes(peak)}
+        seen = entry.get("per_step") or {}
+        for st in big:
+            v = seen.get(st.name)
+            row[f"{st.name} (exact {st.added_bytes / p:.2f}x)" if p else st.name] = (
+                "-" if v is None else f"{v / p:.2f}x" if p else fmt_bytes(v))
+        row["sees"] = entry.get("sees") or entry.get("description")
+        row["why not / caveats"] = entry.get("reason")
+        rows.append(row)
+        notes += [str(n) for n in entry.get("notes") or []]
+    return rows, notes
+
+
+def _environment(env: dict[str, Any]) -> str:
+    if not env:
+        return "<p class='note'>No environment was recorded with these results.</p>"
+    rows = [("python", env.get("python"))]
+    rows += [(name, v or "not installed") for name, v in (env.get("packages") or {}).items()]
+    rows += [("machine memory", fmt_bytes(env.get("machine_memory_bytes"))),
+             ("available when run", fmt_bytes(env.get("available_memory_bytes"))),
+             ("CPUs", env.get("cpus")), ("platform", env.get("platform")),
+             ("exact per-step peaks (VmHWM reset)", env.get("kernel_peak_reset")),
+             ("memory cgroup", env.get("memory_cgroup"))]
+    return "<table>" + "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in rows) + "</table>"
+
+
+def render(inv: Investigation) -> str:
+    """The whole report as one HTML string (plotly.js inlined)."""
+    from plotly.offline import get_plotlyjs
+
+    figs = _Figures()
+    matrix = matrix_results(inv)
+    budgeted = budgeted_results(inv)
+    title = f"picklescope postmortem: {inv.workload} x{inv.scale:g}"
+    payload = inv.extra.get("payload_bytes") or (inv.results[0].payload_bytes if inv.results else None)
+    parts = [f"<h1>{e(title)}</h1>",
+             f"<p class='note'>Payload {e(fmt_bytes(payload))}; {len(inv.results)} runs; written "
+             f"{e(time.strftime('%Y-%m-%d %H:%M:%S'))}.</p>",
+             f"<p class='headline'>{e(inv.extra.get('headline') or 'No headline was computed for these results.')}</p>"]
+
+    parts.append("<h2>Under a memory budget</h2>")
+    if budgeted:
+        parts.append(f"<p>Sender budget {e(inv.extra.get('budget'))} payload "
+                     f"({e(fmt_bytes(inv.extra.get('budget_bytes')))}) over {e(inv.extra.get('budget_transport'))}"
+                     f"{' (given on the command line)' if inv.extra.get('budget_given') else ''}.</p>")
+        for r in budgeted:
+            parts.append(_verdict_block(r))
+            parts.append(figs.block(figures.timeline_figure, r, caption=f"Timeline of {_label(r)}: RSS of both sides, "
+                                    "step bands and the budget line; a killed side's curve ends at the kill."))
+    else:
+        parts.append(f"<p class='note'>{e(inv.extra.get('budget_note') or 'No budgeted run in these results.')}</p>")
+
+    parts.append("<h2>Comparison</h2>")
+    parts.append(_table(table.comparison_rows(matrix)))
+    repeated = [r for r in matrix if r.variation is not None]
+    if repeated:
+        runs = max(r.variation.runs for r in repeated)
+        varying = [r for r in repeated if r.variation.varies]
+        parts.append(f"<p>Each case ran {runs} times in fresh processes; the table shows its worst run. "
+                     + ("No exact peak spread by more than 1% of the payload." if not varying else
+                        "Some exact peaks took different values from run to run (every reading is exact: the "
+                        "allocator's behaviour varies; a budget must cover the largest):") + "</p>")
+        if varying:
+            parts.append("<ul>" + "".join(f"<li>{e(_label(r))}: {e(table.variation_summary(r))}</li>"
+                                          for r in varying) + "</ul>")
+    parts.append(figs.block(figures.comparison_figure, matrix, caption="Peak, held and cycle-held memory and time, "
+                                                                  "by codec and transport."))
+    hr = _headroom_rows(matrix)
+    if hr:
+        parts.append("<h3>Sender headroom</h3><p>The smallest sender budget each case survives, predicted from "
+                     "its worst exact peak and confirmed by one run just above (survives) and one just below (killed, "
+                     "unless that run drew a smaller value of a varying peak), to 2% of the payload.</p>")
+        parts.append(_table(hr))
+
+    parts.append("<h2>Timelines of the unbudgeted runs</h2>")
+    for r in matrix:
+        parts.append(f"<details><summary>{e(_label(r))}: {e(r.outcome)}</summary>")
+        parts.append(figs.block(figures.timeline_figure, r))
+        parts.append(_table(table.steps_rows(r)))
+        parts.append("</details>")
+
+    parts.append("<h2>Attribution</h2>")
+    attributed = [r for r in inv.results if r.attribution]
+    if attributed:
+        for r in attributed:
+            parts.append(figs.block(figures.attribution_figure, r, caption=f"Where the peak of {_label(r)} came from."))
+    else:
+        parts.append("<p class='note'>No run in this investigation carried an attribution (it needs an allocation "
+                     "tracer such as memray; the default sampler sees totals only). The per-step exact peaks above "
+                     "attribute memory to steps.</p>")
+
+    parts.append("<h2>What each tracker saw</h2>")
+    traced = [r for r in inv.results if r.extra.get("role") == "traced"]
+    for r in traced:
+        rows, notes = _tracer_rows(r)
+        parts.append(f"<p>{e(_label(r))}, unbudgeted, with every tracker attached. Each tracker's view of the "
+                     "whole run and of the biggest steps, as a multiple of the payload, beside the exact kernel "
+                     "numbers:</p>")
+        parts.append(_table(rows))
+        if notes:
+            parts.append("<ul>" + "".join(f"<li>{e(n)}</li>" for n in notes) + "</ul>")
+        parts.append(figs.block(figures.timeline_figure, r, show_tracers=True,
+                                caption="Each tracker's view drawn over the sampled RSS and the exact step peaks."))
+    if not traced:
+        parts.append("<p class='note'>Only the default tracker ran: RSS sampled by the parent at about 1 ms plus "
+                     "exact per-step kernel peaks (VmHWM). No in-process tracker (tracemalloc, torch.profiler, memray) "
+                     "was attached to these runs.</p>")
+
+    parts.append("<h2>Environment</h2>")
+    parts.append(_environment(inv.extra.get("environment") or {}))
+    parts.append("<h2>Reproduce</h2>")
+    cmd = inv.extra.get("command") or reproduce_command(inv)
+    parts.append(f"<pre>{e(cmd)}</pre>")
+
+    body = "\n".join(parts)
+    return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{e(title)}</title>"
+            f"<style>{_CSS}</style><script>{get_plotlyjs()}</script></head><body>\n{body}\n"
+            f"<script>{_LOADER}</script></body></html>")
+
+
+def reproduce_command(inv: Investigation) -> str:
+    """The CLI command that repeats an investigation that was started from Python."""
+    import shlex
+
+    workload = inv.extra.get("workload_source") or inv.workload
+    args = ["picklescope", "reproduce", "--workload", workload, "--scale", f"{inv.scale:g}"]
+    if inv.extra.get("budget_given") and inv.extra.get("budget"):
+        args += ["--budget", str(inv.extra["budget"])]
+    return shlex.join(args)
+
+
+def write_report(inv: Investigation, path: str) -> str:
+    """Write :func:`render` of ``inv`` to ``path``; returns the path."""
+    text = render(inv)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    return path

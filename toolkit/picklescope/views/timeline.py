@@ -1,0 +1,141 @@
+"""One run's timeline as plain data: what a figure, a report or a notebook draws, and nothing else.
+
+:class:`RunTimeline` gathers, per side, the RSS curve sampled at about 1 ms (above the side's
+baseline), the step intervals with their exact peaks, each tracer's own series, the budget and the
+held / cycle-held bytes, plus the run's attribution rows and verdict. It is built from a
+:class:`~picklescope.core.result.RunResult` (:meth:`RunTimeline.from_result`), round-trips through JSON
+(``to_json`` / ``from_json``) and imports nothing from plotly: figures are views of it.
+
+A step that never ended (the side was killed inside it) keeps ``end_s = None``; :meth:`Band.until`
+gives the end to draw it to.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from picklescope.core.result import RunResult
+from picklescope.core.units import fmt_bytes
+
+
+@dataclass
+class Series:
+    """Bytes over run time (seconds since the run started)."""
+
+    t_s: list[float] = field(default_factory=list)
+    bytes: list[int] = field(default_factory=list)
+
+    @property
+    def end_s(self) -> float | None:
+        return self.t_s[-1] if self.t_s else None
+
+    def peak(self) -> int | None:
+        return max(self.bytes) if self.bytes else None
+
+
+@dataclass
+class Band:
+    """One step as an interval on the time axis, with the kernel's exact figures for it."""
+
+    name: str
+    start_s: float
+    end_s: float | None
+    depth: int = 0
+    peak_bytes: int | None = None  # above the side's baseline
+    added_bytes: int | None = None  # above the RSS at the step's start
+    error: str | None = None
+
+    def until(self, fallback: float) -> float:
+        """Where to draw the band to: its end, or ``fallback`` if the step never ended."""
+        return self.end_s if self.end_s is not None else max(fallback, self.start_s)
+
+
+@dataclass
+class SideTimeline:
+    """Everything on one side's time axis."""
+
+    name: str
+    baseline_bytes: int | None = None
+    baseline_s: float | None = None  # when the baseline was taken; samples before it are set-up
+    rss: Series = field(default_factory=Series)  # sampled RSS minus the baseline
+    bands: list[Band] = field(default_factory=list)
+    peak_bytes: int | None = None
+    held_bytes: int | None = None
+    cycle_held_bytes: int | None = None
+    budget_bytes: int | None = None
+    exit_code: int | None = None
+    tracers: dict[str, Series] = field(default_factory=dict)  # tracer name -> its own view (not the sampler)
+
+    @property
+    def end_s(self) -> float:
+        ends = [self.rss.end_s or 0.0] + [b.end_s or b.start_s for b in self.bands]
+        ends += [s.end_s or 0.0 for s in self.tracers.values()]
+        return max(ends)
+
+
+@dataclass
+class RunTimeline:
+    """The timeline of one run, both sides on one time axis."""
+
+    title: str
+    payload_bytes: int
+    outcome: str = "ok"
+    error: str | None = None
+    killed_side: str | None = None
+    killed_in_step: str | None = None
+    sides: dict[str, SideTimeline] = field(default_factory=dict)
+    attribution: list[dict[str, Any]] = field(default_factory=list)
+    tracers: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> available, reason, peak_bytes, notes
+
+    @classmethod
+    def from_result(cls, r: RunResult) -> RunTimeline:
+        title = (f"{r.codec} over {r.transport} on {r.workload} x{r.scale:g} "
+                 f"(payload {fmt_bytes(r.payload_bytes)}): {r.outcome}")
+        tl = cls(title=title, payload_bytes=r.payload_bytes, outcome=r.outcome, error=r.error,
+                 killed_side=r.killed_side, killed_in_step=r.killed_in_step,
+                 attribution=[dict(row) for row in r.attribution])
+        for name, side in r.sides.items():
+            base = side.baseline_bytes
+            rss = Series(list(side.timeline.t_s), [v - base for v in side.timeline.rss_bytes]) if base is not None \
+                else Series()
+            st = SideTimeline(name=name, baseline_bytes=base, baseline_s=side.baseline_s, rss=rss,
+                              peak_bytes=side.peak_bytes, held_bytes=side.held_bytes,
+                              cycle_held_bytes=side.cycle_held_bytes, budget_bytes=side.budget_bytes,
+                              exit_code=side.exit_code)
+            st.bands = [Band(s.name, s.start_s, s.end_s, s.depth, s.peak_bytes, s.added_bytes, s.error)
+                        for s in side.steps]
+            for tracer, entry in r.tracers.items():
+                view = (entry.get("sides") or {}).get(name) or {}
+                series = view.get("series")
+                if tracer != "sampler" and series and series.get("t_s"):
+                    st.tracers[tracer] = Series(list(series["t_s"]), list(series["bytes"]))
+            tl.sides[name] = st
+        for tracer, entry in r.tracers.items():
+            tl.tracers[tracer] = {k: entry.get(k) for k in ("available", "reason", "peak_bytes", "notes", "sees")}
+        return tl
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self, **kw: Any) -> str:
+        return json.dumps(self.to_dict(), **kw)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunTimeline:
+        kw = {k: v for k, v in d.items() if k in {f.name for f in fields(cls)}}
+        kw["sides"] = {n: _side_from_dict(s) for n, s in d.get("sides", {}).items()}
+        return cls(**kw)
+
+    @classmethod
+    def from_json(cls, text: str) -> RunTimeline:
+        return cls.from_dict(json.loads(text))
+
+
+def _side_from_dict(d: dict[str, Any]) -> SideTimeline:
+    kw = {k: v for k, v in d.items() if k in {f.name for f in fields(SideTimeline)}}
+    kw["rss"] = Series(**d.get("rss", {}))
+    kw["bands"] = [Band(**b) for b in d.get("bands", [])]
+    kw["tracers"] = {n: Series(**s) for n, s in d.get("tracers", {}).items()}
+    return SideTimeline(**kw)
