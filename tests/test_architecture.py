@@ -14,8 +14,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_DIR = ROOT / "toolkit" / "picklescope"
-# Packages whose modules sit in different layers: their own __init__ holds only re-exports.
-SPLIT_PACKAGES = {"picklescope", "picklescope.transports.ray", "picklescope.verl"}
+# Packages whose modules sit in different layers: their own __init__ holds only a docstring or re-exports.
+SPLIT_PACKAGES = {"picklescope", "picklescope.investigate", "picklescope.measure", "picklescope.verl",
+                  "picklescope.views"}
 
 
 def _contracts() -> list[dict]:
@@ -62,3 +63,34 @@ def test_the_contracts_forbid_cycles_and_layer_breaks_without_exceptions():
     contracts = _contracts()
     assert {c["type"] for c in contracts} >= {"layers", "acyclic_siblings"}
     assert not [c["id"] for c in contracts if c.get("ignore_imports")], "a contract hides imports"
+
+
+def test_the_top_level_holds_at_most_eight_modules():
+    top = sorted(p.name for p in PACKAGE_DIR.glob("*.py"))
+    assert len(top) <= 8, f"the package's top level is for its entry points and public data only: {top}"
+
+
+def test_every_module_sits_in_a_subpackage_named_for_its_layer():
+    """Each subpackage's modules are in the layers its docstring names: no module is filed by accident."""
+    layer_of = {n: i for i, layer in enumerate(_layers()) for n in layer}
+    for sub, allowed in {"views": range(1, 3), "investigate": range(3, 5), "measure": range(5, 7),
+                         "core": range(8, 9)}.items():
+        for path in (PACKAGE_DIR / sub).glob("*.py"):
+            if path.stem == "__init__":
+                continue
+            name = f"picklescope.{sub}.{path.stem}"
+            i = next((layer_of[n] for n in layer_of if name == n or name.startswith(n + ".")), None)
+            assert i in allowed, f"{name} is in layer {i}, not one of the {sub} layers {list(allowed)}"
+
+
+def test_old_module_names_still_import_for_one_release():
+    """``picklescope.runner`` and the other names from before the subpackages are the moved modules themselves."""
+    import importlib
+
+    from picklescope.core.aliases import MOVED
+
+    for old, new in MOVED.items():
+        assert importlib.import_module(f"picklescope.{old}") is importlib.import_module(f"picklescope.{new}"), old
+    import picklescope
+
+    assert callable(picklescope.node), "importing the old module name picklescope.node must keep the function"

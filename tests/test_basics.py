@@ -97,3 +97,15 @@ def test_malformed_workload_names_field_and_line(text, field, line):
     with pytest.raises(PicklescopeError) as e:
         parse_workload(text, "w.yaml")
     assert field in str(e.value) and f"line {line}" in str(e.value)
+
+
+def test_each_transport_either_hands_off_or_owns_its_receiver():
+    """The runner tells them apart with isinstance, and neither kind inherits methods it must refuse."""
+    from picklescope.transports import TRANSPORTS, OwnsItsReceiver, PickleTransport
+
+    for name in TRANSPORTS:
+        t = get_transport(name)
+        assert isinstance(t, OwnsItsReceiver) != isinstance(t, PickleTransport), name
+        if isinstance(t, OwnsItsReceiver):
+            assert not any(hasattr(t, m) for m in ("send", "prepare", "receive")), name
+    assert {"pickle", "pickle5-oob"} <= {n for n in TRANSPORTS if isinstance(get_transport(n), PickleTransport)}

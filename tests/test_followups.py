@@ -56,7 +56,7 @@ def short_steps_result() -> ps.RunResult:
                         sides={"sender": sender, "receiver": receiver})
 
 
-def _y_range(fig, row: int = 1) -> list[float]:
+def y_range(fig, row: int = 1) -> list[float]:
     axis = fig.layout.yaxis if row == 1 else fig.layout[f"yaxis{row}"]
     return list(axis.range)
 
@@ -67,9 +67,9 @@ def test_setup_before_the_baseline_does_not_set_the_y_range():
     fig = figures.timeline_figure(short_steps_result())
     x0, x1 = fig.layout.xaxis.range
     assert x0 < 0.97  # the set-up's climb is inside the window the figure opens on
-    lo, hi = _y_range(fig)
+    lo, hi = y_range(fig)
     assert -5.0 <= lo <= 0.0 and hi >= 47.0  # ... but its -400 MiB is off the axis
-    lo, hi = _y_range(fig, 2)
+    lo, hi = y_range(fig, 2)
     assert -5.0 <= lo <= 0.0 and hi >= 47.0  # the receiver's -50 MiB too
     setup = [t for t in fig.data if t.name == figures.SETUP_NAME]
     assert len(setup) == 2 and min(setup[0].y) == -400.0  # still drawn (greyed), clipped by the range
@@ -90,7 +90,7 @@ def test_real_run_records_its_baseline_time_and_axis_starts_there(budgeted_tiny)
         assert side.baseline_s is not None and side.baseline_s <= side.steps[0].start_s
         measured = [v - side.baseline_bytes for t, v in zip(side.timeline.t_s, side.timeline.rss_bytes)
                     if t >= side.baseline_s]
-        lo, hi = _y_range(fig, row)
+        lo, hi = y_range(fig, row)
         assert min(0.0, min(measured) / MiB) - 1.0 <= lo <= 0.0
         setup = [v - side.baseline_bytes for t, v in zip(side.timeline.t_s, side.timeline.rss_bytes)
                  if t < side.baseline_s]

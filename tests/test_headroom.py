@@ -48,3 +48,31 @@ def test_headroom_command_prints_json():
     assert d["codec"] == "numpy-legacy" and d["method"] in ("prediction confirmed", "bisection")
     assert 0.9 < d["multiple"] < 1.3  # one full copy plus a fixed overhead that matters at this small scale
     assert d["runs"] and all(r["outcome"] in ("ok", "oom-killed") for r in d["runs"])
+
+
+def test_a_survived_budget_under_a_measured_peak_is_a_varying_peak(monkeypatch):
+    """A budget only kills, it changes no allocation: surviving below a measured exact peak means this
+    run drew a smaller peak (in-band pickle's peak varies, docs/varying_peaks.md). The headroom must
+    still cover the worst measured run, not bisect down to the lucky draw."""
+    from picklescope.core.result import RunResult, Side
+    from picklescope.investigate import headroom
+    from picklescope.workloads import load_workload
+
+    payload = load_workload("flowgrpo").payload_bytes(0.05)
+    worst, lucky = int(3.00 * payload), int(2.64 * payload)
+
+    def fake_run(codec, transport, workload, scale, budget=None, **kw):
+        limit = budget.bytes
+        r = RunResult(codec=codec, transport=transport, workload=workload, scale=scale, payload_bytes=payload,
+                      sides={"sender": Side("sender"), "receiver": Side("receiver")})
+        if lucky <= limit:
+            r.outcome, r.sender.peak_bytes = "ok", lucky
+        else:
+            r.outcome, r.killed_side = "oom-killed", "sender"
+        return r
+
+    monkeypatch.setattr(headroom, "run", fake_run)
+    h = headroom.find_headroom("numpy-legacy", "pickle", "flowgrpo", 0.05, peak_bytes=worst, peak_min_bytes=worst)
+    assert h.method == "worst run confirmed" and h.varies, h.runs
+    assert h.headroom_bytes >= worst and h.peak_min_bytes == lucky
+    assert len(h.runs) == 2  # no bisection towards the lucky draw

@@ -63,10 +63,13 @@ def seed(cluster):
     return {c: ps.run(c, "ray", SEED, SEED_SCALE, transport_options=opts) for c in ("torch", "numpy", "numpy-legacy")}
 
 
+OWN_ZEROCOPY_EVENTS: list[dict] = []  # what the parent's event hook saw during own_zerocopy
+
+
 @pytest.fixture(scope="module")
 def own_zerocopy():
     """numpy-zerocopy over ray on a cluster of the run's own (the default path), ended cleanly."""
-    return ps.run("numpy-zerocopy", "ray", "tiny", 1.0)
+    return ps.run("numpy-zerocopy", "ray", "tiny", 1.0, on_event=OWN_ZEROCOPY_EVENTS.append)
 
 
 def ratio(n: int, r: ps.RunResult) -> float:
@@ -143,6 +146,17 @@ def test_own_cluster_run_leaves_no_ray_process(own_zerocopy):
     assert r.extra["ray"]["address"] == "local" and r.extra["ray"]["cluster_pids"].get("raylet")
     assert r.extra["ray"]["remaining"] == []
     assert leftovers(r.extra["ray"]["driver_pid"], temp_root(r)) == []
+
+
+def test_ray_sides_send_only_declared_events(own_zerocopy):
+    """The driver and the actor speak the protocol of core/events.py: declared kinds and keys only."""
+    from picklescope.core.events import undeclared_keys
+
+    assert own_zerocopy.outcome == "ok", own_zerocopy.error
+    kinds = {ev["type"] for ev in OWN_ZEROCOPY_EVENTS}
+    assert {"ray_info", "hello", "ready", "baseline", "step_start", "step_end", "done"} <= kinds, kinds
+    wrong = [(ev["type"], undeclared_keys(ev)) for ev in OWN_ZEROCOPY_EVENTS if undeclared_keys(ev) != (set(), set())]
+    assert not wrong, wrong
 
 
 def test_sigkilled_driver_leaves_no_ray_process():

@@ -97,7 +97,8 @@ def test_every_case_has_a_sender_headroom_in_the_table(reproduced):
     assert "sender headroom" in header and "sender headroom" in html
     for r in matrix:
         h = r.extra["headroom_detail"]
-        assert r.extra["headroom"] is not None and h["method"] in ("prediction confirmed", "bisection"), h
+        assert r.extra["headroom"] is not None and h["method"] in ("prediction confirmed", "worst run confirmed",
+                                                                        "bisection"), h
         assert h["predicted_bytes"] == r.sender.peak_bytes
         assert r.extra["headroom"] >= r.sender.peak_bytes - 0.01 * r.payload_bytes
     p = {(r.codec, r.transport): r.extra["headroom"] / r.payload_bytes for r in matrix}

@@ -11,6 +11,10 @@ from picklescope.core.quiet_start import quiet_interrupts_while_importing
 
 quiet_interrupts_while_importing()  # only as the 'picklescope' command: a Ctrl-C during imports is one line
 
+from picklescope.core import aliases as _aliases  # noqa: E402
+
+_aliases.install()  # the module names from before the subpackages (picklescope.runner, ...) for one release
+
 from picklescope.batch import Batch  # noqa: E402
 from picklescope.codecs import CODECS, get_codec, register_codec  # noqa: E402
 from picklescope.core.result import RunResult, Side, Step, Timeline  # noqa: E402
@@ -38,3 +42,8 @@ __all__ = [
 from picklescope.investigate.node import NodeResult, node  # noqa: E402 - picklescope.node(...): a verl node replayed, see docs/node.md
 
 __all__ += ["NodeResult", "node"]
+
+import sys as _sys  # noqa: E402
+
+# 'import picklescope.node' (the old module name) must not replace the function picklescope.node
+_sys.modules.setdefault("picklescope.node", _sys.modules["picklescope.investigate.node"])

@@ -8,9 +8,10 @@ The same declarations generate the capability matrix (codec x feature) in the do
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
@@ -134,7 +135,7 @@ def batch_features(b: Batch) -> dict[str, set[str]]:
     return out
 
 
-class Codec:
+class Codec(ABC):
     """Base class: subclasses implement :meth:`encode` and :meth:`decode` and declare gaps."""
 
     name: ClassVar[str] = ""
@@ -164,11 +165,29 @@ class Codec:
         with step("__setstate__"):
             self.decode(b, state)
 
-    def encode(self, b: Batch) -> Any:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abstractmethod
+    def encode(self, b: Batch) -> Any:
+        """The state ``pickle`` stores for ``b`` (what ``__getstate__`` returns)."""
 
-    def decode(self, b: Batch, state: Any) -> None:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abstractmethod
+    def decode(self, b: Batch, state: Any) -> None:
+        """Rebuild ``b`` in place from ``state`` (what ``__setstate__`` does)."""
+
+
+@runtime_checkable
+class PreparesInChild(Protocol):
+    """A codec with set-up work to do in the measured child before the baseline (real verl: importing
+    one environment's verl). What :meth:`prepare` returns is recorded in the run (``codec_info``)."""
+
+    def prepare(self) -> dict[str, Any] | None:
+        """Load what the codec needs; return what to record, or None."""
+
+
+@runtime_checkable
+class MeasuresItsGaps(Protocol):
+    """A codec whose gaps are measured, not declared in ``unsupported`` (real verl); the note says where."""
+
+    capabilities_note: str
 
 
 class ModeMismatch(PicklescopeError):

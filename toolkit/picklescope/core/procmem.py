@@ -21,6 +21,21 @@ def _status_field(pid: int | str, field: str) -> int:
     raise RuntimeError(f"/proc/{pid}/status has no {field}")
 
 
+def status_bytes(data: bytes, name: bytes) -> int | None:
+    """A ``kB`` field (``b"VmRSS:"``) of a ``/proc/PID/status`` text already read, in bytes; None if absent."""
+    i = data.find(name)
+    if i < 0:
+        return None
+    return int(data[i + len(name):data.index(b"kB", i)]) * 1024
+
+
+def private_rss(pid: int | str = "self") -> int:
+    """``VmRSS - RssShmem``: what a process holds that no other process maps (the node session's count)."""
+    with open(f"/proc/{pid}/status", "rb") as f:
+        data = f.read()
+    return (status_bytes(data, b"VmRSS:") or 0) - (status_bytes(data, b"RssShmem:") or 0)
+
+
 def rss(pid: int | str = "self") -> int:
     """Resident set size in bytes (anonymous + file + shared memory pages)."""
     return _status_field(pid, "VmRSS:")

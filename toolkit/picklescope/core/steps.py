@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from picklescope.core import procmem
-
-Event = dict[str, Any]
+from picklescope.core.events import Baseline, Event, Probe, StepEnd, StepStart
 
 
 @dataclass
@@ -42,7 +41,7 @@ class Meter:
         self.baseline = 0
         self.peak = 0  # absolute VmHWM over the measured phase
         self._open: list[_Open] = []
-        self.steps: list[Event] = []
+        self.steps: list[StepEnd] = []
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -52,7 +51,7 @@ class Meter:
         self.baseline = procmem.rss()
         procmem.reset_hwm()
         self.peak = self.baseline
-        self.sink({"type": "baseline", "side": self.side, "t_s": self.now(), "baseline_bytes": self.baseline})
+        self.sink(Baseline(type="baseline", side=self.side, t_s=self.now(), baseline_bytes=self.baseline))
         return self.baseline
 
     def _fold(self) -> int:
@@ -68,24 +67,24 @@ class Meter:
         procmem.reset_hwm()
         o = _Open(name, self.now(), r, r, len(self._open), info)
         self._open.append(o)
-        self.sink({"type": "step_start", "side": self.side, "name": name, "t_s": o.start_s,
-                   "depth": o.depth, "rss_bytes": r})
+        self.sink(StepStart(type="step_start", side=self.side, name=name, t_s=o.start_s, depth=o.depth,
+                            rss_bytes=r))
 
-    def end(self, error: BaseException | None = None) -> Event:
+    def end(self, error: BaseException | None = None) -> StepEnd | Probe | dict[str, Any]:
         self._fold()
         o = self._open.pop()
         r = procmem.rss()
         procmem.reset_hwm()
-        ev = {
-            "type": "step_end", "side": self.side, "name": o.name, "start_s": o.start_s,
-            "end_s": self.now(), "depth": o.depth,
-            "peak_bytes": o.peak - self.baseline,
-            "added_bytes": o.peak - o.start_rss,
-            "retained_bytes": r - o.start_rss,
-            "rss_end_bytes": r,
-            "error": None if error is None else f"{type(error).__name__}: {error}",
-        }
-        ev.update(o.info)
+        ev = StepEnd(
+            type="step_end", side=self.side, name=o.name, start_s=o.start_s,
+            end_s=self.now(), depth=o.depth,
+            peak_bytes=o.peak - self.baseline,
+            added_bytes=o.peak - o.start_rss,
+            retained_bytes=r - o.start_rss,
+            rss_end_bytes=r,
+            error=None if error is None else f"{type(error).__name__}: {error}",
+        )
+        ev.update(o.info)  # type: ignore[typeddict-item] - step(name, **info): declared in StepEnd
         self.steps.append(ev)
         self.sink(ev)
         return ev
@@ -119,13 +118,13 @@ class ProbeMeter(Meter):
             self._start_rss = procmem.rss()
             procmem.reset_hwm()
 
-    def end(self, error: BaseException | None = None) -> Event:
+    def end(self, error: BaseException | None = None) -> StepEnd | Probe | dict[str, Any]:
         name = self._names.pop()
         if name == self.target and self._start_rss is not None and not self._done:
             self._done = True
             h = procmem.hwm()
-            ev = {"type": "probe", "side": self.side, "name": name, "peak_bytes": h - self.baseline,
-                  "added_bytes": h - self._start_rss}
+            ev = Probe(type="probe", side=self.side, name=name, peak_bytes=h - self.baseline,
+                       added_bytes=h - self._start_rss)
             self.sink(ev)
             return ev
         return {}
@@ -133,7 +132,7 @@ class ProbeMeter(Meter):
     def finish(self) -> int:
         h = procmem.hwm()
         if self.target is None:
-            self.sink({"type": "probe", "side": self.side, "name": None, "peak_bytes": h - self.baseline})
+            self.sink(Probe(type="probe", side=self.side, name=None, peak_bytes=h - self.baseline))
         return h - self.baseline
 
 

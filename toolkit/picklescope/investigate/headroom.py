@@ -143,9 +143,14 @@ def find_headroom(
     if hi_ok == "survived" and lo_ok == "killed":
         h.headroom_bytes, h.killed_below_bytes, h.method = above, below, "prediction confirmed"
         return h
-    if hi_ok == "survived" and h.varies:
-        # The run below drew a smaller peak than the worst measured one: a real outcome of a varying
-        # peak, not a wrong prediction. The worst run needs `above`; going lower would not cover it.
+    if hi_ok == "survived" and lo_ok == "survived":
+        # A budget below a measured exact peak was survived: this run drew a smaller peak than the
+        # worst measured one (a budget only kills, it changes no allocation), so the peak varies even
+        # if the unbudgeted runs drew one value. The worst run needs `above`; lower would not cover it.
+        drawn = h.runs[-1].get("sender_peak_bytes")
+        h.varies = True
+        if drawn is not None:
+            h.peak_min_bytes = min(h.peak_min_bytes if h.peak_min_bytes is not None else drawn, drawn)
         h.headroom_bytes, h.method = above, "worst run confirmed"
         return h
     return _bisect(h, budgeted, above, hi_ok, below, lo_ok, res)

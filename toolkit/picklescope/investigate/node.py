@@ -30,11 +30,21 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Listener, wait
 from typing import Any
 
-from picklescope.core import steps
+from picklescope.core import procmem, steps
+from picklescope.core.events import (
+    CodecInfo,
+    Event,
+    Hello,
+    Note,
+    RayInfo,
+    Ready,
+    Release,
+)
 from picklescope.core.leftovers import temp_name
 from picklescope.core.units import fmt_bytes, parse_size
 from picklescope.errors import PicklescopeError
@@ -329,7 +339,7 @@ def node(codec: str = "numpy", workload: str = "flowgrpo", scale: float = DEFAUL
     result = NodeResult(codec, str(workload), scale, workers, steps, payload, dispatch, gc, transport, returns,
                         engine=engine, enforcement=enforcement, budget_bytes=budget)
     accepter = _Accepter(run_dir)
-    from picklescope.transports.ray.orchestrate import _ray_env
+    from picklescope.transports.ray.orchestrate import ray_env
 
     cfg = {"codec": codec, "workload": wl.source or wl.name, "scale": scale,
            "workers": workers, "steps": steps, "returns": returns, "dispatch": dispatch, "gc": gc,
@@ -338,7 +348,7 @@ def node(codec: str = "numpy", workload: str = "flowgrpo", scale: float = DEFAUL
            "object_store_bytes": store, "run_dir": run_dir, "t0": t0,
            "t0_wall": time.time() - (time.monotonic() - t0), "machine": machine_id(),
            "events_address": accepter.listener.address, "events_key": accepter.key.hex(),
-           "ray_env": _ray_env(bool(ray_address)), "parent_pid": os.getpid(),
+           "ray_env": ray_env(bool(ray_address)), "parent_pid": os.getpid(),
            "parent_ticks": _own_ticks(), "worker_resources": worker_resources or {}, "spread": spread}
     cg_path = None
     if cgroup_base is not None:
@@ -484,7 +494,7 @@ def _own_ticks() -> int | None:
 
 
 def _follow(session: Session, result: NodeResult, proc: Any, conn: Any, accepter: _Accepter,
-            tracking: dict[str, Any], deadline: float, on_event: Any) -> None:
+            tracking: dict[str, Any], deadline: float, on_event: Callable[[Event], None] | None) -> None:
     """Relay the driver's and the workers' events into the session until the run is decided."""
     names: dict[Any, str] = {}
     tracking["conns"] = []
@@ -531,7 +541,7 @@ def _follow(session: Session, result: NodeResult, proc: Any, conn: Any, accepter
             return
 
 
-def _on_driver(session: Session, result: NodeResult, conn: Any, ev: dict[str, Any], tracking: dict[str, Any]) -> bool:
+def _on_driver(session: Session, result: NodeResult, conn: Any, ev: Event, tracking: dict[str, Any]) -> bool:
     kind = ev.get("type")
     if kind == "ray_info":
         tracking["cluster_pids"] = ev.get("pids", {})
@@ -585,7 +595,7 @@ def _on_worker(session: Session, result: NodeResult, names: dict[Any, str], c: A
         session.fold(name, ev)
 
 
-def _attach_store(session: Session, ev: dict[str, Any], result: NodeResult) -> None:
+def _attach_store(session: Session, ev: RayInfo, result: NodeResult) -> None:
     from picklescope.transports.ray import cluster
     from picklescope.transports.ray.store import ShmFileReader
 
@@ -613,7 +623,7 @@ def _cleanup(result: NodeResult, proc: Any, conn: Any, driver_start: int | None,
         return
     if tracking.get("finished"):  # the driver waits for this to end its Ray session
         try:
-            conn.send({"type": "release"})
+            conn.send(Release(type="release"))
         except (OSError, BrokenPipeError):
             pass
     elif proc.is_alive():  # mid-step (killed worker, error, timeout, Ctrl-C): SIGTERM ends it through its finally
@@ -675,11 +685,7 @@ def _settle(session: Session, result: NodeResult) -> None:
 
 def _private_bytes() -> int:
     """This process's ``VmRSS - RssShmem`` (the session's per-process accounting)."""
-    with open("/proc/self/status", "rb") as f:
-        data = f.read()
-    from picklescope.measure.session import _field
-
-    return (_field(data, b"VmRSS:") or 0) - (_field(data, b"RssShmem:") or 0)
+    return procmem.private_rss()
 
 
 def _apply_gc(mode: str) -> None:
@@ -904,7 +910,7 @@ def _result_shape(batch: Any, rows: int, payload: int, returns: float | None) ->
 
 def _drive(conn: Any, cfg: dict[str, Any]) -> None:
     from picklescope.transports.ray import events, hooks
-    from picklescope.transports.ray.driver import _cluster_info, _init_ray, _restore_priority
+    from picklescope.transports.ray.driver import cluster_info, init_ray, restore_priority
     from picklescope.workloads.spec import load_workload
 
     if cfg.get("cgroup"):  # before Ray starts: every process of the cluster is born inside it
@@ -915,7 +921,7 @@ def _drive(conn: Any, cfg: dict[str, Any]) -> None:
                                    "use --enforcement watchdog")
     data = _Data(cfg["codec"])
     if data.info:
-        conn.send({"type": "codec_info", "side": "driver", "info": data.info})
+        conn.send(CodecInfo(type="codec_info", side="driver", info=data.info))
     wl = load_workload(cfg["workload"])
     batch = wl.build(cfg["scale"])
     payload = wl.payload_bytes(cfg["scale"])
@@ -926,10 +932,10 @@ def _drive(conn: Any, cfg: dict[str, Any]) -> None:
     import ray
 
     verl_engine = cfg.get("engine") == "verl"
-    _start_ray(conn, cfg, _init_ray_with_cpus if verl_engine else _init_ray)
-    info = _cluster_info()
+    _start_ray(conn, cfg, _init_ray_with_cpus if verl_engine else init_ray)
+    info = cluster_info()
     info["node_id"] = ray.get_runtime_context().get_node_id()
-    conn.send({"type": "ray_info", "side": "driver", **info})
+    conn.send(RayInfo(type="ray_info", side="driver", **info))
     hooks.install(serialize=True)
     dtype_name = str(dtype).removeprefix("torch.")
     if verl_engine:
@@ -941,7 +947,7 @@ def _drive(conn: Any, cfg: dict[str, Any]) -> None:
     engine.ready()
     conn.send({"type": "engine", "info": {**engine.info, **data.split_join()}})
     if not cfg.get("ray_address"):
-        _restore_priority(niceness)
+        restore_priority(niceness)
     # A small call per worker during set-up: first-call costs (lazy imports on both ends,
     # Ray's first object-store mapping) land in the baselines, not in training step 1.
     engine.warm(whole)
@@ -953,7 +959,7 @@ def _drive(conn: Any, cfg: dict[str, Any]) -> None:
     steps.install(meter)
     meter.start()
     private_base = _private_bytes()
-    conn.send({"type": "ready", "side": "driver"})
+    conn.send(Ready(type="ready", side="driver"))
     if _wait(conn) is None:
         return
     for k in range(1, cfg["steps"] + 1):
@@ -993,7 +999,7 @@ def _start_ray(conn: Any, cfg: dict[str, Any], init: Any, attempts: int = 3) -> 
         except Exception as exc:
             if cfg.get("ray_address") or i == attempts - 1:
                 raise
-            conn.send({"type": "note", "side": "driver", "message": f"Ray start-up attempt {i + 1} failed: {exc}"})
+            conn.send(Note(type="note", side="driver", message=f"Ray start-up attempt {i + 1} failed: {exc}"))
             ray.shutdown()
             kill(cluster_processes(os.getpid(), None))
 
@@ -1122,8 +1128,8 @@ class NodeWorker:
 
         self.cfg, self.name = cfg, name
         self.conn = events.connect(cfg)
-        self.conn.send({"type": "hello", "name": name, "pid": os.getpid(), "machine": events.machine_id(),
-                        "node_id": ray.get_runtime_context().get_node_id()})
+        self.conn.send(Hello(type="hello", name=name, pid=os.getpid(), machine=events.machine_id(),
+                             node_id=ray.get_runtime_context().get_node_id()))
         if os.path.isdir(cfg["run_dir"]):  # the budget check's SIGUSR1 writes our stack there before a kill
             self._stack = arm_stack_dump(cfg, name)
         for module in launcher.PRELOAD:
@@ -1150,7 +1156,7 @@ class NodeWorker:
         steps.install(self.meter)
         self.meter.start()
 
-    def _send(self, ev: dict[str, Any]) -> None:
+    def _send(self, ev: Event) -> None:
         self.conn.send(ev)
 
     def compute(self, arg: Any) -> Any:

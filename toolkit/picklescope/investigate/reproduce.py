@@ -15,6 +15,7 @@ from picklescope.core.procmem import machine_memory
 from picklescope.core.result import RunResult
 from picklescope.core.units import Size, fmt_bytes, parse_size
 from picklescope.errors import PicklescopeError
+from picklescope.measure import verdicts
 from picklescope.measure.budget import plan as plan_limits
 from picklescope.measure.runner import run
 from picklescope.transports import TRANSPORTS
@@ -201,15 +202,6 @@ def budgeted_results(inv: Investigation) -> list[RunResult]:
     return [r for r in inv.results if r.extra.get("role") == "budgeted"]
 
 
-def _fate(r: RunResult) -> str:
-    if r.outcome == "ok":
-        return "survived"
-    if r.outcome in ("oom-killed", "memory-error"):
-        step = f" in step {r.killed_in_step}" if r.killed_in_step else ""
-        return f"was {'OOM-killed' if r.outcome == 'oom-killed' else 'out of memory'} on the {r.killed_side}{step}"
-    return f"ended {r.outcome}"
-
-
 def headline(inv: Investigation) -> str:
     """The investigation's verdict in one sentence, from the measured results only."""
     budgeted = {r.codec: r for r in budgeted_results(inv)}
@@ -224,7 +216,7 @@ def headline(inv: Investigation) -> str:
         b = inv.extra.get("budget")
         bb = inv.extra.get("budget_bytes")
         return (f"At a sender budget of {b} payload ({fmt_bytes(bb)}) on {inv.workload} x{inv.scale:g}, "
-                f"{LEGACY} {_fate(budgeted[LEGACY])} while {FIXED} {_fate(budgeted[FIXED])}{gap}.")
+                f"{LEGACY} {verdicts.fate(budgeted[LEGACY])} while {FIXED} {verdicts.fate(budgeted[FIXED])}{gap}.")
     if gap:
         return f"On {inv.workload} x{inv.scale:g}{gap} (no budgeted run: {inv.extra.get('budget_note', '')})."
     return f"{len(inv.results)} runs on {inv.workload} x{inv.scale:g}; no budgeted comparison of {LEGACY} and {FIXED}."

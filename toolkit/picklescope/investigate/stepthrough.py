@@ -290,13 +290,13 @@ def _prepare(cfg: dict[str, Any], b: Any) -> tuple[Callable[[], Any], Any, str, 
     """(zero-argument call, code object to trace, label, packages to expand) for the configured target."""
     from picklescope.batch import Batch
     from picklescope.codecs import get_codec
+    from picklescope.codecs.base import PreparesInChild
 
     setstate = cfg["method"] == "__setstate__"
     if cfg["function"] is None:
         c = get_codec(cfg["codec"])
-        prepare = getattr(c, "prepare", None)
-        if prepare is not None:
-            prepare()
+        if isinstance(c, PreparesInChild):
+            c.prepare()
         fn = c.setstate if setstate else c.getstate
         label = f"{cfg['codec']} codec: {type(c).__module__}:{type(c).__qualname__}.{fn.__name__}"
         if setstate:

@@ -987,7 +987,8 @@ def _trusted_load(p: Path, batch_dim: int | None) -> Described:
     from picklescope.verl import childcall
 
     try:
-        d = childcall.call("picklescope.investigate.workload_from.load_in_child", path=str(p.resolve()), batch_dim=batch_dim,
+        d = childcall.call("picklescope.investigate.workload_from.load_in_child",
+                           path=str(p.resolve()), batch_dim=batch_dim,
                            timeout_s=600.0)
     except childcall.ChildError as exc:
         first = str(exc).split("\n", 1)[0].split(" raised ", 1)[-1]

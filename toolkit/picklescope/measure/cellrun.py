@@ -25,11 +25,13 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import wait
 from typing import Any
 
 from picklescope import tracers
 from picklescope.core import procmem, steps
+from picklescope.core.events import Done, Error, Event, Output, Ready, Release
 from picklescope.core.leftovers import temp_name
 from picklescope.core.result import RunResult, Side, Step
 from picklescope.core.units import fmt_bytes
@@ -55,7 +57,7 @@ class _StreamToParent:
 
     def write(self, text: str) -> int:
         if text:
-            self.conn.send({"type": "output", "side": SIDE, "stream": self.name, "text": text})
+            self.conn.send(Output(type="output", side=SIDE, stream=self.name, text=text))
         return len(text)
 
     def flush(self) -> None:
@@ -89,19 +91,19 @@ def cell_main(conn: Any, cfg: dict[str, Any]) -> None:
         except BaseException as exc:  # noqa: BLE001 - a kernel import that fails here is reported, not fatal
             import_errors.append(f"{stmt}: {type(exc).__name__}: {exc}")
     gc.collect()
-    conn.send({"type": "ready", "side": SIDE, "pid": os.getpid(), "import_errors": import_errors})
+    conn.send(Ready(type="ready", side=SIDE, pid=os.getpid(), import_errors=import_errors))
     tracing = ChildTracing(list(cfg["tracers"]), ChildContext(SIDE, cfg["run_dir"], cfg["t0"]), conn.send)
     meter = steps.Meter(tracing.sink, cfg["t0"], SIDE)
     steps.install(meter)
     tracing.start()  # before the baseline: a tracer's fixed cost is not the cell's
     meter.start()
-    error = None
+    error: Error | None = None
     try:
         with steps.step(SIDE):
             exec(compile(cfg["code"], cell_file, "exec"), ns)
     except BaseException as exc:  # noqa: BLE001 - the cell's own failure is the result, not a crash
-        error = {"type": "error", "side": SIDE, "exc_type": type(exc).__name__, "message": str(exc),
-                 "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__.tb_next))}
+        error = Error(type="error", side=SIDE, exc_type=type(exc).__name__, message=str(exc),
+                      traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__.tb_next)))
     peak = meter.finish()
     steps.install(None)
     tracing.stop()
@@ -110,15 +112,16 @@ def cell_main(conn: Any, cfg: dict[str, Any]) -> None:
     after = procmem.rss()
     if error:
         conn.send(error)
-    conn.send({"type": "done", "side": SIDE, "peak_bytes": peak, "held_bytes": before - meter.baseline,
-               "cycle_held_bytes": before - after, "baseline_bytes": meter.baseline, "t_s": meter.now()})
+    conn.send(Done(type="done", side=SIDE, peak_bytes=peak, held_bytes=before - meter.baseline,
+                   cycle_held_bytes=before - after, baseline_bytes=meter.baseline, t_s=meter.now()))
     try:
         conn.recv()  # stay alive (and sampled) until the parent lets go
     except EOFError:
         pass
 
 
-def _fold(result: RunResult, open_steps: list[Step], errors: list[dict[str, Any]], ev: dict[str, Any]) -> None:
+def _fold(result: RunResult, open_steps: list[Step], errors: list[Error], ev: Event) -> None:
+    """Fold one event of the cell's child into ``result`` (see :mod:`picklescope.core.events`)."""
     side = result.sides[SIDE]
     kind = ev["type"]
     if kind == "ready":
@@ -157,7 +160,7 @@ def _limits(budget_bytes: int | None) -> Limits:
 def run_cell(code: str, *, imports: list[str] | tuple[str, ...] = (), variables: dict[str, Any] | None = None,
              budget_bytes: int | None = None, tracer: str | list[str] | None = "sampler",
              timeout_s: float = DEFAULT_TIMEOUT_S, sample_interval_s: float = 0.001,
-             on_event: Any = None) -> RunResult:
+             on_event: Callable[[Event], None] | None = None) -> RunResult:
     """Run ``code`` after ``imports`` in an isolated child; always returns a :class:`RunResult`.
 
     ``variables`` (picklable) are defined in the child before the baseline, after the imports run.
@@ -189,7 +192,7 @@ def run_cell(code: str, *, imports: list[str] | tuple[str, ...] = (), variables:
     sampler.watchers.append(guard.watch)
     sampler.start()
     open_steps: list[Step] = []
-    errors: list[dict[str, Any]] = []
+    errors: list[Error] = []
     proc = conn = None
     done = False
     try:
@@ -220,7 +223,7 @@ def run_cell(code: str, *, imports: list[str] | tuple[str, ...] = (), variables:
         sampler.stop()
         if proc is not None:
             try:
-                conn.send({"type": "release"})
+                conn.send(Release(type="release"))
             except (OSError, BrokenPipeError):
                 pass
             proc.join(timeout=5)

@@ -18,13 +18,15 @@ from typing import Any
 
 from picklescope.batch import set_active_codec
 from picklescope.codecs import get_codec
+from picklescope.codecs.base import PreparesInChild
 from picklescope.codecs.verify import compare, manifest
 from picklescope.core import procmem, steps
+from picklescope.core.events import CodecInfo, Done, Error, Ready, Waiting
 from picklescope.core.plugins import load_plugins
 from picklescope.errors import PicklescopeError
 from picklescope.measure.budget import apply_in_child, lift_in_child
 from picklescope.tracers.child import ChildTracing
-from picklescope.transports import get_transport
+from picklescope.transports import pickle_transport
 from picklescope.workloads.spec import load_workload
 
 
@@ -36,9 +38,10 @@ def arm_stack_dump(cfg: dict[str, Any], side: str) -> Any:
     return f
 
 
-def error_event(side: str, exc: BaseException) -> dict[str, Any]:
-    ev = {"type": "error", "side": side, "exc_type": type(exc).__name__, "message": str(exc),
-          "traceback": traceback.format_exc(limit=30)}
+def error_event(side: str, exc: BaseException) -> Error:
+    """The :class:`~picklescope.core.events.Error` event for ``exc``, raised in ``side``."""
+    ev = Error(type="error", side=side, exc_type=type(exc).__name__, message=str(exc),
+               traceback=traceback.format_exc(limit=30))
     if isinstance(exc, PicklescopeError):  # the user's input, found where it is used: the parent raises it
         ev["bad_input"] = [exc.problem, exc.hint]
     return ev
@@ -63,10 +66,9 @@ def _prepare_codec(conn: Any, side: str, name: str) -> None:
     What it returns (e.g. the verl version and the file it was loaded from) is recorded in the run.
     """
     codec = get_codec(name)
-    prepare = getattr(codec, "prepare", None)
-    info = prepare() if prepare is not None else None
+    info = codec.prepare() if isinstance(codec, PreparesInChild) else None
     if info:
-        conn.send({"type": "codec_info", "side": side, "info": info})
+        conn.send(CodecInfo(type="codec_info", side=side, info=info))
 
 
 def sender_main(conn: Any, cfg: dict[str, Any]) -> None:
@@ -78,12 +80,12 @@ def sender_main(conn: Any, cfg: dict[str, Any]) -> None:
         load_plugins(cfg.get("plugins"))
         set_active_codec(cfg["codec"])
         _prepare_codec(conn, side, cfg["codec"])
-        transport = get_transport(cfg["transport"])
+        transport = pickle_transport(cfg["transport"])
         batch = load_workload(cfg["workload"]).build(cfg["scale"])
         expected = manifest(batch)
         gc.collect()
         procmem.populate_file_mappings()  # library pages into the baseline, not into the steps
-        conn.send({"type": "ready", "side": side, "pid": os.getpid(), "manifest": expected})
+        conn.send(Ready(type="ready", side=side, pid=os.getpid(), manifest=expected))
     except BaseException as exc:  # noqa: BLE001 - any setup failure is reported, not raised
         conn.send({**error_event(side, exc), "phase": "setup"})
         return
@@ -93,7 +95,7 @@ def sender_main(conn: Any, cfg: dict[str, Any]) -> None:
     tracing.start()  # before the baseline: a tracer's fixed cost is not a step's
     meter.start()
     info: dict[str, Any] | None = None
-    error: dict[str, Any] | None = None
+    error: Error | None = None
     try:
         apply_in_child(cfg, side)  # cgroup / address-space budgets start at the baseline
         info = transport.send(batch, cfg["run_dir"])
@@ -106,9 +108,8 @@ def sender_main(conn: Any, cfg: dict[str, Any]) -> None:
     held, cycle = held_memory(meter)
     if error:
         conn.send({**error, "phase": "measure"})
-    conn.send({"type": "done", "side": side, "peak_bytes": peak, "held_bytes": held,
-               "cycle_held_bytes": cycle, "handoff": info, "baseline_bytes": meter.baseline,
-               "t_s": meter.now()})
+    conn.send(Done(type="done", side=side, peak_bytes=peak, held_bytes=held, cycle_held_bytes=cycle,
+                   handoff=info, baseline_bytes=meter.baseline, t_s=meter.now()))
     conn.recv()  # stay alive (and sampled) until the parent lets go
 
 
@@ -121,9 +122,9 @@ def receiver_main(conn: Any, cfg: dict[str, Any]) -> None:
         load_plugins(cfg.get("plugins"))
         set_active_codec(cfg.get("receiver_codec") or cfg["codec"])
         _prepare_codec(conn, side, cfg.get("receiver_codec") or cfg["codec"])
-        transport = get_transport(cfg["transport"])
+        transport = pickle_transport(cfg["transport"])
         procmem.populate_file_mappings()  # while the sender works: library pages into the baseline
-        conn.send({"type": "waiting", "side": side, "pid": os.getpid()})
+        conn.send(Waiting(type="waiting", side=side, pid=os.getpid()))
         msg = conn.recv()
         if msg.get("type") != "go":
             return
@@ -140,7 +141,7 @@ def receiver_main(conn: Any, cfg: dict[str, Any]) -> None:
     tracing.start()  # before the baseline: a tracer's fixed cost is not a step's
     meter.start()
     obj = None
-    error = None
+    error: Error | None = None
     try:
         apply_in_child(cfg, side)
         obj = transport.receive(prepared)
@@ -155,9 +156,8 @@ def receiver_main(conn: Any, cfg: dict[str, Any]) -> None:
     if error:
         conn.send({**error, "phase": "measure"})
     mismatches = compare(msg["manifest"], obj) if error is None else []
-    conn.send({"type": "done", "side": side, "peak_bytes": peak, "held_bytes": held,
-               "cycle_held_bytes": cycle, "baseline_bytes": meter.baseline, "t_s": end_t,
-               "mismatches": mismatches})
+    conn.send(Done(type="done", side=side, peak_bytes=peak, held_bytes=held, cycle_held_bytes=cycle,
+                   baseline_bytes=meter.baseline, t_s=end_t, mismatches=mismatches))
     del obj
     prepared.close()
     time.sleep(0)  # let the last message flush before the parent reaps us

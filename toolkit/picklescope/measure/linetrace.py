@@ -33,7 +33,8 @@ from typing import Any
 from picklescope.core import procmem
 
 # instrumentation: the step markers, this tracer, and the wrapper that marks verl's consolidate()
-NEVER_EXPAND = ("picklescope.core.steps", "picklescope.measure.linetrace", "picklescope.core.procmem", "picklescope.tracers",
+NEVER_EXPAND = ("picklescope.core.steps", "picklescope.measure.linetrace", "picklescope.core.procmem",
+                "picklescope.tracers",
                 "picklescope.investigate.stepthrough", "picklescope.verl.loader")
 STATE_METHODS = ("__getstate__", "__setstate__")
 

@@ -18,6 +18,7 @@ from typing import Any
 from picklescope import tracers
 from picklescope.codecs import get_codec
 from picklescope.core import procmem
+from picklescope.core.events import Error, Event, Go, Release
 from picklescope.core.leftovers import RunTracker, sweep_orphans, temp_name
 from picklescope.core.result import RunResult, Side, Step, Variation
 from picklescope.errors import PicklescopeError
@@ -25,13 +26,13 @@ from picklescope.measure import launcher, verdicts
 from picklescope.measure.budget import plan as plan_limits
 from picklescope.measure.sampler import Sampler
 from picklescope.measure.watchdog import Watchdog
-from picklescope.transports import get_transport
+from picklescope.transports import OwnsItsReceiver, get_transport
 from picklescope.workloads.spec import DEFAULT_WORKLOAD, check_scale, load_workload
 
 DEFAULT_TIMEOUT_S = 900.0
 MAX_REPEAT = 1000
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
-EventHook = Callable[[dict[str, Any]], None]
+EventHook = Callable[[Event], None]
 
 
 def _check_fits(payload: int) -> None:
@@ -48,7 +49,7 @@ def _check_fits(payload: int) -> None:
         )
 
 
-class _Run:
+class RunFold:
     """Bookkeeping of one run while its events arrive."""
 
     def __init__(self, result: RunResult, on_event: EventHook | None) -> None:
@@ -58,9 +59,10 @@ class _Run:
         self.done: dict[str, bool] = {"sender": False, "receiver": False}
         self.manifest: dict[str, Any] | None = None
         self.handoff: dict[str, Any] | None = None
-        self.errors: list[dict[str, Any]] = []
+        self.errors: list[Error] = []
 
-    def handle(self, ev: dict[str, Any]) -> None:
+    def handle(self, ev: Event) -> None:
+        """Fold one event of either side into the result (see :mod:`picklescope.core.events`), then pass it on."""
         side = self.result.sides[ev["side"]]
         kind = ev["type"]
         if kind == "ready":
@@ -203,21 +205,20 @@ def _run_once(
     get_codec(codec)
     if receiver_codec is not None:
         get_codec(receiver_codec)
-    get_transport(transport)
+    chosen = get_transport(transport)
     check_scale(scale)
     if not (isinstance(timeout_s, (int, float)) and timeout_s > 0 and timeout_s == timeout_s):
         raise PicklescopeError(f"timeout_s {timeout_s!r} must be a positive number of seconds",
                                f"use e.g. timeout_s=300 (default {DEFAULT_TIMEOUT_S:g})")
-    own_check = getattr(get_transport(transport), "check_options", None)
-    if own_check is not None:  # Ray: installed? does a cluster answer at ray_address? before anything starts
-        own_check(transport_options or {})
+    if isinstance(chosen, OwnsItsReceiver):  # Ray: installed? does a cluster answer at ray_address? before anything
+        chosen.check_options(transport_options or {})
     spec = load_workload(workload)
     payload = spec.payload_bytes(scale)
     _check_fits(payload)
     from picklescope.transports import check_handoff_space, handoff_root
 
     handoff_base = handoff_root(handoff_dir) if handoff_dir is not None else SHM_DIR
-    if getattr(get_transport(transport), "run_sides", None) is None:  # Ray's object store is not our hand-off
+    if not isinstance(chosen, OwnsItsReceiver):  # Ray's object store is not our hand-off
         check_handoff_space(handoff_base, payload, chosen=handoff_dir is not None)
     limits = plan_limits(budget, receiver_budget, payload, enforcement)
     tracer_names = tracers.parse_tracers(tracer)
@@ -233,7 +234,7 @@ def _run_once(
         side.budget_bytes = limits.budgets[name]
     if limits.any:
         result.enforcement, result.enforcement_note = limits.enforcement, limits.note
-    state = _Run(result, on_event)
+    state = RunFold(result, on_event)
     sweep_orphans([handoff_base] if handoff_base else None)  # what a parent killed with SIGKILL could not remove
     run_dir = tempfile.mkdtemp(prefix=temp_name("picklescope-"), dir=handoff_base)  # creator pid: see leftovers.py
     result.extra["run_dir"] = run_dir  # removed when the run ends; kept here so tests can check
@@ -247,10 +248,10 @@ def _run_once(
     state.on_event = guard.chain(on_event)
     collector = tracers.Collector(tracer_names)  # gathers what the tracers stream, reads their files
     state.on_event = collector.hook(state.on_event)
-    own_run = getattr(get_transport(transport), "run_sides", None)
-    if own_run is not None:  # Ray, TransferQueue: the transport starts its receiver (an actor) and cleans up
-        ray_result = own_run(state, cfg, timeout_s=timeout_s, sample_interval_s=sample_interval_s,
-                             on_sample=on_sample, options=transport_options or {}, guard=guard, limits=limits)
+    if isinstance(chosen, OwnsItsReceiver):  # Ray, TransferQueue: the transport starts its receiver (an actor)
+        ray_result = chosen.run_sides(state, cfg, timeout_s=timeout_s, sample_interval_s=sample_interval_s,
+                                      on_sample=on_sample, options=transport_options or {}, guard=guard,
+                                      limits=limits)
         guard.check_refused()
         _raise_bad_setup(state)
         _armed_budgets(ray_result, limits)
@@ -282,7 +283,7 @@ def _run_once(
         tracker.snapshot()  # while the sides live, their descendants are still in their tree
         for name in procs:
             try:
-                conns[name].send({"type": "release"})
+                conns[name].send(Release(type="release"))
             except (OSError, BrokenPipeError):
                 pass
         for p in procs.values():
@@ -306,13 +307,13 @@ def _run_once(
     _armed_budgets(result, limits)
     for name, tl in sampler.timelines.items():
         result.sides[name].timeline = tl
-    _finish(state)
+    finish_run(state)
     verdicts.decide(result, state.errors, state.done, guard.kills, result.enforcement, cgroup_counters)
     result.wall_s = time.monotonic() - t0
     return result
 
 
-def _drive(state: _Run, procs: dict[str, Any], conns: dict[str, Any], deadline: float) -> None:
+def _drive(state: RunFold, procs: dict[str, Any], conns: dict[str, Any], deadline: float) -> None:
     """Relay events until both sides are done, one fails, or the deadline passes."""
     by_obj = {id(c): name for name, c in conns.items()}
     sentinels = {p.sentinel: name for name, p in procs.items()}
@@ -338,7 +339,7 @@ def _drive(state: _Run, procs: dict[str, Any], conns: dict[str, Any], deadline: 
         if state.done["sender"] and not go_sent:
             if state.handoff is None:
                 return
-            conns["receiver"].send({"type": "go", "handoff": state.handoff, "manifest": state.manifest})
+            conns["receiver"].send(Go(type="go", handoff=state.handoff, manifest=state.manifest))
             go_sent = True
         for sentinel, name in sentinels.items():
             if sentinel in ready and not state.done[name] and not procs[name].is_alive():
@@ -360,7 +361,7 @@ def _armed_budgets(result: RunResult, limits: Any) -> None:
             side.budget_bytes = limits.budgets[name]
 
 
-def _raise_bad_setup(state: _Run) -> None:
+def _raise_bad_setup(state: RunFold) -> None:
     """A child that refused the user's input while setting up (a verl that does not import, a plugin
     that fails in the child) raises the same one-line error here, after the run's processes are gone:
     nothing was measured, so there is no result to return."""
@@ -369,7 +370,7 @@ def _raise_bad_setup(state: _Run) -> None:
             raise PicklescopeError(*ev["bad_input"])
 
 
-def _finish(state: _Run) -> None:
+def finish_run(state: RunFold) -> None:
     """Turn what arrived into the verdict and the summary fields."""
     r = state.result
     snd, rcv = r.sender, r.receiver

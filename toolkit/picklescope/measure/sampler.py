@@ -130,4 +130,3 @@ class Sampler:
 
 
 # Old private names, kept while the modules named below still import them; use the public names.
-_hold_gc = hold_gc  # session.py

@@ -33,8 +33,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from picklescope.core import procmem
+from picklescope.core.events import Event
 from picklescope.core.procmem import PAGE  # noqa: F401 - re-exported for readers of statm-based figures
-from picklescope.measure.sampler import _hold_gc, raise_priority
+from picklescope.measure.sampler import hold_gc, raise_priority
 from picklescope.measure.watchdog import dump_stack_then_kill
 
 # -- typed records: what the parent folds the streamed events into --------------------------------
@@ -129,22 +131,15 @@ class StatusReader:
             return None
         if not data:
             return None
-        rss = _field(data, b"VmRSS:")
+        rss = procmem.status_bytes(data, b"VmRSS:")
         if rss is None:  # a zombie has no memory fields
             return None
-        return rss - (_field(data, b"RssShmem:") or 0)
+        return rss - (procmem.status_bytes(data, b"RssShmem:") or 0)
 
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-
-
-def _field(data: bytes, name: bytes) -> int | None:
-    i = data.find(name)
-    if i < 0:
-        return None
-    return int(data[i + len(name):data.index(b"kB", i)]) * 1024
 
 
 def oom_score(pid: int) -> int | None:
@@ -212,7 +207,7 @@ class Session:
         self.store_source = source
 
     def start(self) -> Session:
-        _hold_gc(True)
+        hold_gc(True)
         self._gc_held = True
         self._thread.start()
         return self
@@ -309,8 +304,8 @@ class Session:
                 found = ts.index
         return found
 
-    def fold(self, name: str, ev: dict[str, Any]) -> None:
-        """Fold one streamed event of process ``name`` into its typed record."""
+    def fold(self, name: str, ev: Event) -> None:
+        """Fold one streamed event of process ``name`` into its typed record (see :mod:`picklescope.core.events`)."""
         rec = self.processes.get(name)
         if rec is None:
             return
@@ -360,7 +355,7 @@ class Session:
             store.close()
         if self._gc_held:
             self._gc_held = False
-            _hold_gc(False)
+            hold_gc(False)
 
     def max_gap_s(self, after_s: float | None = None) -> float:
         """The longest interval between two consecutive ticks (after ``after_s``, default the baseline)."""

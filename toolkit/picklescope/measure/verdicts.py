@@ -304,3 +304,66 @@ def decide(r: RunResult, errors: list[dict[str, Any]], done: dict[str, bool], ki
         if explanation:
             apply_memory_error(r, err, explanation)
             return
+
+
+# -- the verdict in words: every view (CLI, report, explorer, magic, confirm, reproduce) says it this way ------
+
+_ENDED = {"ok": "finished", "oom-killed": "was killed for using too much memory",
+          "memory-error": "ran out of memory (MemoryError)", "error": "failed", "timeout": "ran out of time"}
+
+
+def death_text(r: RunResult) -> str | None:
+    """"killed in consolidate at 31.2 MiB (0.66x payload), budget 23.6 MiB" for a killed run, else None."""
+    if not r.killed_side or r.killed_side not in r.sides:
+        return None
+    side = r.sides[r.killed_side]
+    text = f"killed in {r.killed_in_step or 'its set-up'}"
+    death = r.memory_at_death_bytes
+    if death is not None:
+        text += f" at {fmt_bytes(death)}" + (f" ({death / r.payload_bytes:.2f}x payload)" if r.payload_bytes else "")
+    if side.budget_bytes is not None:
+        text += f", budget {fmt_bytes(side.budget_bytes)}"
+    return text
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How one run ended, in plain words: ``ended`` ("finished") and what proves it (``detail``)."""
+
+    ended: str
+    detail: str
+
+    def sentence(self, subject: str) -> str:
+        """"numpy over pickle finished: the sender peaked at 12.0 MiB (1.00x payload) above its start"."""
+        return f"{subject} {self.ended}" + (f": {self.detail}" if self.detail else "")
+
+
+def verdict(r: RunResult) -> Verdict:
+    """The one verdict of a run, from its measured numbers only (the only place these words are made)."""
+    ended = _ENDED.get(r.outcome, f"ended {r.outcome}")
+    death = death_text(r)
+    if death is not None:
+        return Verdict(ended, f"the {r.killed_side} was {death}")
+    peak = r.sender.peak_bytes if "sender" in r.sides else None
+    detail = ""
+    if r.outcome == "ok" and peak is not None:
+        mult = f" ({peak / r.payload_bytes:.2f}x payload)" if r.payload_bytes else ""
+        detail = f"the sender peaked at {fmt_bytes(peak)}{mult} above its start"
+    if r.error:
+        detail = f"{detail}; {r.error}" if detail else r.error
+    return Verdict(ended, detail)
+
+
+def sentence(r: RunResult) -> str:
+    """``verdict(r)`` as one sentence about "<codec> over <transport>"."""
+    return verdict(r).sentence(f"{r.codec} over {r.transport}")
+
+
+def fate(r: RunResult) -> str:
+    """The verdict as a short clause for comparing runs: "survived", "was OOM-killed on the sender in step X"."""
+    if r.outcome == "ok":
+        return "survived"
+    if r.outcome in ("oom-killed", "memory-error"):
+        step = f" in step {r.killed_in_step}" if r.killed_in_step else ""
+        return f"was {'OOM-killed' if r.outcome == 'oom-killed' else 'out of memory'} on the {r.killed_side}{step}"
+    return f"ended {r.outcome}"

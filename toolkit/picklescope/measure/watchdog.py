@@ -24,10 +24,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from picklescope.core.events import Event
 from picklescope.core.procmem import machine_memory
 from picklescope.measure.budget import BudgetBelowBaseline, Limits
 
-EventHook = Callable[[dict[str, Any]], None]
+EventHook = Callable[[Event], None]
 STACK_WAIT_S = 0.1  # longest wait for the stack dump before SIGKILL
 STACK_STABLE_S = 0.005  # the dump is complete once its size has not changed for this long
 MEMINFO_EVERY_S = 0.01
@@ -90,7 +91,7 @@ class Watchdog:
     def chain(self, hook: EventHook | None) -> EventHook:
         """An event hook that lets the watchdog see each event, then calls ``hook``."""
 
-        def both(ev: dict[str, Any]) -> None:
+        def both(ev: Event) -> None:
             self.event(ev)
             if hook is not None:
                 hook(ev)
@@ -100,7 +101,7 @@ class Watchdog:
     def _budget(self, side: str) -> int | None:
         return self.limits.budgets.get(side) if self.enforce else None
 
-    def event(self, ev: dict[str, Any]) -> None:
+    def event(self, ev: Event) -> None:
         """Arm on a side's baseline; kill on an exact step peak over the budget."""
         side, kind = ev.get("side"), ev.get("type")
         if kind == "baseline":

@@ -16,10 +16,12 @@ from collections.abc import Callable
 from typing import Any
 
 from picklescope.core import steps
+from picklescope.core.events import Event
+from picklescope.core.events import Tracer as TracerEvent
 from picklescope.tracers.base import ChildContext, Tracer
 from picklescope.tracers.catalog import TRACERS
 
-Send = Callable[[dict[str, Any]], None]
+Send = Callable[[Event], None]
 _SKIP = {steps.__file__, contextlib.__file__, __file__}
 
 
@@ -56,7 +58,7 @@ class ChildTracing:
         return cls(list(cfg.get("tracers") or []), ChildContext(side, cfg["run_dir"], cfg["t0"]), send)
 
     def _event(self, tracer: Tracer, phase: str, **kw: Any) -> None:
-        self._send({"type": "tracer", "side": self.ctx.side, "tracer": tracer.name, "phase": phase, **kw})
+        self._send(TracerEvent(type="tracer", side=self.ctx.side, tracer=tracer.name, phase=phase, **kw))
 
     def start(self) -> None:
         """Start every tracer (before the baseline, so their fixed cost is not counted as a step's)."""
@@ -72,7 +74,7 @@ class ChildTracing:
                 self.running.append(t)
         self.want_blocks = any(t.needs_blocks for t in self.running)
 
-    def sink(self, ev: dict[str, Any]) -> None:
+    def sink(self, ev: Event) -> None:
         """The Meter's sink: add each tracer's view of this boundary, then send."""
         if self.running and ev.get("type") in ("step_start", "step_end"):
             if self.want_blocks and ev["type"] == "step_start":

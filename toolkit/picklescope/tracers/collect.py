@@ -15,12 +15,13 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from picklescope.core.events import Event
 from picklescope.core.result import RunResult, Step, Timeline
 from picklescope.tracers.base import ParentContext, SideData, Tracer
 from picklescope.tracers.catalog import TRACERS
 from picklescope.tracers.compare import add_notes
 
-EventHook = Callable[[dict[str, Any]], None]
+EventHook = Callable[[Event], None]
 TAIL_S = 0.005
 
 
@@ -87,7 +88,7 @@ class Collector:
     def _side_data(self, tracer: str, side: str) -> SideData:
         return self.data.setdefault((tracer, side), SideData())
 
-    def observe(self, ev: dict[str, Any]) -> None:
+    def observe(self, ev: Event) -> None:
         kind, side = ev.get("type"), ev.get("side")
         if kind == "tracer":
             d = self._side_data(ev["tracer"], side)
@@ -110,7 +111,7 @@ class Collector:
     def hook(self, on_event: EventHook | None) -> EventHook:
         """An event hook that records tracer data, then calls ``on_event``."""
 
-        def h(ev: dict[str, Any]) -> None:
+        def h(ev: Event) -> None:
             self.observe(ev)
             if on_event is not None:
                 on_event(ev)

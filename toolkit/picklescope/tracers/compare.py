@@ -97,7 +97,8 @@ def tracer_report(result: RunResult, rows: int = 5) -> str:
 # -- tables for reading ------------------------------------------------------------------------------
 # frames of the toolkit's own instrumentation (step markers, tracer plumbing, the child runner) and
 # of the profilers: an allocation made only there is the measurement's cost, not the serialization's
-OWN_FRAMES = ("picklescope/core/steps.py", "picklescope/tracers/", "picklescope/measure/child.py", "picklescope/measure/launcher.py",
+OWN_FRAMES = ("picklescope/core/steps.py", "picklescope/tracers/", "picklescope/measure/child.py",
+              "picklescope/measure/launcher.py",
               "picklescope/verl/envs.py", "multiprocessing/", "torch/profiler/", "torch/autograd/profiler.py",
               "memray/", "<frozen importlib")
 ATTRIBUTION_SHARE = 0.01  # allocations of at least this share of the payload get a row of their own

@@ -6,6 +6,12 @@ writes the stream and the buffers to one file in ``/dev/shm`` with plain ``write
 hand-off adds nothing to its own memory and shows up as its own step. The receiver maps that file
 read-only and pre-faults it during setup (it is counted in the receiver's baseline, as Ray's object
 store would be), then unpickles from the mapping.
+
+Every transport is a :class:`Transport` (a name and a description). The two above are
+instances of :class:`PickleTransport`: the runner's sender and receiver children call their ``send``,
+``prepare`` and ``receive``. The transports of :mod:`picklescope.transports.ray` have none of those:
+they run both sides themselves, which :class:`OwnsItsReceiver` declares and the runner checks with
+``isinstance``.
 """
 
 from __future__ import annotations
@@ -15,11 +21,15 @@ import os
 import pickle
 import tempfile
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from picklescope.core.registry import Registry
 from picklescope.core.steps import step
 from picklescope.errors import PicklescopeError, safe_text
+
+if TYPE_CHECKING:
+    from picklescope.core.result import RunResult
+    from picklescope.measure.runner import RunFold
 
 ALIGN = 64
 SHM = "/dev/shm"
@@ -131,10 +141,32 @@ class Prepared:
 
 
 class Transport:
-    """Serialize in the sender (returning a JSON-able hand-off), deserialize in the receiver."""
+    """What every transport has: the name a run is given, and a line for ``picklescope list``."""
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
+
+    @property
+    def summary(self) -> str:
+        """The description, plus why the transport cannot run here when it cannot."""
+        return self.description
+
+
+@runtime_checkable
+class OwnsItsReceiver(Protocol):
+    """A transport that runs both sides itself (Ray, TransferQueue: the receiver is an actor the cluster
+    starts, not a child of ours). The runner hands it the run instead of starting two children."""
+
+    def check_options(self, options: dict[str, Any]) -> None:
+        """Refuse ``transport_options`` (or a missing install) before anything of the run exists."""
+
+    def run_sides(self, state: RunFold, cfg: dict[str, Any], **kw: Any) -> RunResult:
+        """Start, sample, fold and clean up both sides; return the run's result."""
+
+
+class PickleTransport(Transport):
+    """Serialize in the sender (returning a JSON-able hand-off), deserialize in the receiver."""
+
     protocol: ClassVar[int] = 4
     out_of_band: ClassVar[bool] = False
 
@@ -192,12 +224,12 @@ class Transport:
             return pickle.loads(prepared.inband)
 
 
-class PickleInBand(Transport):
+class PickleInBand(PickleTransport):
     name = "pickle"
     description = "pickle protocol 4, every byte in-band (pickle.dumps, save_to_disk)"
 
 
-class Pickle5OutOfBand(Transport):
+class Pickle5OutOfBand(PickleTransport):
     name = "pickle5-oob"
     description = "pickle protocol 5 with out-of-band buffers (what Ray does inside a process)"
     protocol = 5
@@ -222,3 +254,12 @@ TRANSPORTS.add_provider(_cluster_transports)
 def get_transport(name: str) -> Transport:
     """The transport called ``name``; an unknown name lists the known ones."""
     return TRANSPORTS.get(name)
+
+
+def pickle_transport(name: str) -> PickleTransport:
+    """The transport called ``name``, for a sender or receiver child: it must hand off through a file."""
+    transport = get_transport(name)
+    if not isinstance(transport, PickleTransport):
+        raise PicklescopeError(f"transport {name!r} runs both sides itself, not in a sender and a receiver child",
+                               "run it through picklescope.run, which hands it the run")
+    return transport

@@ -63,7 +63,7 @@ def manifest_entry(path: str | Path) -> dict[str, Any] | None:
 
 
 def check_trusted(path: str | Path, trust: bool = False) -> Path:
-    """``path`` resolved if it may be unpickled, else a PicklescopeError saying why (:mod:`picklescope.codecs.trust`)."""
+    """``path`` resolved if it may be unpickled, else a PicklescopeError saying why (see ``codecs.trust``)."""
     return _trust.check_trusted(path, trust, what="blob")
 
 

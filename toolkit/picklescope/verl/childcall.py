@@ -16,6 +16,7 @@ import traceback
 from typing import Any
 
 from picklescope.codecs.base import ModeMismatch
+from picklescope.core.events import Error, Result
 from picklescope.errors import PicklescopeError, UnsupportedCase
 from picklescope.measure import launcher
 from picklescope.verl.envs import CACHE_ENV, cache_root
@@ -26,13 +27,13 @@ def _entry(conn: Any, dotted: str, kwargs: dict[str, Any], env: dict[str, str]) 
     try:
         module, _, name = dotted.rpartition(".")
         result = getattr(importlib.import_module(module), name)(**kwargs)
-        conn.send({"type": "result", "result": result})
+        conn.send(Result(type="result", result=result))
     except BaseException as exc:  # noqa: BLE001 - every failure is reported to the parent
-        conn.send({"type": "error", "exc_type": type(exc).__name__, "message": str(exc),
-                   "problem": getattr(exc, "problem", None), "hint": getattr(exc, "hint", None),
-                   "picklescope": isinstance(exc, PicklescopeError),
-                   "written_by": getattr(exc, "written_by", None), "read_by": getattr(exc, "read_by", None),
-                   "traceback": traceback.format_exc(limit=30)})
+        conn.send(Error(type="error", exc_type=type(exc).__name__, message=str(exc),
+                        problem=getattr(exc, "problem", None), hint=getattr(exc, "hint", None),
+                        picklescope=isinstance(exc, PicklescopeError),
+                        written_by=getattr(exc, "written_by", None), read_by=getattr(exc, "read_by", None),
+                        traceback=traceback.format_exc(limit=30)))
 
 
 def call(dotted: str, timeout_s: float = 600.0, env: dict[str, str] | None = None, **kwargs: Any) -> Any:
@@ -50,7 +51,7 @@ def call(dotted: str, timeout_s: float = 600.0, env: dict[str, str] | None = Non
     return msg["result"]
 
 
-def _rebuild(msg: dict[str, Any]) -> PicklescopeError:
+def _rebuild(msg: Error) -> PicklescopeError:
     """The child's PicklescopeError as the same class here (ModeMismatch keeps both modes)."""
     if msg["exc_type"] == "ModeMismatch":
         err: PicklescopeError = ModeMismatch.__new__(ModeMismatch)

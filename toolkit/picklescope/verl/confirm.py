@@ -20,6 +20,7 @@ from picklescope.core.result import RunResult
 from picklescope.core.units import fmt_bytes
 from picklescope.errors import PicklescopeError
 from picklescope.investigate.headroom import find_headroom
+from picklescope.measure import verdicts
 from picklescope.measure.runner import run
 from picklescope.verl import blobs, envs, stepview
 from picklescope.verl.codec import PATCH_ENV, register_candidate, split_name
@@ -164,7 +165,7 @@ def judge(rep: ConfirmReport) -> None:
     b, c, p = rep.baseline.result, rep.candidate.result, rep.payload_bytes
     for role, r in (("baseline", b), ("candidate", c)):
         if r.outcome != "ok":
-            rep.verdict = f"cannot judge: the {role} run ended {r.outcome}: {r.error}"
+            rep.verdict = f"cannot judge: {verdicts.verdict(r).sentence(f'the {role} run')}"
             return
     rep.removed_bytes = b.sender.peak_bytes - c.sender.peak_bytes
     frac = rep.removed_bytes / p

@@ -102,15 +102,15 @@ def timeline_figure(result: RunResult | RunTimeline, *, show_tracers: bool = Tru
     death = getattr(result, "memory_at_death_bytes", None)  # a RunResult knows it; a RunTimeline does not
     titles = [plain(side_title(tl, n, death if n == tl.killed_side else None)) for n in names]
     fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, vertical_spacing=0.12, subplot_titles=titles)
-    x0, x1 = _measured_range(tl)
+    x0, x1 = measured_range(tl)
     for i, name in enumerate(names, start=1):
         side = tl.sides.get(name)
         if side is None:
             continue
         end = side.end_s
-        label_rows = _draw_bands(fig, side, i, end, window=(x0, x1))
-        _draw_rss(fig, side, i, (x0, x1))
-        _draw_step_peaks(fig, side, i, end)
+        label_rows = draw_bands(fig, side, i, end, window=(x0, x1))
+        draw_rss(fig, side, i, (x0, x1))
+        draw_step_peaks(fig, side, i, end)
         if show_tracers:
             for tracer, series in side.tracers.items():
                 color, dash = TRACER_STYLE.get(tracer, ("#888888", "dash"))
@@ -139,7 +139,7 @@ def timeline_figure(result: RunResult | RunTimeline, *, show_tracers: bool = Tru
                                x=0.5, y=0.5, xref=f"x{i if i > 1 else ''} domain", yref=_yref(i),
                                font={"size": 12, "color": "#777777"})
             continue
-        fig.update_yaxes(title_text="MiB above baseline", range=_y_range(tl, side, x0, x1, label_rows),
+        fig.update_yaxes(title_text="MiB above baseline", range=y_range(tl, side, x0, x1, label_rows),
                          row=i, col=1)
     fig.update_xaxes(range=[x0, x1])
     fig.update_xaxes(title_text="seconds since the run started (zoom out to see set-up)", row=len(names), col=1)
@@ -210,7 +210,7 @@ def side_title(tl: RunTimeline, name: str, death_bytes: int | None = None) -> st
     return f"{name}: stopped before its peak could be read ({tl.outcome})"
 
 
-def _measured_range(tl: RunTimeline) -> tuple[float, float]:
+def measured_range(tl: RunTimeline) -> tuple[float, float]:
     """The time span worth looking at first: the steps (and the kill), with a margin on each side.
 
     The samples also cover the set-up (building the batch, mapping the hand-off), which is not
@@ -237,7 +237,7 @@ def budget_text(budget_bytes: int, payload_bytes: int | None) -> str:
     return text + (f" ({budget_bytes / payload_bytes:.2f}x payload)" if payload_bytes else "")
 
 
-def _y_range(tl: RunTimeline, side: Any, x0: float, x1: float, label_rows: int = 3) -> list[float]:
+def y_range(tl: RunTimeline, side: Any, x0: float, x1: float, label_rows: int = 3) -> list[float]:
     """MiB range of the measured phase in the visible window, with room above for the step labels.
 
     Samples before the side's baseline (set-up: the child still importing, building the batch or
@@ -268,11 +268,11 @@ def _setup_cut(side: Any) -> int:
     return next((k for k, t in enumerate(side.rss.t_s) if t >= side.baseline_s), len(side.rss.t_s))
 
 
-def _draw_rss(fig: go.Figure, side: Any, row: int, window: tuple[float, float]) -> None:
+def draw_rss(fig: go.Figure, side: Any, row: int, window: tuple[float, float]) -> None:
     """The sampled RSS in black, its set-up part (before the baseline) shaded and drawn over in grey.
 
     The set-up is named so that a curve climbing from far below zero reads as the child starting
-    up rather than as memory the steps gave back; it never sets the y range (see :func:`_y_range`).
+    up rather than as memory the steps gave back; it never sets the y range (see :func:`y_range`).
     The black trace keeps every sample, so the figure's data is the run's timeline as sampled.
     """
     t_s, ys = np.asarray(side.rss.t_s, dtype=float), _mib_array(side.rss.bytes)
@@ -297,7 +297,7 @@ def _draw_rss(fig: go.Figure, side: Any, row: int, window: tuple[float, float]) 
     _flush(fig)
 
 
-def _draw_bands(fig: go.Figure, side: Any, row: int, end: float, min_width: float = 0.0,
+def draw_bands(fig: go.Figure, side: Any, row: int, end: float, min_width: float = 0.0,
                 window: tuple[float, float] | None = None) -> int:
     """Shade each step and label it; returns how many rows of labels it used.
 
@@ -324,7 +324,7 @@ def _draw_bands(fig: go.Figure, side: Any, row: int, end: float, min_width: floa
     return steplabels.rows_used(placed)
 
 
-def _draw_step_peaks(fig: go.Figure, side: Any, row: int, end: float) -> None:
+def draw_step_peaks(fig: go.Figure, side: Any, row: int, end: float) -> None:
     xs: list[float | None] = []
     ys: list[float | None] = []
     text: list[str | None] = []

@@ -20,11 +20,11 @@ class LiveRun:
     """Thread-safe partial :class:`RunResult`: steps from child events, RSS from parent samples."""
 
     def __init__(self, result: RunResult) -> None:
-        from picklescope.measure.runner import _Run
+        from picklescope.measure.runner import RunFold
 
         self._lock = threading.Lock()
         self._result = result
-        self._fold = _Run(result, None)
+        self._fold = RunFold(result, None)
         self._timelines: dict[str, Timeline] = {}
         self.version = 0  # bumped on every change, so a redraw loop can skip idle ticks
 

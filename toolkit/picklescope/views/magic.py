@@ -34,6 +34,7 @@ from IPython.display import display
 from picklescope.core.result import RunResult
 from picklescope.core.units import fmt_bytes, parse_size
 from picklescope.errors import PicklescopeError
+from picklescope.measure import verdicts
 from picklescope.measure.cellrun import SIDE, run_cell
 from picklescope.tracers import report_lines
 from picklescope.views.figures import timeline_figure
@@ -134,8 +135,7 @@ def summary_html(r: RunResult, cell: str | None = None, offset: int = 1) -> str:
                      f"collection (the cell's own variables, modules it imported, and memory the C allocator "
                      f"keeps for reuse).")
     else:
-        what = {"error": "failed", "memory-error": "ran out of memory (MemoryError)",
-                "timeout": "ran out of time"}.get(r.outcome, r.outcome)
+        what = verdicts.verdict(r).ended
         tb = renumber(r.extra.get("traceback") or "", offset)
         lines = [int(m) for m in re.findall(r'File "this cell", line (\d+)', tb)]
         where = f" at line {lines[-1]} of this cell" if lines else ""

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from picklescope.core.leftovers import temp_name
+from picklescope.core.paths import project_folder
 from picklescope.errors import PicklescopeError
 
-NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
+NOTEBOOK_DIR = project_folder("notebooks")
 KERNEL_NAME = "python3"
 
 

@@ -9,13 +9,11 @@ store write that moves it into the store, the worker's read and its copy.
 
 from __future__ import annotations
 
-from typing import Any
-
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from picklescope.core.result import RunResult
-from picklescope.views.figures import _draw_bands, _draw_rss, _draw_step_peaks, _measured_range, _y_range, side_title
+from picklescope.views.figures import draw_bands, draw_rss, draw_step_peaks, measured_range, side_title, y_range
 from picklescope.views.timeline import RunTimeline
 
 MiB = 1024**2
@@ -54,7 +52,7 @@ def ray_timeline_figure(result: RunResult) -> go.Figure:
         titles.append(f"{label}: {txt}")
     fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.09, subplot_titles=titles,
                         row_heights=[0.4, 0.2, 0.4])
-    x0, x1 = _measured_range(tl)
+    x0, x1 = measured_range(tl)
     for row, (side_name, _) in enumerate(ROWS, start=1):
         if side_name is None:
             fig.add_trace(go.Scatter(x=t_store, y=y_store, mode="lines", line={"color": STORE_COLOR, "width": 1.5},
@@ -67,10 +65,10 @@ def ray_timeline_figure(result: RunResult) -> go.Figure:
         if side is None:
             continue
         end = side.end_s
-        label_rows = _draw_bands(fig, side, row, end, window=(x0, x1))
-        _draw_rss(fig, side, row, (x0, x1))  # the set-up before the baseline greyed, off the y range
-        _draw_step_peaks(fig, side, row, end)
-        fig.update_yaxes(title_text="MiB above baseline", range=_y_range(tl, side, x0, x1, label_rows),
+        label_rows = draw_bands(fig, side, row, end, window=(x0, x1))
+        draw_rss(fig, side, row, (x0, x1))  # the set-up before the baseline greyed, off the y range
+        draw_step_peaks(fig, side, row, end)
+        fig.update_yaxes(title_text="MiB above baseline", range=y_range(tl, side, x0, x1, label_rows),
                          row=row, col=1)
     fig.update_xaxes(range=[x0, x1])
     fig.update_xaxes(title_text="seconds since the run started (zoom out to see the cluster start)", row=3, col=1)
@@ -78,11 +76,3 @@ def ray_timeline_figure(result: RunResult) -> go.Figure:
                       hovermode="x unified", margin={"b": 140},
                       legend={"orientation": "h", "yanchor": "top", "y": -0.09})
     return fig
-
-
-def received_rows(result: RunResult) -> list[dict[str, Any]]:
-    """One row per received leaf: where it lives (copied / shared / read-only) and how big it is."""
-    rep = result.extra.get("received") or {}
-    return [{"leaf": name, "status": info.get("status"), "writable": info.get("writable"),
-             "region": info.get("region"), "bytes": info.get("bytes")}
-            for name, info in (rep.get("leaves") or {}).items()]

@@ -21,6 +21,7 @@ from picklescope.core.result import RunResult
 from picklescope.core.units import fmt_bytes
 from picklescope.errors import PicklescopeError
 from picklescope.investigate.reproduce import Investigation, budgeted_results, matrix_results
+from picklescope.measure import verdicts
 from picklescope.views import figures, table
 
 OWN_FILES = ("report.html", "results.json")
@@ -128,11 +129,7 @@ def _verdict_block(r: RunResult) -> str:
             ("enforcement", r.enforcement), ("why this enforcement", r.enforcement_note)]
     if r.outcome in ("oom-killed", "memory-error"):
         out.append("<table>" + "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in rows) + "</table>")
-    elif r.outcome == "ok":
-        peak = r.sender.peak_bytes
-        out.append(f"<p>Survived: exact sender peak {e(fmt_bytes(peak))} above baseline, under the budget.</p>")
-    if r.error:
-        out.append(f"<p>{e(r.error)}</p>")
+    out.append(f"<p>{e(verdicts.sentence(r))}.</p>")
     if r.original_error:
         out.append(f"<p><b>Original error</b> (classified as out-of-memory): <code>{e(r.original_error)}</code></p>")
     if r.extra.get("stack_note"):

@@ -21,6 +21,7 @@ from picklescope.codecs import CODECS
 from picklescope.core.result import RunResult
 from picklescope.core.units import fmt_bytes, parse_size
 from picklescope.errors import PicklescopeError
+from picklescope.measure import verdicts
 from picklescope.transports import TRANSPORTS
 from picklescope.views import table
 from picklescope.views.live import LiveRun
@@ -59,20 +60,6 @@ def sync_figure(target: Any, source: Any) -> None:
     target.update_layout(source.layout.to_plotly_json(), overwrite=True)
 
 
-def death_text(r: RunResult) -> str | None:
-    """"killed in consolidate at 31.2 MiB (0.66x payload), budget 23.6 MiB" for a killed run, else None."""
-    if not r.killed_side or r.killed_side not in r.sides:
-        return None
-    side = r.sides[r.killed_side]
-    text = f"killed in {r.killed_in_step or 'its set-up'}"
-    death = r.memory_at_death_bytes
-    if death is not None:
-        text += f" at {fmt_bytes(death)}" + (f" ({death / r.payload_bytes:.2f}x payload)" if r.payload_bytes else "")
-    if side.budget_bytes is not None:
-        text += f", budget {fmt_bytes(side.budget_bytes)}"
-    return text
-
-
 def results_html(results: list[RunResult], budgets: list[str]) -> str:
     """The comparison table of every finished run, newest last, as an HTML table.
 
@@ -84,7 +71,7 @@ def results_html(results: list[RunResult], budgets: list[str]) -> str:
     for i, (row, r, b) in enumerate(zip(rows, results, budgets), start=1):
         row_head = {"#": i, "workload": f"{r.workload} x{r.scale:g}", "payload": fmt_bytes(r.payload_bytes),
                     "budget": b, "tracer": r.tracer}
-        death = death_text(r)
+        death = verdicts.death_text(r)
         if death is not None:
             row[f"{r.killed_side} peak"] = death
         rows[i - 1] = {**row_head, **{k: v for k, v in row.items() if k != "budget"}}  # the budget as set
@@ -312,20 +299,13 @@ class Explorer(widgets.VBox):
 
     @staticmethod
     def _verdict(r: RunResult) -> str:
-        """The finished run in one sentence: how it ended, the sender's peak or where it was killed."""
-        peak = r.sender.peak_bytes
-        mult = f" ({peak / r.payload_bytes:.2f}x payload)" if peak is not None and r.payload_bytes else ""
-        ended = {"ok": "finished", "oom-killed": "was killed for using too much memory",
-                 "memory-error": "ran out of memory (MemoryError)", "error": "failed",
-                 "timeout": "ran out of time"}.get(r.outcome, r.outcome)
-        text = f"<b>{html.escape(r.codec)} {html.escape(ended)}</b>"
-        death = death_text(r)
-        if death is not None:
-            text += f": the {html.escape(str(r.killed_side))} was {html.escape(death)}; this kernel is still running"
-        elif peak is not None:
-            text += f": the sender peaked at {fmt_bytes(peak)}{mult} above its start"
-        if r.error and r.outcome != "oom-killed":
-            text += f" ({html.escape(r.error)})"
+        """The finished run in one sentence (:func:`picklescope.measure.verdicts.verdict`)."""
+        v = verdicts.verdict(r)
+        text = f"<b>{html.escape(r.codec)} {html.escape(v.ended)}</b>"
+        if v.detail:
+            text += f": {html.escape(v.detail)}"
+        if r.killed_side:
+            text += "; this kernel is still running"
         return text
 
     def summary(self) -> HtmlText:
@@ -343,8 +323,3 @@ class Explorer(widgets.VBox):
         self.results.clear()
         self._budgets.clear()
         self.table.value = results_html([], [])
-
-
-def explore(**settings: Any) -> Explorer:
-    """Create an :class:`Explorer` (display it as a cell's last expression)."""
-    return Explorer(**settings)

@@ -6,12 +6,15 @@ Kept apart from the spec parser so that parsing (and payload prediction) never i
 from __future__ import annotations
 
 import zlib
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from picklescope.batch import Batch
-from picklescope.workloads.spec import TensorSpec, Workload
+
+if TYPE_CHECKING:  # annotations only: the spec module imports this one to build a batch
+    from picklescope.workloads.spec import TensorSpec, Workload
 
 
 def _generator(w: Workload, leaf: str) -> torch.Generator:

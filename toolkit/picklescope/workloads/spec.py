@@ -17,10 +17,11 @@ from typing import Any
 
 import yaml
 
+from picklescope.core.paths import project_folder
 from picklescope.core.units import require_tensor_payload  # noqa: F401 - re-exported: headroom imports it from here
 from picklescope.errors import PicklescopeError, UnknownNameError, safe_text
 
-DATA_DIR = Path(__file__).resolve().parents[2] / "data"
+DATA_DIR = project_folder("data")
 WORKLOAD_DIR = DATA_DIR / "workloads"
 DEFAULT_WORKLOAD = "flowgrpo"
 KINDS = ("dense", "non-contiguous", "jagged-nested", "strided-nested")

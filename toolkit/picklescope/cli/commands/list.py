@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from picklescope.codecs import CODECS
+from picklescope.codecs.base import MeasuresItsGaps
 from picklescope.core.units import fmt_bytes
 from picklescope.transports import TRANSPORTS
 from picklescope.workloads.spec import available_workloads, load_workload
@@ -23,12 +24,12 @@ def main(args: argparse.Namespace) -> int:
     for name in CODECS:
         c = CODECS.get(name)
         gaps = ", ".join(u.feature for u in c.unsupported) or "none"
-        note = getattr(c, "capabilities_note", None)  # real verl codecs: gaps are measured, not declared
+        note = c.capabilities_note if isinstance(c, MeasuresItsGaps) else None
         print(f"  {name:<14} {c.description}  [{note or 'cannot carry: ' + gaps}]")
     print("transports:")
     for name in TRANSPORTS:
         t = TRANSPORTS.get(name)
-        print(f"  {name:<14} {getattr(t, 'summary', t.description)}")  # summary: says why one cannot run here
+        print(f"  {name:<14} {t.summary}")  # says why one cannot run here
     print("workloads (payload at scale 1):")
     for name in available_workloads():
         w = load_workload(name)

@@ -8,6 +8,7 @@ from typing import Any
 from picklescope.cli.commands.common import add_run_args, print_json, repeat_count, run_kwargs
 from picklescope.core.units import fmt_bytes
 from picklescope.investigate.reproduce import DEFAULT_SCALE
+from picklescope.measure import verdicts
 from picklescope.measure.budget import add_budget_args, budget_kwargs
 from picklescope.measure.runner import run
 from picklescope.tracers import tracer_report
@@ -36,7 +37,7 @@ def main(args: argparse.Namespace) -> int:
         print_json(r.to_dict())
         return 0
     print(f"{r.codec} over {r.transport} on {r.workload} x{r.scale:g} (payload {fmt_bytes(r.payload_bytes)}): "
-          f"{r.outcome}" + (f" - {r.error}" if r.error else ""))
+          + verdicts.verdict(r).sentence(r.outcome))
     if r.extra.get("killed_at"):
         print(f"died at {r.extra['killed_at']} with {fmt_bytes(r.memory_at_death_bytes)} above baseline "
               f"(enforcement: {r.enforcement}); --json has the Python stack at death")

@@ -25,6 +25,7 @@ from picklescope.batch import set_active_codec
 from picklescope.codecs import get_codec
 from picklescope.codecs.verify import compare
 from picklescope.core import steps
+from picklescope.core.events import Done, Error, Received
 from picklescope.measure.child import arm_stack_dump, error_event, held_memory
 from picklescope.transports.ray import events, hooks, received
 
@@ -110,7 +111,7 @@ class ReceiverActor:
         """Argument path: Ray already deserialized ``obj`` (measured by the hook); finish the side."""
         return self._finish(obj, None, None)
 
-    def _finish(self, obj: Any, error: dict[str, Any] | None, read_again: Any) -> bool:
+    def _finish(self, obj: Any, error: Error | None, read_again: Any) -> bool:
         meter = self.meter
         assert meter is not None, "receive before arm"
         peak = meter.finish()
@@ -132,9 +133,8 @@ class ReceiverActor:
                     report["hazard"] = received.probe_hazard(obj, report, read_again)
             except Exception as exc:  # noqa: BLE001 - an inspection failure must not hide the run
                 report = {"status": None, "error": f"{type(exc).__name__}: {exc}"}
-        self.conn.send({"type": "received", "side": SIDE, "report": report, "shm_end_bytes": shm_end})
-        self.conn.send({"type": "done", "side": SIDE, "peak_bytes": peak, "held_bytes": held,
-                        "cycle_held_bytes": cycle, "baseline_bytes": meter.baseline, "t_s": end_t,
-                        "mismatches": mismatches})
+        self.conn.send(Received(type="received", side=SIDE, report=report, shm_end_bytes=shm_end))
+        self.conn.send(Done(type="done", side=SIDE, peak_bytes=peak, held_bytes=held, cycle_held_bytes=cycle,
+                            baseline_bytes=meter.baseline, t_s=end_t, mismatches=mismatches))
         del obj
         return error is None

@@ -21,6 +21,7 @@ from picklescope.batch import set_active_codec
 from picklescope.codecs import get_codec
 from picklescope.codecs.verify import manifest
 from picklescope.core import steps
+from picklescope.core.events import Done, Error, Handoff, Note, RayInfo, Ready, StoreProcess
 from picklescope.core.leftovers import creator_pid
 from picklescope.measure import launcher
 from picklescope.measure.child import arm_stack_dump, error_event, held_memory
@@ -89,7 +90,7 @@ def init_ray(conn: Any, cfg: dict[str, Any]) -> None:
         try:  # see restore_priority: only the start-up runs ahead of the machine's other work
             os.nice(STARTUP_NICE)
         except OSError as exc:
-            conn.send({"type": "note", "side": SIDE, "message": f"cannot raise start-up priority: {exc}"})
+            conn.send(Note(type="note", side=SIDE, message=f"cannot raise start-up priority: {exc}"))
     attempts = 1 if cfg.get("ray_address") else INIT_ATTEMPTS
     for i in range(attempts):
         try:
@@ -98,7 +99,7 @@ def init_ray(conn: Any, cfg: dict[str, Any]) -> None:
         except Exception as exc:
             if "timed out during startup" not in str(exc) or i == attempts - 1:
                 raise
-            conn.send({"type": "note", "side": SIDE, "message": f"ray.init attempt {i + 1} failed: {exc}"})
+            conn.send(Note(type="note", side=SIDE, message=f"ray.init attempt {i + 1} failed: {exc}"))
             ray.shutdown()
             kill(cluster_processes(os.getpid(), None))  # what the failed start left, before the next one
 
@@ -177,13 +178,13 @@ def _run(conn: Any, cfg: dict[str, Any]) -> None:
         init_ray(conn, cfg)
         if isinstance(cfg["events_address"], list) and not cfg["events_address"][0]:
             cfg = {**cfg, "events_address": [ray.util.get_node_ip_address(), cfg["events_address"][1]]}
-        conn.send({"type": "ray_info", "side": SIDE, **cluster_info()})
+        conn.send(RayInfo(type="ray_info", side=SIDE, **cluster_info()))
         hooks.install(serialize=True)
         if cfg["ray_path"] == "tq":
             from picklescope.transports.ray import transferqueue as tq
 
-            conn.send({"type": "store_process", "side": SIDE, "pid": tq.start(conn),
-                       "what": "TransferQueue storage unit"})
+            conn.send(StoreProcess(type="store_process", side=SIDE, pid=tq.start(conn),
+                                   what="TransferQueue storage unit"))
         actor_cls = ray.remote(num_cpus=0, max_restarts=0)(ReceiverActor)
         actor = actor_cls.remote(cfg)
         ray.get(actor.ready.remote(), timeout=cfg.get("actor_timeout_s", 300))
@@ -194,7 +195,7 @@ def _run(conn: Any, cfg: dict[str, Any]) -> None:
         elif cfg["ray_path"] == "tq":
             ray.get(actor.attach_tq.remote())
         gc.collect()
-        conn.send({"type": "ready", "side": SIDE, "pid": os.getpid(), "manifest": expected})
+        conn.send(Ready(type="ready", side=SIDE, pid=os.getpid(), manifest=expected))
     except BaseException as exc:  # noqa: BLE001 - any setup failure is reported, not raised
         conn.send({**error_event(SIDE, exc), "phase": "setup"})
         _wait_release(conn)
@@ -202,7 +203,8 @@ def _run(conn: Any, cfg: dict[str, Any]) -> None:
     meter = steps.Meter(events.with_shared(conn.send), cfg["t0"], SIDE)
     steps.install(meter)
     meter.start()
-    error, pending, ref = None, None, None
+    error: Error | None = None
+    pending, ref = None, None
     try:
         hooks.expect_store_write(None if cfg["ray_path"] == "tq" else batch)
         if cfg["ray_path"] == "tq":
@@ -231,9 +233,9 @@ def _run(conn: Any, cfg: dict[str, Any]) -> None:
         conn.send({**error, "phase": "measure"})
     last = hooks.last_serialized() or {}
     blob = last.get("total_bytes")
-    handoff = {"path": cfg["ray_path"], "blob_bytes": blob, "inband_bytes": None, "oob_bytes": None}
-    conn.send({"type": "done", "side": SIDE, "peak_bytes": peak, "held_bytes": held, "cycle_held_bytes": cycle,
-               "handoff": handoff, "baseline_bytes": meter.baseline, "t_s": end_t, "shm_end_bytes": shm_end})
+    handoff = Handoff(path=cfg["ray_path"], blob_bytes=blob, inband_bytes=None, oob_bytes=None)
+    conn.send(Done(type="done", side=SIDE, peak_bytes=peak, held_bytes=held, cycle_held_bytes=cycle,
+                   handoff=handoff, baseline_bytes=meter.baseline, t_s=end_t, shm_end_bytes=shm_end))
     if error is None:
         try:
             if cfg["ray_path"] == "tq":
@@ -258,6 +260,3 @@ def _wait_release(conn: Any) -> None:
 
 
 # Old private names, kept while the modules named below still import them; use the public names.
-_cluster_info = cluster_info  # node.py
-_init_ray = init_ray  # node.py
-_restore_priority = restore_priority  # node.py

@@ -21,7 +21,8 @@ from collections.abc import Callable
 from multiprocessing.connection import Client
 from typing import Any
 
-Event = dict[str, Any]
+from picklescope.core.events import Event, Hello
+
 _STEP_EVENTS = ("baseline", "step_start", "step_end")
 
 
@@ -75,5 +76,6 @@ def connect(cfg: dict[str, Any]) -> Any:
     return Client(address, family=family, authkey=bytes.fromhex(cfg["events_key"]))
 
 
-def pid_event(side: str, role: str) -> Event:
-    return {"type": "hello", "side": side, "role": role, "pid": os.getpid(), "machine": machine_id()}
+def pid_event(side: str, role: str) -> Hello:
+    """The :class:`~picklescope.core.events.Hello` an actor sends first: the parent samples ``pid`` from here."""
+    return Hello(type="hello", side=side, role=role, pid=os.getpid(), machine=machine_id())

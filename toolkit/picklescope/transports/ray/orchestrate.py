@@ -19,12 +19,13 @@ import time
 from multiprocessing.connection import Listener, wait
 from typing import Any
 
+from picklescope.core.events import Event, Hello, RayInfo, Release, StoreProcess
 from picklescope.core.leftovers import temp_name
 from picklescope.core.procmem import StatmReader
 from picklescope.core.result import RunResult
 from picklescope.errors import PicklescopeError
 from picklescope.measure import launcher, verdicts
-from picklescope.measure.runner import _finish, _Run
+from picklescope.measure.runner import RunFold, finish_run
 from picklescope.measure.sampler import Sampler
 from picklescope.transports.ray import cluster
 from picklescope.transports.ray import costs as report
@@ -83,7 +84,7 @@ class _Listener:
 class RayRun:
     """One run's state on the parent: processes, event bookkeeping, cleanup record."""
 
-    def __init__(self, state: _Run, cfg: dict[str, Any], options: dict[str, Any]) -> None:
+    def __init__(self, state: RunFold, cfg: dict[str, Any], options: dict[str, Any]) -> None:
         self.state = state
         self.result: RunResult = state.result
         self.cfg = cfg
@@ -102,7 +103,8 @@ class RayRun:
         """Record when a phase of the run happened (run clock): where a Ray run's wall time goes."""
         self.tracking["timing"].setdefault(moment, round(time.monotonic() - self.cfg["t0"], 3))
 
-    def handle(self, ev: dict[str, Any], samplers: tuple[Sampler, StoreSampler]) -> None:
+    def handle(self, ev: Event, samplers: tuple[Sampler, StoreSampler]) -> None:
+        """Fold one event of the driver or the actor: Ray's own kinds here, the sides' through the runner's fold."""
         kind, side = ev.get("type"), ev.get("side", "sender")
         if kind in ("ray_info", "hello", "ready", "done"):
             self.mark(f"{side} {kind}" if kind == "done" else kind)
@@ -141,7 +143,7 @@ class RayRun:
             self.receiver_errors_from_driver = True
         self.state.handle(ev)
 
-    def _on_ray_info(self, ev: dict[str, Any], store_sampler: StoreSampler) -> None:
+    def _on_ray_info(self, ev: RayInfo, store_sampler: StoreSampler) -> None:
         self.tracking["cluster_pids"] = ev.get("pids", {})
         self.tracking["session_dir"] = ev.get("session_dir")
         if ev.get("error"):
@@ -164,7 +166,7 @@ class RayRun:
             self.store_source = None
             self.result.extra["object_store"] = {"unavailable": f"cannot open {path}: {exc}"}
 
-    def _on_store_process(self, ev: dict[str, Any], store_sampler: StoreSampler) -> None:
+    def _on_store_process(self, ev: StoreProcess, store_sampler: StoreSampler) -> None:
         """A store that is a process (TransferQueue's storage unit): sample its RSS as the store."""
         pid = ev.get("pid")
         try:
@@ -173,7 +175,7 @@ class RayRun:
         except (OSError, TypeError) as exc:
             self.result.extra["object_store"] = {"unavailable": f"cannot sample {ev.get('what')} pid {pid}: {exc}"}
 
-    def _on_hello(self, ev: dict[str, Any], sampler: Sampler) -> None:
+    def _on_hello(self, ev: Hello, sampler: Sampler) -> None:
         self.result.receiver.pid = ev["pid"]
         if ev.get("machine") == machine_id():
             sampler.add("receiver", ev["pid"])
@@ -210,7 +212,7 @@ def _refuse_unsupported(cfg: dict[str, Any], limits: Any) -> None:
         raise PicklescopeError(problem, "use --tracer sampler / --enforcement watchdog, or an in-process transport")
 
 
-def run_sides(state: _Run, cfg: dict[str, Any], *, ray_path: str, timeout_s: float, sample_interval_s: float,
+def run_sides(state: RunFold, cfg: dict[str, Any], *, ray_path: str, timeout_s: float, sample_interval_s: float,
               on_sample: Any = None, options: dict[str, Any] | None = None, guard: Any = None,
               limits: Any = None) -> RunResult:
     """Run one codec over Ray (``ray_path`` "put" or "arg"); see the module docstring.
@@ -255,7 +257,7 @@ def run_sides(state: _Run, cfg: dict[str, Any], *, ray_path: str, timeout_s: flo
         store_sampler.stop()
         if proc is not None:
             try:
-                conn.send({"type": "release"})
+                conn.send(Release(type="release"))
             except (OSError, BrokenPipeError):
                 pass
             proc.join(timeout=RELEASE_WAIT_S)
@@ -279,7 +281,7 @@ def run_sides(state: _Run, cfg: dict[str, Any], *, ray_path: str, timeout_s: flo
     if "object_store" in store_sampler.timelines:
         result.extra["object_store"] = store_trace(store_sampler.timelines["object_store"],
                                                    getattr(run, "store_source", None), cfg["object_store_bytes"])
-    _finish(state)
+    finish_run(state)
     if guard is not None:
         verdicts.decide(result, state.errors, state.done, guard.kills, result.enforcement, counters)
     report.summarize(result, run.shm, ray_path)
@@ -335,4 +337,3 @@ def _drain(run: RayRun, c: Any, samplers: tuple[Sampler, StoreSampler]) -> bool:
 
 
 # Old private names, kept while the modules named below still import them; use the public names.
-_ray_env = ray_env  # node.py

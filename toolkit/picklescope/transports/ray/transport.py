@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 from picklescope.core.result import RunResult
 from picklescope.errors import PicklescopeError
-from picklescope.transports import Prepared, Transport
+from picklescope.transports import Transport
 from picklescope.transports.ray.transferqueue import INSTALL_HINT, TQ_VERSION, missing
 
 RAY_MISSING = "the ray package is not installed"
@@ -34,8 +35,9 @@ class TransportUnavailable(PicklescopeError):
         super().__init__(f"transport {name!r} is unavailable here: {reason}", hint)
 
 
-class ProcessTransport(Transport):
-    """Base for transports whose receiver is not a child of ours (a Ray actor)."""
+class ProcessTransport(Transport, ABC):
+    """Base for transports whose receiver is not a child of ours (a Ray actor): each is an
+    :class:`~picklescope.transports.OwnsItsReceiver`, with nothing to send or receive in our children."""
 
     owns_processes: ClassVar[bool] = True
     install_hint: ClassVar[str] = ""
@@ -64,17 +66,9 @@ class ProcessTransport(Transport):
         reason = self.availability()
         return self.description + (f"  [unavailable: {reason}]" if reason else "")
 
-    def send(self, obj: Any, handoff_dir: str) -> dict[str, Any]:
-        raise NotImplementedError(f"{self.name} runs both sides itself (run_sides), not through child.py")
-
-    def prepare(self, info: dict[str, Any]) -> Prepared:
-        raise NotImplementedError(f"{self.name} runs both sides itself (run_sides), not through child.py")
-
-    def receive(self, prepared: Prepared) -> Any:
-        raise NotImplementedError(f"{self.name} runs both sides itself (run_sides), not through child.py")
-
-    def run_sides(self, state: Any, cfg: dict[str, Any], **kw: Any) -> RunResult:  # pragma: no cover
-        raise NotImplementedError
+    @abstractmethod
+    def run_sides(self, state: Any, cfg: dict[str, Any], **kw: Any) -> RunResult:
+        """Start, sample, fold and clean up both sides (see :mod:`.orchestrate`)."""
 
 
 class RayTransport(ProcessTransport):
