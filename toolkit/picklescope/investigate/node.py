@@ -803,6 +803,7 @@ class _Data:
 def driver_main(conn: Any, cfg: dict[str, Any]) -> None:
     """Run the driver; always ends the Ray session it started and removes the run's temporaries."""
     os.setsid()
+    os.dup2(2, 1)  # what Ray prints here ("A worker died ...") goes to stderr: stdout may carry --json
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     launcher.die_with_parent(signal.SIGTERM)
     _stack = arm_stack_dump(cfg, "driver")  # noqa: F841 - kept open for the signal handler

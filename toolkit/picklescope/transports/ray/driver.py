@@ -121,6 +121,7 @@ def restore_priority(niceness: int) -> None:
 def driver_main(conn: Any, cfg: dict[str, Any]) -> None:
     """Run the sender side; always ends the Ray session it started."""
     os.setsid()
+    os.dup2(2, 1)  # what Ray prints here ("A worker died ...") goes to stderr: stdout may carry --json
     # If the run's parent dies (SIGKILL, closed terminal) at any moment, ray.init included, a thread
     # removes the run's temporaries and kills the cluster this driver started (see ParentWatch). The
     # forkserver's death also sends SIGTERM, which ends the main thread through the finally below
