@@ -14,31 +14,42 @@
 # %% [markdown]
 # # 06 · Would my node have survived?
 #
-# **The question:** a verl training job ran for a while, then the node ran out of host memory and a
-# process was killed. Which process grew, at which training step would the node have died, and would
-# the fixed serialization (or the garbage collector) have saved it?
-#
-# Every term printed below (payload, baseline, peak, held, cycle-held, VmHWM, ...) is defined in the
+# New words are defined where they first appear; all of them are in the
 # [glossary](../docs/glossary.md).
 #
-# How verl moves a batch, in one paragraph. The *driver* (verl's TaskRunner) holds each training
-# step's batch, a `DataProto`. For a method registered as `DP_COMPUTE_PROTO`, verl's single
-# controller splits the batch into one *chunk* per worker (`DataProto.chunk`) and calls the method on
-# every worker actor with its chunk as the argument. Ray pickles each argument in the driver, so the
-# chunk's `__getstate__` runs there. Each worker unpickles its chunk (`__setstate__`), computes, and
-# returns a small result (a per-token tensor, like `compute_log_prob`); the driver concatenates the
-# results (`DataProto.concat`). That repeats every training step.
+# **The question.** A training job ran for a while, then its machine (a *node*) ran out of host
+# memory and a process was killed. Which process grew, at which training step would the node have
+# died, and would the fixed serialization (or Python's garbage collector) have saved it?
 #
-# In numpy mode, verl <= 0.9.0's `__getstate__` also computes a `consolidate()` copy of the chunk and
-# throws it away. The copy sits in a reference cycle, so only Python's cyclic garbage collector
-# frees it. `numpy-legacy` replays that behaviour and `numpy` the fixed one (verl >= 0.9.1). With a
-# real verl installed (`picklescope verl install 0.9.0 0.9.1`) use `verl-0.9.0:numpy` and
-# `verl-0.9.1:numpy`: the chunking and concatenation are then verl's own code.
+# **The setting, from zero.** **verl** (an open-source library for reinforcement-learning training of
+# large models) runs on **Ray** (a framework that starts and connects the processes of a job). One
+# *driver* process (verl's TaskRunner) holds each *training batch* (the data of one training step),
+# wrapped in a **DataProto** (verl's container for a batch: tensors plus columns of strings). Many
+# *worker* processes (Ray actors, one per GPU in a real job) each compute on a piece of it. For a
+# method registered as `DP_COMPUTE_PROTO`, verl splits the batch into one *chunk* per worker
+# (`DataProto.chunk`) and calls the method on every worker with its chunk as the argument. To send
+# an argument to another process, Ray must **pickle** it (turn it into bytes; Python calls the
+# class's `__getstate__` to decide what those bytes are) in the driver; the worker unpickles it
+# (`__setstate__`), computes, and returns a small result (a per-token tensor, like
+# `compute_log_prob`) that the driver joins back together (`DataProto.concat`). That repeats every
+# training step.
 #
-# `picklescope.investigate.node` starts a driver and `workers` Ray actors, runs `steps` training steps, and
-# samples every process plus the object store on one clock (about every millisecond). Each process's
-# curve is its private memory; the object store's shared pages are counted once. Every figure below
-# is measured in this notebook's run; nothing is typed in.
+# **What went wrong.** verl has two ways to pickle a batch (two *codecs*: the pair
+# `__getstate__`/`__setstate__`). In **numpy mode** (each tensor handed over as a view of its own
+# memory, no copy) verl 0.9.0 and earlier still ran **consolidate** (a copy of every tensor into
+# one new buffer) first and threw the copy away. That copy sits in a reference cycle, so only
+# Python's cyclic garbage collector frees it: until a collection runs, the driver keeps one more
+# copy of every chunk it sent. The codec `numpy-legacy` replays that behaviour and `numpy` the fix
+# (verl 0.9.1). With a real verl installed (`picklescope verl install 0.9.0 0.9.1`) use
+# `verl-0.9.0:numpy` and `verl-0.9.1:numpy`: the chunking and joining are then verl's own code.
+#
+# **What is measured.** `picklescope.node(...)` starts a driver and `workers` Ray actors, runs
+# `steps` training steps, and samples every process on one clock (about every millisecond). Each
+# process's curve is its private memory above its *baseline* (its memory once set up, before the
+# first step). Ray's **object store** (shared memory where large arguments are written once for
+# every process to read) is drawn once, not again inside each process that reads it. A *node
+# budget* (a cap on the whole node's memory above its baseline) plays the part of the machine's
+# RAM. Every figure below is measured in this notebook's run; nothing is typed in.
 
 # %% tags=["parameters"]
 workload = "flowgrpo"  # a preset (picklescope list) or a path to your own workload YAML
@@ -135,6 +146,33 @@ fig = figures.node_figure(capped[legacy])
 fig.write_html(OUT / "node_budget.html", include_plotlyjs="cdn")
 display(fig)
 print("verdicts:", {codec: r.outcome for codec, r in capped.items()})
+
+# %% [markdown]
+# ## The answer
+
+# %%
+from picklescope.views.richtext import sentence
+
+
+def growth(r: ps.NodeResult) -> float | None:
+    """The driver's memory at the end of the last training step minus at the end of the first, in payloads."""
+    ends = [s.driver_bytes for s in r.training_steps]
+    return None if len(ends) < 2 or None in (ends[0], ends[-1]) else (ends[-1] - ends[0]) / payload
+
+
+grew = {codec: growth(off[codec]) for codec in (legacy, fixed)}
+answer = f"With {legacy}, the driver's exact peak was {diff / payload:.2f}x the payload above {fixed}'s"
+if None not in grew.values():
+    answer += (f"; with the collector off it grew {grew[legacy]:.2f}x the payload from the end of training step 1 "
+               f"to the end of step {steps} ({fixed}: {grew[fixed]:+.2f}x)")
+k = capped[legacy].killed
+ended = {c: "completed every step" if r.outcome == "ok" else f"ended {r.outcome}" for c, r in capped.items()}
+if k is not None:
+    answer += (f". Under a node budget of {fmt_bytes(budget)}, {legacy} was killed ({k.process}, training step "
+               f"{k.training_step}, during {k.step}) while {fixed} {ended[fixed]}.")
+else:
+    answer += f". Under a node budget of {fmt_bytes(budget)}, {legacy} {ended[legacy]} and {fixed} {ended[fixed]}."
+display(sentence(answer, strong=True))
 
 # %%
 cluster.stop()

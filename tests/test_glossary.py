@@ -202,9 +202,8 @@ def test_the_first_use_check_can_fail():
 
 
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.py"))
-# notebook 06 still uses verl, DataProto, pickle, Ray, consolidate, numpy mode, object store, codec and
-# budget before defining or linking them; strict, so this mark has to go when it is fixed
-NOT_YET = {"06_node_replay.py"}
+# a notebook that is known to use a term before defining it (strict: the mark must go once it is fixed)
+NOT_YET: set[str] = set()
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, id=p.stem, marks=[pytest.mark.xfail(

@@ -205,8 +205,8 @@ class NodeResult:
                 first = s.driver_bytes
             growth = "" if first is None or s.driver_bytes is None else \
                 f", driver {fmt_bytes(s.driver_bytes - first, signed=True)} since step {self.training_steps[0].index}"
-            lines.append(f"step {s.index}: {s.start_s:6.2f}-{s.end_s:6.2f} s  node {fmt_bytes(s.node_bytes)}  "
-                         f"driver {fmt_bytes(s.driver_bytes)}{growth}")
+            lines.append(f"step {s.index}: {s.start_s:6.2f}-{s.end_s:6.2f} s  node {_above(s.node_bytes)}  "
+                         f"driver {_above(s.driver_bytes)}{growth}")
         return lines
 
     def summary(self) -> str:
@@ -227,6 +227,14 @@ class NodeResult:
                        f"{k.training_step}, step {k.step!r}, node {fmt_bytes(k.node_bytes)} above baseline")
         out += self.step_lines()
         return "\n".join(out)
+
+
+def _above(value: int | None) -> str:
+    """Bytes above the baseline in words: a process that ends a step under its start (the collector
+    freed what set-up had left) reads "2.1 MiB below its start", never as a negative size."""
+    if value is None:
+        return "-"
+    return fmt_bytes(value) if value >= 0 else f"{fmt_bytes(-value)} below its start"
 
 
 # -- the parent -------------------------------------------------------------------------------------
