@@ -106,6 +106,8 @@ def test_notebook_executes_headless(stem, executed):
     elif stem == "06_node_replay":
         assert "verdicts: {'numpy-legacy': 'oom-killed', 'numpy': 'ok'}" in out
         assert "cluster stopped, left: []" in out
+        answer = _shown(nb)  # the last answer quotes the measured peak, growth and the kill
+        assert "exact peak was" in answer and "was killed (" in answer and "completed every step" in answer
     elif stem == "04_switch_codecs_confirm_fix":
         shown = _shown(nb)  # the answers are paragraphs (text/html), plain text beside them
         assert "round trip was exact" in shown and "1.00x the payload lower than numpy-legacy" in shown
