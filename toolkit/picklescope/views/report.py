@@ -121,11 +121,22 @@ def _label(r: RunResult) -> str:
     return f"{r.codec} over {r.transport}" + (f" at sender budget {fmt_bytes(b)}" if b else "")
 
 
+def _readable_path(where: str | None) -> str | None:
+    """"picklescope/codecs/numpy_codec.py:51 in encode", not the reporting machine's absolute path: a
+    report is read on other machines (the result's JSON keeps the full path)."""
+    if not where:
+        return where
+    for marker in ("/site-packages/", "/toolkit/"):
+        if marker in where:
+            return where.rsplit(marker, 1)[1]
+    return where
+
+
 def _verdict_block(r: RunResult) -> str:
     out = [f"<h3>{e(_label(r))}: <span class='{e(r.outcome)}'>{e(r.outcome)}</span></h3>"]
+    death = fmt_bytes(r.memory_at_death_bytes) if r.memory_at_death_bytes is not None else None
     rows = [("killed side", r.killed_side), ("step", r.killed_in_step),
-            ("line", r.extra.get("killed_at")), ("memory at death (above baseline)", fmt_bytes(r.memory_at_death_bytes)
-                                                 if r.memory_at_death_bytes is not None else None),
+            ("line", _readable_path(r.extra.get("killed_at"))), ("memory at death (above baseline)", death),
             ("enforcement", r.enforcement), ("why this enforcement", r.enforcement_note)]
     if r.outcome in ("oom-killed", "memory-error"):
         out.append("<table>" + "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in rows) + "</table>")
