@@ -216,7 +216,9 @@ def headline(inv: Investigation) -> str:
         b = inv.extra.get("budget")
         bb = inv.extra.get("budget_bytes")
         return (f"At a sender budget of {b} payload ({fmt_bytes(bb)}) on {inv.workload} x{inv.scale:g}, "
-                f"{LEGACY} {verdicts.fate(budgeted[LEGACY])} while {FIXED} {verdicts.fate(budgeted[FIXED])}{gap}.")
+                f"{LEGACY} {verdicts.fate(budgeted[LEGACY])} while {FIXED} {verdicts.fate(budgeted[FIXED])}"
+                + "".join(f"; {c} {verdicts.fate(r)}" for c, r in budgeted.items() if c not in (LEGACY, FIXED))
+                + f"{gap}.")
     if gap:
         return f"On {inv.workload} x{inv.scale:g}{gap} (no budgeted run: {inv.extra.get('budget_note', '')})."
     return f"{len(inv.results)} runs on {inv.workload} x{inv.scale:g}; no budgeted comparison of {LEGACY} and {FIXED}."
