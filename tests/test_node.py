@@ -268,7 +268,10 @@ def test_real_verl_0_9_0_grows_and_0_9_1_does_not(runs, verl_installed):
     old, new = runs("verl-0.9.0:numpy"), runs("verl-0.9.1:numpy")
     assert old.outcome == new.outcome == "ok", (old.error, new.error)
     payload = old.payload_bytes
-    assert old.driver.peak_bytes - new.driver.peak_bytes >= 0.9 * payload
+    # Under Python's own collector a young-generation collection can free a chunk's discarded copy
+    # before the next chunk is serialized (0.78x and 1.32x payload in two runs on one machine), so only
+    # one chunk's copy is certain here; the full payload per step is asserted with the collector off below.
+    assert old.driver.peak_bytes - new.driver.peak_bytes >= 0.9 * payload / WORKERS
     # the split and the join were verl's own DataProto.chunk / concat, inside the replica's steps
     for r in (old, new):
         assert r.engine_info["chunk"] == "verl.protocol.DataProto.chunk", r.engine_info
