@@ -161,6 +161,18 @@ def test_sampling_gaps_stay_under_20_ms_with_8_workers(runs):
     assert r.max_gap_s < 0.020, (r.max_gap_s, r.sampler_priority)
 
 
+def test_node_takes_a_workload_path(runs, tmp_path, monkeypatch):
+    """A workload file named by a relative path reaches the driver and every worker actor, which run elsewhere."""
+    (tmp_path / "sub").mkdir()
+    preset = Path(__file__).resolve().parents[1] / "data" / "workloads" / "tiny.yaml"
+    (tmp_path / "sub" / "my.yaml").write_text(preset.read_text().replace("name: tiny", "name: my-name"))
+    monkeypatch.chdir(tmp_path)
+    r = runs("numpy", workload="sub/my.yaml", workers=2, steps=1, scale=1.0)
+    assert r.outcome == "ok" and r.workload == "my-name", (r.outcome, r.error)
+    assert sorted(r.processes) == ["driver", "worker-0", "worker-1"]
+    assert all(p.peak_bytes is not None for p in r.processes.values())
+
+
 def test_bad_input_is_one_line_before_anything_runs():
     from picklescope.errors import PicklescopeError
 

@@ -344,7 +344,7 @@ def node(codec: str = "numpy", workload: str = "flowgrpo", scale: float = DEFAUL
         # store makes Ray call gc.collect() in every process, which --gc off must not get by accident
         room = max(room, (min(steps, 16) + 1) * payload * (workers if dispatch == "broadcast" else 1))
     store = object_store_bytes(payload, int(room + (returns or 0) * payload + 64 * 2**20))
-    result = NodeResult(codec, str(workload), scale, workers, steps, payload, dispatch, gc, transport, returns,
+    result = NodeResult(codec, wl.name, scale, workers, steps, payload, dispatch, gc, transport, returns,
                         engine=engine, enforcement=enforcement, budget_bytes=budget)
     accepter = _Accepter(run_dir)
     from picklescope.transports.ray.orchestrate import ray_env
