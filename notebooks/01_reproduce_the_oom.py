@@ -14,6 +14,9 @@
 # %% [markdown]
 # # 01 · Reproduce the OOM, keep the kernel
 #
+# *Short on time?* [The answer](#The-answer), in one sentence with the number this run measured, is
+# the last section.
+#
 # New words are defined where they first appear; all of them are in the
 # [glossary](../docs/glossary.md).
 #
@@ -21,7 +24,7 @@
 # open-source library, [github.com/volcengine/verl](https://github.com/volcengine/verl)) works on
 # one *training batch* at a time: the data of one
 # step (for an image model, thousands of latents, masks and scores as tensors, plus the prompts), a
-# few hundred MiB per worker. verl keeps a batch in a
+# few hundred MiB per *worker* (a process that computes on its share of the batch). verl keeps a batch in a
 # **`DataProto`** object. Its processes run on
 # **Ray**, and to move a `DataProto` from one process to another Ray **pickles** it: Python calls the
 # object's `__getstate__` to turn it into bytes in the *sender* and `__setstate__` to rebuild it in
@@ -38,7 +41,8 @@
 # extra copies of the batch. **numpy mode** hands each tensor over as a numpy view of its memory: no
 # copy in the sender. **What went wrong:** up to verl 0.9.0, `__getstate__` ran `consolidate()`
 # *before* it checked the mode, so numpy mode still paid for one full copy it then threw away. With
-# many batches in flight that extra copy ran real training nodes out of host memory (OOM).
+# many batches in flight that extra copy ran real training *nodes* (the machines of a job) out of host
+# memory (OOM).
 # **The fix** (verl 0.9.1) checks the mode first.
 #
 # **The question:** does the old numpy mode really need a whole extra copy of the batch, and would

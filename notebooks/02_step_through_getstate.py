@@ -14,6 +14,9 @@
 # %% [markdown]
 # # 02 · Step through `__getstate__` and `__setstate__`
 #
+# *Short on time?* [The answer](#The-answer), in one sentence with the number this run measured, is
+# the last section.
+#
 # **The question:** *which line* of a serialization method costs the memory?
 #
 # Words first (every one is in the [glossary](../docs/glossary.md); notebook 01 tells the story).

@@ -14,6 +14,9 @@
 # %% [markdown]
 # # 03 · What each memory tracker sees
 #
+# *Short on time?* [The answer](#The-answer), in one sentence with the number this run measured, is
+# the last section.
+#
 # **The question:** if the OOM came from a copy, why did nobody's memory profile show it?
 #
 # Words first (every one is in the [glossary](../docs/glossary.md); notebook 01 tells the story).
@@ -115,9 +118,9 @@ figures.attribution_figure(legacy)
 
 # %% [markdown]
 # ## 4. Across a real process boundary: Ray
-# verl ships the batch with *Ray* (the framework that runs its processes): the driver's `ray.put`
+# verl ships the batch with *Ray* (the framework that runs its processes): the *driver*'s (the process that holds the batch) `ray.put`
 # serializes it and copies it into the shared *object store* (Ray's shared memory in `/dev/shm`), a
-# worker's `ray.get` maps it and deserializes it. Here the driver (sender, above), the
+# *worker*'s (a process that computes on the batch) `ray.get` maps it and deserializes it. Here the driver (sender, above), the
 # object store (between) and the worker actor (receiver, below) share one time axis. Pages of the store
 # that a process touches count in its RSS; the lines below say how much of each side's peak was its
 # own memory, and whether the worker's tensors are its own copy or windows into the store.

@@ -14,6 +14,9 @@
 # %% [markdown]
 # # 04 · Switch codecs, then confirm a fix before patching production
 #
+# *Short on time?* [The answer](#The-answer), in one sentence with the number this run measured, is
+# the last section.
+#
 # **The question:** does my candidate `__getstate__` really remove the extra copy, without costing
 # time or breaking the round trip?
 #
@@ -155,7 +158,8 @@ sentence(f"On your batch ({legacy_run.payload_bytes / 2**20:.1f} MiB of tensors)
 # %% [markdown]
 # When the numbers hold, make the same change in production (for verl: `DataProto.__getstate__`)
 # and keep a regression test that fails if `consolidate` is called in numpy mode.
-#
+
+# %% [markdown]
 # ## The answer
 
 # %%

@@ -14,11 +14,15 @@
 # %% [markdown]
 # # 06 · Would my node have survived?
 #
+# *Short on time?* [The answer](#The-answer), in one sentence with the number this run measured, is
+# the last section.
+#
 # New words are defined where they first appear; all of them are in the
 # [glossary](../docs/glossary.md).
 #
 # **The question.** A training job ran for a while, then its machine (a *node*) ran out of host
-# memory and a process was killed. Which process grew, at which training step would the node have
+# memory and a process was killed. Which process grew, at which *training step* (one round of the
+# training loop, on one batch) would the node have
 # died, and would the fixed serialization (or Python's garbage collector) have saved it?
 #
 # **The setting, from zero.** **verl** (an open-source library for reinforcement-learning training of
@@ -59,6 +63,7 @@ steps = 4
 legacy = "numpy-legacy"  # or verl-0.9.0:numpy
 fixed = "numpy"  # or verl-0.9.1:numpy
 gc_modes = ["off", "each-step"]  # compared with Python's default collector
+engine = "replica"  # or "verl": verl's own RayWorkerGroup splits, calls and joins (needs a real verl codec)
 
 # %%
 from pathlib import Path
@@ -68,7 +73,8 @@ from IPython.display import display
 import picklescope as ps
 from picklescope.core.units import fmt_bytes
 from picklescope.transports.ray.local_cluster import LocalCluster
-from picklescope.views import figures
+from picklescope.views import figures, table
+from picklescope.views.richtext import sentence
 
 OUT = Path("out")  # every file this notebook writes goes under out/
 OUT.mkdir(exist_ok=True)
@@ -89,24 +95,27 @@ print("cluster at", cluster.address)
 def replay(codec: str, **kw) -> ps.NodeResult:
     kw.setdefault("workers", workers)
     kw.setdefault("steps", steps)
+    kw.setdefault("engine", engine)
     return ps.node(codec, workload, scale, ray_address=cluster.address, **kw)
 
 
 # %% [markdown]
 # ## 2. Legacy and fixed, side by side (Python's default collector)
-# The figure stacks every process's memory above its baseline, plus the store: the top edge is the
-# node's total. Shaded bands are training steps.
+# The table gives each run's outcome and peaks as multiples of the payload (the batch's tensor
+# bytes): *driver peak* is the kernel's exact high-water mark of the driver, *node peak* the highest
+# total of all processes plus the store. The figure stacks every process's memory above its
+# baseline, plus the store: the top edge is the node's total. Shaded bands are training steps.
 
 # %%
 runs = {codec: replay(codec) for codec in (legacy, fixed)}
-for r in runs.values():
-    print(r.summary())
-    print()
-    display(figures.node_figure(r))
-
-# %%
 diff = runs[legacy].driver.peak_bytes - runs[fixed].driver.peak_bytes
-print(f"the driver's exact peak: {legacy} is {diff / payload:.2f}x the payload above {fixed}")
+display(sentence(f"The driver's exact peak with {legacy} was {diff / payload:.2f}x the payload "
+                 f"({fmt_bytes(diff)}) above {fixed}'s.", strong=True))
+display(table.Table(table.node_rows(runs.values()), caption="Python's default collector"))
+for r in runs.values():
+    display(figures.node_figure(r))
+    display(table.Table(table.node_step_rows(r), caption=f"{r.codec}: memory at each training step's end, "
+                                                        "above baseline, x payload"))
 
 # %% [markdown]
 # ## 3. The garbage collector decides how fast the driver grows
@@ -119,41 +128,35 @@ print(f"the driver's exact peak: {legacy} is {diff / payload:.2f}x the payload a
 by_mode = {"default": runs}
 for mode in gc_modes:
     by_mode[mode] = {codec: replay(codec, gc=mode) for codec in (legacy, fixed)}
-for mode, pair in by_mode.items():
-    for codec, r in pair.items():
-        ends = [s.driver_bytes for s in r.training_steps]
-        grew = (ends[-1] - ends[0]) / payload
-        print(f"gc {mode:9} {codec:16} driver at each step's end: {', '.join(fmt_bytes(e) for e in ends)}"
-              f"  (growth {grew:.2f}x payload)")
+display(table.Table(table.node_rows([r for pair in by_mode.values() for r in pair.values()]),
+                    caption="the driver's memory at each training step's end, above its baseline, x payload; "
+                            "growth: from the first step's end to the last one's"))
 
 # %% [markdown]
 # ## 4. A node budget: which process would the kernel kill, and when?
 # The budget is counted above the node's baseline (after set-up). At the crossing, picklescope kills
 # the process the kernel's OOM killer would pick: the highest `/proc/PID/oom_score`. Ray raises its
 # workers' `oom_score_adj`, so the kernel can pick a worker even though the driver is the one that
-# grew; that is what happens on a real node too. With the collector off (so the legacy growth does
+# grew; that is what happens on a real node too. With the collector off (so the legacy *growth*, the driver's memory at the last step's end minus the first's, does
 # not depend on when a collection happens to run) and a budget halfway between the two codecs'
-# peaks, the legacy codec dies and the fixed one completes every step.
+# peaks, the legacy codec dies and the fixed one completes every step. (On the command line,
+# `picklescope node --node-budget 2x --enforcement cgroup` puts the cluster it starts in one memory
+# cgroup and lets the real kernel choose; it needs a cluster of its own, so it is not run here.)
 
 # %%
 off = by_mode.get("off") or {codec: replay(codec, gc="off") for codec in (legacy, fixed)}
 budget = (off[legacy].node_peak_bytes + off[fixed].node_peak_bytes) // 2
 capped = {codec: replay(codec, gc="off", node_budget=budget) for codec in (legacy, fixed)}
-for r in capped.values():
-    print(r.summary())
-    print()
+display(table.Table(table.node_rows(capped.values()), caption=f"node budget {fmt_bytes(budget)} above the "
+                                                              "node's baseline, collector off"))
 fig = figures.node_figure(capped[legacy])
 fig.write_html(OUT / "node_budget.html", include_plotlyjs="cdn")
 display(fig)
-print("verdicts:", {codec: r.outcome for codec, r in capped.items()})
 
 # %% [markdown]
 # ## The answer
 
 # %%
-from picklescope.views.richtext import sentence
-
-
 def growth(r: ps.NodeResult) -> float | None:
     """The driver's memory at the end of the last training step minus at the end of the first, in payloads."""
     ends = [s.driver_bytes for s in r.training_steps]

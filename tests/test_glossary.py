@@ -158,8 +158,8 @@ def _sentences(markdown: str) -> list[str]:
     return [s for s in re.split(r"(?<=[.!?])\s+|(?<=:)\s+(?=[A-Z*`(\[])|\n\s*\n", prose) if s.strip()]
 
 
-def _occurs(term: str, sentence: str) -> re.Match | None:
-    return re.search(rf"(?<![\w-]){re.escape(term)}(?:s|es)?(?![\w-])", sentence, re.I)
+def _occurs(term: str, sentence: str, start: int = 0) -> re.Match | None:
+    return re.compile(rf"(?<![\w-]){re.escape(term)}(?:s|es)?(?![\w-])", re.I).search(sentence, start)
 
 
 def undefined_first_uses(markdown_cells: list[str]) -> list[str]:
@@ -174,6 +174,7 @@ def undefined_first_uses(markdown_cells: list[str]) -> list[str]:
     for cell in markdown_cells:
         for sentence in _sentences(cell):
             spans = [m.span() for m in re.finditer(r"\*\*[^*]+\*\*|\*[^*]+\*", sentence)]  # bold, italics
+            code = [m.span() for m in re.finditer(r"`[^`]+`", sentence)]  # inline code, not prose
             for m in GLOSSARY_LINK.finditer(sentence):
                 anchor = (m.group(1) or m.group(2) or "#")[1:]
                 if anchor and anchor not in anchors:
@@ -182,6 +183,10 @@ def undefined_first_uses(markdown_cells: list[str]) -> list[str]:
                 if term in seen:
                     continue
                 hit = _occurs(term, sentence)
+                # in code, a name used as a prefix (`gc.collect()`) is not the term; `consolidate()` is
+                while hit is not None and any(a <= hit.start() < b for a, b in code) \
+                        and sentence[hit.end():hit.end() + 1] == ".":
+                    hit = _occurs(term, sentence, hit.end())
                 if hit is None:
                     continue
                 seen.add(term)
@@ -199,6 +204,8 @@ def test_the_first_use_check_can_fail():
     assert undefined_first_uses(["The [payload](../docs/glossary.md#measures) is big."]) == []
     assert undefined_first_uses(["The [payload](../docs/glossary.md#no-such-heading) is big."]) != []
     assert undefined_first_uses(["RSS went up.", "*RSS* is resident memory."]) != []  # defined too late
+    assert undefined_first_uses(["Run `gc.collect()` then the gc ran."]) != []  # prose after the code counts
+    assert undefined_first_uses(["Run `gc.collect()` now."]) == []  # code is not a use of the word
 
 
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.py"))

@@ -65,6 +65,19 @@ def test_every_notebook_is_parameterized_and_tested():
             assert f"{name} = " in code[0].source, f"{stem} has no parameter {name}"
 
 
+def test_the_first_cell_points_to_the_answer_and_the_answer_is_there():
+    """A reader short on time finds the answer from the first screen: the link's target heading exists."""
+    for path in sorted(NOTEBOOKS.glob("*.py")):
+        if path.stem == POSTMORTEM:  # the postmortem opens with its verdict instead
+            continue
+        nb = jupytext.read(path)
+        assert "[The answer](#The-answer)" in nb.cells[0].source, path.name
+        headings = [c.source.splitlines()[0] for c in nb.cells if c.cell_type == "markdown" and c.source]
+        assert "## The answer" in headings, path.name
+        last_heading = [h for h in headings if h.startswith("## ")][-1]
+        assert last_heading == "## The answer", (path.name, last_heading)
+
+
 @pytest.fixture(scope="module")
 def executed(tmp_path_factory):
     """All notebooks run once, two at a time (each in its own kernel; the machine has two cores)."""

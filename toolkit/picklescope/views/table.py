@@ -105,6 +105,58 @@ def steps_rows(r: RunResult) -> list[dict[str, Any]]:
     return rows
 
 
+def _signed_mult(n: int | None, payload: int) -> str:
+    return "-" if n is None or not payload else f"{n / payload:+.2f}x"
+
+
+def node_rows(results: Sequence[Any]) -> list[dict[str, Any]]:
+    """One row per node replay (a :class:`~picklescope.investigate.node.NodeResult`): what an engineer
+    compares across codecs and collector settings. Multiples are of the batch's payload; the driver's
+    memory at each training step's end is above its baseline, its growth from the first step's end
+    to the last one's."""
+    rows = []
+    for r in results:
+        p = r.payload_bytes
+        ends = [s.driver_bytes for s in r.training_steps]
+        grew = ends[-1] - ends[0] if len(ends) > 1 and None not in (ends[0], ends[-1]) else None
+        outcome = r.outcome
+        if r.killed is not None:
+            k = r.killed
+            outcome = f"killed {k.process} in training step {k.training_step}, during {k.step}"
+        driver = r.processes.get("driver")
+        row = {"codec": r.codec, "gc": r.gc, "outcome": outcome,
+               "driver peak": _mult(driver.peak_bytes if driver else None, p),
+               "node peak": _mult(r.node_peak_bytes, p)}
+        if r.budget_bytes:
+            row["node budget"] = _mult(r.budget_bytes, p)
+        row["driver at each step's end"] = ", ".join(_mult(e, p) for e in ends) or "-"
+        row["growth"] = _signed_mult(grew, p)
+        rows.append(row)
+    return rows
+
+
+def node_step_rows(r: Any) -> list[dict[str, Any]]:
+    """One row per training step of one node replay: the node and every process at the step's end,
+    above their baselines, as multiples of the payload (more than 8 workers are summed as one column)."""
+    p = r.payload_bytes
+    workers = [n for n in r.processes if n != "driver"]
+    rows = []
+    for s in r.training_steps:
+        row: dict[str, Any] = {"training step": s.index,
+                               "ended at": "never" if s.end_s is None else f"{s.end_s:.2f} s",
+                               "node": _mult(s.node_bytes, p), "driver": _mult(s.driver_bytes, p)}
+        held = s.per_process_bytes
+        if len(workers) > 8:
+            vals = [held[w] for w in workers if w in held]
+            row["workers (sum)"] = _mult(sum(vals), p) if vals else "-"
+        else:
+            for w in workers:
+                row[w] = _mult(held.get(w), p)
+        row["object store"] = _mult(held.get("store"), p)
+        rows.append(row)
+    return rows
+
+
 _NUM_RE = re.compile(r"^[+-]?[\d.,]+(\s?(B|KiB|MiB|GiB|TiB|x|%|s|ms))?(\s\S+)?$")
 _CELL = "padding:2px 6px;border-bottom:1px solid #e5e5e5;vertical-align:top"
 
