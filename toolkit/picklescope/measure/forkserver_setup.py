@@ -64,6 +64,8 @@ def _remove_starters_folder(folder: str, starter: int) -> None:
 
 
 if _in_forkserver():
+    import gc
+
     from picklescope.core.leftovers import become_subreaper
 
     warnings.filterwarnings("ignore", message="forkserver: waitpid returned unexpected pid")
@@ -71,3 +73,8 @@ if _in_forkserver():
     _owned = _own_folder()
     if _owned is not None:
         atexit.register(_remove_starters_folder, *_owned)
+    # Every object the preload made (torch, tensordict, numpy: a few hundred thousand) moves to the
+    # permanent generation, so a child's gc.collect() (its set-up, its held-memory measurement) scans
+    # only what the child itself made: about 0.35 s less per collection on two loaded cores, and the
+    # collector no longer writes to the inherited pages (no copy-on-write copies of them in a child).
+    gc.freeze()
