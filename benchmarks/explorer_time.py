@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import time
+from pathlib import Path
 
 
 def main() -> int:
@@ -24,6 +25,7 @@ def main() -> int:
     ap.add_argument("--scale", type=float, default=0.1)
     ap.add_argument("--codec", default="numpy")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "explorer_time.json"))
     args = ap.parse_args()
     from picklescope.views.widgets import Explorer
 
@@ -43,9 +45,12 @@ def main() -> int:
             ps.run(args.codec, "pickle5-oob", args.workload, args.scale)
             plain.append(round(time.monotonic() - t0, 3))
     load.append(os.getloadavg()[0])
-    print(json.dumps({"workload": args.workload, "scale": args.scale, "codec": args.codec,
-                      "press_to_final_figure_s": presses, "plain_run_s": plain, "load_average": load,
-                      "cpus": os.cpu_count()}))
+    doc = {"workload": args.workload, "scale": args.scale, "codec": args.codec,
+           "press_to_final_figure_s": presses, "plain_run_s": plain, "load_average": load, "cpus": os.cpu_count()}
+    print(json.dumps(doc))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {args.out}")
     return 0
 
 
