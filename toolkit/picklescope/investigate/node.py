@@ -810,6 +810,7 @@ class _Data:
 
 def driver_main(conn: Any, cfg: dict[str, Any]) -> None:
     """Run the driver; always ends the Ray session it started and removes the run's temporaries."""
+    launcher.collect_like_a_fresh_process()  # the default collector as in verl's long-lived driver
     os.setsid()
     os.dup2(2, 1)  # what Ray prints here ("A worker died ...") goes to stderr: stdout may carry --json
     signal.signal(signal.SIGTERM, _exit_on_sigterm)

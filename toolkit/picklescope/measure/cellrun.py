@@ -69,6 +69,7 @@ class _StreamToParent:
 
 def cell_main(conn: Any, cfg: dict[str, Any]) -> None:
     """Child side: imports, baseline, the cell in step ``cell``, then held and cycle-held memory."""
+    launcher.collect_like_a_fresh_process()  # a cell may loop: its collector runs as in a fresh kernel
     stack_file = open(os.path.join(cfg["run_dir"], "cell.stack"), "w")  # noqa: SIM115 - read by the handler
     import faulthandler
 

@@ -12,6 +12,7 @@ without a ``__main__`` guard, or a notebook), because the measured code lives in
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import signal
 import sys
@@ -108,6 +109,21 @@ def ensure_preload() -> None:
     if not _preload_set:
         forkserver.set_forkserver_preload(PRELOAD)
         _preload_set = True
+
+
+def collect_like_a_fresh_process() -> None:
+    """Give this child's garbage collector the preloaded heap back (the forkserver froze it).
+
+    A frozen heap makes a child's ``gc.collect()`` cheap, but it also makes full collections frequent:
+    CPython runs one only when the objects promoted since the last one exceed a quarter of those it
+    found then, and frozen objects are not counted. A long-lived process such as verl's driver, with
+    torch and Ray loaded, has a large old generation, so its full collections are rare and a cycle
+    that reaches it (the legacy codec's discarded copy) can stay for many training steps. Children
+    that run many steps under Python's default collector (the node's driver, a measured cell) call
+    this first, so their collector behaves as it would in that process. A one-serialization side
+    keeps the frozen heap: a young collection frees what it makes either way.
+    """
+    gc.unfreeze()
 
 
 MP_TEMP_PREFIX = "picklescope-mp-"
