@@ -66,6 +66,7 @@ gc_modes = ["off", "each-step"]  # compared with Python's default collector
 engine = "replica"  # or "verl": verl's own RayWorkerGroup splits, calls and joins (needs a real verl codec)
 
 # %%
+# %load_ext picklescope
 from pathlib import Path
 
 from IPython.display import display
@@ -84,8 +85,8 @@ print(f"{workload} x{scale:g}: payload {fmt_bytes(payload)}, {workers} workers, 
 # %% [markdown]
 # ## 1. One cluster for every run
 # Starting a Ray cluster costs seconds to tens of seconds, so the runs below join one local cluster,
-# exactly as `picklescope node --ray-address HOST:PORT` joins a real one. Leaving the `with` block at
-# the end of the notebook stops every process of it.
+# exactly as `picklescope node --ray-address HOST:PORT` joins a real one. The notebook's last cell
+# stops every process of it.
 
 # %%
 cluster = LocalCluster(object_store_bytes=max(256 * 2**20, 4 * payload)).start()

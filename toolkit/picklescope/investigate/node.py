@@ -58,6 +58,7 @@ NODE_TRANSPORTS = ("ray-arg", "ray")
 ENGINES = ("replica", "verl")
 ENFORCEMENTS = ("watchdog", "cgroup")
 RELEASE_WAIT_S = 30.0
+DRIVER_LOG = "driver.log"  # the driver's stdout and stderr, in the run's folder
 DEFAULT_SCALE = 0.25
 
 
@@ -389,14 +390,27 @@ def node(codec: str = "numpy", workload: str = "flowgrpo", scale: float = DEFAUL
             c.close()
         if cg_path is not None:
             _remove_cgroup(cg_path, result)
+        tracking["driver_log"] = _tail(os.path.join(run_dir, DRIVER_LOG))
         shutil.rmtree(run_dir, ignore_errors=True)
         if ray_tmp:
             shutil.rmtree(ray_tmp, ignore_errors=True)
     _settle(session, result)
+    if result.outcome in ("error", "timeout") and tracking.get("driver_log"):
+        result.notes.append("the driver's own output ended with:\n" + tracking["driver_log"])
     result.wall_s = time.monotonic() - t0
     if tracking.get("bad_input"):
         raise PicklescopeError(*tracking["bad_input"])
     return result
+
+
+def _tail(path: str, limit: int = 3000) -> str:
+    """The last ``limit`` characters of a text file ("" when there is none)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - limit))
+            return f.read().decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
 
 
 def _check_enforcement(enforcement: str, budget: int | None, ray_address: str | None) -> str | None:
@@ -812,7 +826,14 @@ def driver_main(conn: Any, cfg: dict[str, Any]) -> None:
     """Run the driver; always ends the Ray session it started and removes the run's temporaries."""
     launcher.collect_like_a_fresh_process()  # the default collector as in verl's long-lived driver
     os.setsid()
-    os.dup2(2, 1)  # what Ray prints here ("A worker died ...") goes to stderr: stdout may carry --json
+    # What Ray prints in this process (its "A worker died ..." notices when a budget kills a worker,
+    # its C++ logs at shutdown) goes to a log in the run's folder, not to the user's terminal or
+    # notebook, where it would look like picklescope failing; stdout may carry --json. The parent
+    # quotes the log's end when the run ends in an error or a timeout.
+    log = os.open(os.path.join(cfg["run_dir"], DRIVER_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     launcher.die_with_parent(signal.SIGTERM)
     _stack = arm_stack_dump(cfg, "driver")  # noqa: F841 - kept open for the signal handler

@@ -135,11 +135,17 @@ def node_rows(results: Sequence[Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def _natural(name: str) -> tuple[str, int]:
+    """worker-2 before worker-10, whatever order the workers connected in."""
+    stem = name.rstrip("0123456789")
+    return stem, int(name[len(stem):] or -1)
+
+
 def node_step_rows(r: Any) -> list[dict[str, Any]]:
     """One row per training step of one node replay: the node and every process at the step's end,
     above their baselines, as multiples of the payload (more than 8 workers are summed as one column)."""
     p = r.payload_bytes
-    workers = [n for n in r.processes if n != "driver"]
+    workers = sorted((n for n in r.processes if n != "driver"), key=_natural)
     rows = []
     for s in r.training_steps:
         row: dict[str, Any] = {"training step": s.index,
