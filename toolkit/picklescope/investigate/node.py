@@ -49,7 +49,7 @@ from picklescope.core.leftovers import temp_name
 from picklescope.core.units import fmt_bytes, parse_size
 from picklescope.errors import PicklescopeError
 from picklescope.measure import launcher
-from picklescope.measure.child import arm_stack_dump, error_event, held_memory
+from picklescope.measure.child import arm_stack_dump, begin_measure, end_measure, error_event
 from picklescope.measure.session import KillRecord, ProcessRecord, Series, Session, TrainingStep
 
 DISPATCHES = ("chunk", "broadcast")
@@ -986,9 +986,7 @@ def _drive(conn: Any, cfg: dict[str, Any]) -> None:
     gc.collect()
     _apply_gc(cfg["gc"])
     _count_full_collections()
-    meter = steps.Meter(events.with_shared(conn.send), cfg["t0"], "driver")
-    steps.install(meter)
-    meter.start()
+    meter = begin_measure(steps.Meter(events.with_shared(conn.send), cfg["t0"], "driver"))
     private_base = _private_bytes()
     conn.send(Ready(type="ready", side="driver"))
     if _wait(conn) is None:
@@ -1001,14 +999,15 @@ def _drive(conn: Any, cfg: dict[str, Any]) -> None:
                 gc.collect()
         conn.send({"type": "train_step_end", "index": k, "t_s": meter.now(), "private_bytes": _private_bytes(),
                    "private_baseline_bytes": private_base, "full_collections": _full_collections[0]})
-    peak = meter.finish()
-    steps.install(None)
-    end_t = meter.now()
-    full = _full_collections[0]
-    engine.finish()
-    held, cycle = held_memory(meter)
-    conn.send({"type": "done", "side": "driver", "peak_bytes": peak, "held_bytes": held, "cycle_held_bytes": cycle,
-               "t_s": end_t, "full_collections": full})
+
+    def at_end() -> int:
+        full = _full_collections[0]
+        engine.finish()  # the workers end their own measured phase
+        return full
+
+    m = end_measure(conn, meter, None, read_at_end=at_end)
+    conn.send({"type": "done", "side": "driver", "peak_bytes": m.peak_bytes, "held_bytes": m.held_bytes,
+               "cycle_held_bytes": m.cycle_held_bytes, "t_s": m.end_t, "full_collections": m.at_end})
     conn.send({"type": "finished"})
     _wait(conn)
 
@@ -1183,9 +1182,7 @@ class NodeWorker:
         gc.collect()
         _apply_gc(self.cfg["gc"])
         _count_full_collections()
-        self.meter = steps.Meter(events.with_shared(self._send), self.t0, self.name)
-        steps.install(self.meter)
-        self.meter.start()
+        self.meter = begin_measure(steps.Meter(events.with_shared(self._send), self.t0, self.name))
 
     def _send(self, ev: Event) -> None:
         self.conn.send(ev)
@@ -1209,9 +1206,6 @@ class NodeWorker:
         meter = self.meter
         if meter is None:
             return
-        peak = meter.finish()
-        steps.install(None)
-        full = _full_collections[0]
-        held, cycle = held_memory(meter)
-        self.conn.send({"type": "done", "side": self.name, "peak_bytes": peak, "held_bytes": held,
-                        "cycle_held_bytes": cycle, "t_s": meter.now(), "full_collections": full})
+        m = end_measure(self.conn, meter, None, read_at_end=lambda: _full_collections[0])
+        self.conn.send({"type": "done", "side": self.name, "peak_bytes": m.peak_bytes, "held_bytes": m.held_bytes,
+                        "cycle_held_bytes": m.cycle_held_bytes, "t_s": meter.now(), "full_collections": m.at_end})

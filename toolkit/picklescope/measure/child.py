@@ -14,6 +14,8 @@ import os
 import signal
 import time
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from picklescope.batch import set_active_codec
@@ -55,6 +57,54 @@ def held_memory(meter: steps.Meter) -> tuple[int, int]:
     return before - meter.baseline, before - after
 
 
+@dataclass
+class Measured:
+    """What the end of a measured phase found: the exact peak, when it ended, what stayed held."""
+
+    peak_bytes: int | None
+    end_t: float
+    held_bytes: int
+    cycle_held_bytes: int
+    baseline_bytes: int
+    at_end: Any = None  # what ``read_at_end`` returned, read between the end and the collection
+
+
+def begin_measure(meter: steps.Meter, tracing: ChildTracing | None = None) -> steps.Meter:
+    """The one start of a measured phase in any measured process (a side, the Ray driver or actor).
+
+    The meter is installed first, so every step reports to it; the tracers start before the
+    baseline, so a tracer's fixed cost is not a step's; then the meter takes the baseline.
+    """
+    steps.install(meter)
+    if tracing is not None:
+        tracing.start()
+    meter.start()
+    return meter
+
+
+def end_measure(conn: Any, meter: steps.Meter, error: Error | None, *, tracing: ChildTracing | None = None,
+                cfg: dict[str, Any] | None = None, read_at_end: Callable[[], Any] | None = None) -> Measured:
+    """The one end of a measured phase: the exact peak, then what is still held and what only
+    ``gc.collect()`` frees, in that order, and the phase's error (if any) sent to the parent.
+
+    ``cfg`` lifts the budgets set at the baseline (a cgroup or address-space limit must not kill
+    the held-memory measurement); ``read_at_end`` reads anything else at the phase's end, before
+    the collection changes it (the Ray sides read their shared-memory pages there).
+    """
+    peak = meter.finish()
+    if tracing is not None:
+        tracing.stop()
+    if cfg is not None:
+        lift_in_child(cfg)
+    steps.install(None)
+    end_t = meter.now()
+    at_end = read_at_end() if read_at_end is not None else None
+    held, cycle = held_memory(meter)
+    if error:
+        conn.send({**error, "phase": "measure"})
+    return Measured(peak, end_t, held, cycle, meter.baseline, at_end)
+
+
 def _apply_env(cfg: dict[str, Any], side: str) -> None:
     for key, value in (cfg.get("env") or {}).get(side, {}).items():
         os.environ[key] = value
@@ -90,10 +140,7 @@ def sender_main(conn: Any, cfg: dict[str, Any]) -> None:
         conn.send({**error_event(side, exc), "phase": "setup"})
         return
     tracing = ChildTracing.from_cfg(cfg, side, conn.send)  # tracers see every step boundary
-    meter = steps.make_meter(tracing.sink, cfg, side)
-    steps.install(meter)
-    tracing.start()  # before the baseline: a tracer's fixed cost is not a step's
-    meter.start()
+    meter = begin_measure(steps.make_meter(tracing.sink, cfg, side), tracing)
     info: dict[str, Any] | None = None
     error: Error | None = None
     try:
@@ -101,15 +148,10 @@ def sender_main(conn: Any, cfg: dict[str, Any]) -> None:
         info = transport.send(batch, cfg["run_dir"])
     except BaseException as exc:  # noqa: BLE001
         error = error_event(side, exc)
-    peak = meter.finish()
-    tracing.stop()
-    lift_in_child(cfg)
-    steps.install(None)
-    held, cycle = held_memory(meter)
-    if error:
-        conn.send({**error, "phase": "measure"})
-    conn.send(Done(type="done", side=side, peak_bytes=peak, held_bytes=held, cycle_held_bytes=cycle,
-                   handoff=info, baseline_bytes=meter.baseline, t_s=meter.now()))
+    m = end_measure(conn, meter, error, tracing=tracing, cfg=cfg)
+    conn.send(Done(type="done", side=side, peak_bytes=m.peak_bytes, held_bytes=m.held_bytes,
+                   cycle_held_bytes=m.cycle_held_bytes, handoff=info, baseline_bytes=m.baseline_bytes,
+                   t_s=meter.now()))
     conn.recv()  # stay alive (and sampled) until the parent lets go
 
 
@@ -136,10 +178,7 @@ def receiver_main(conn: Any, cfg: dict[str, Any]) -> None:
         conn.send({**error_event(side, exc), "phase": "setup"})
         return
     tracing = ChildTracing.from_cfg(cfg, side, conn.send)  # tracers see every step boundary
-    meter = steps.make_meter(tracing.sink, cfg, side)
-    steps.install(meter)
-    tracing.start()  # before the baseline: a tracer's fixed cost is not a step's
-    meter.start()
+    meter = begin_measure(steps.make_meter(tracing.sink, cfg, side), tracing)
     obj = None
     error: Error | None = None
     try:
@@ -147,17 +186,11 @@ def receiver_main(conn: Any, cfg: dict[str, Any]) -> None:
         obj = transport.receive(prepared)
     except BaseException as exc:  # noqa: BLE001
         error = error_event(side, exc)
-    peak = meter.finish()
-    tracing.stop()
-    lift_in_child(cfg)
-    steps.install(None)
-    end_t = meter.now()
-    held, cycle = held_memory(meter)
-    if error:
-        conn.send({**error, "phase": "measure"})
+    m = end_measure(conn, meter, error, tracing=tracing, cfg=cfg)
     mismatches = compare(msg["manifest"], obj) if error is None else []
-    conn.send(Done(type="done", side=side, peak_bytes=peak, held_bytes=held, cycle_held_bytes=cycle,
-                   baseline_bytes=meter.baseline, t_s=end_t, mismatches=mismatches))
+    conn.send(Done(type="done", side=side, peak_bytes=m.peak_bytes, held_bytes=m.held_bytes,
+                   cycle_held_bytes=m.cycle_held_bytes, baseline_bytes=m.baseline_bytes, t_s=m.end_t,
+                   mismatches=mismatches))
     del obj
     prepared.close()
     time.sleep(0)  # let the last message flush before the parent reaps us

@@ -123,6 +123,8 @@ def node_rows(results: Sequence[Any]) -> list[dict[str, Any]]:
         if r.killed is not None:
             k = r.killed
             outcome = f"killed {k.process} in training step {k.training_step}, during {k.step}"
+        elif r.outcome != "ok" and r.error:  # a failed run says why, in its own row
+            outcome = f"{r.outcome}: {r.error.splitlines()[0][:160]}"
         driver = r.processes.get("driver")
         row = {"codec": r.codec, "gc": r.gc, "outcome": outcome,
                "driver peak": _mult(driver.peak_bytes if driver else None, p),

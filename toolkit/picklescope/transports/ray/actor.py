@@ -26,7 +26,7 @@ from picklescope.codecs import get_codec
 from picklescope.codecs.verify import compare
 from picklescope.core import steps
 from picklescope.core.events import Done, Error, Received
-from picklescope.measure.child import arm_stack_dump, error_event, held_memory
+from picklescope.measure.child import arm_stack_dump, begin_measure, end_measure, error_event
 from picklescope.transports.ray import events, hooks, received
 
 SIDE = "receiver"
@@ -66,9 +66,7 @@ class ReceiverActor:
     def _start(self, manifest: dict[str, Any]) -> None:
         self.manifest = manifest
         gc.collect()
-        self.meter = steps.Meter(events.with_shared(self.conn.send), self.t0, SIDE)
-        steps.install(self.meter)
-        self.meter.start()
+        self.meter = begin_measure(steps.Meter(events.with_shared(self.conn.send), self.t0, SIDE))
 
     def arm(self, manifest: dict[str, Any]) -> None:
         """Argument path: measure from now, so the next call's argument deserialization is inside."""
@@ -114,13 +112,7 @@ class ReceiverActor:
     def _finish(self, obj: Any, error: Error | None, read_again: Any) -> bool:
         meter = self.meter
         assert meter is not None, "receive before arm"
-        peak = meter.finish()
-        steps.install(None)
-        end_t = meter.now()
-        shm_end = events.shared_bytes()
-        held, cycle = held_memory(meter)
-        if error:
-            self.conn.send({**error, "phase": "measure"})
+        m = end_measure(self.conn, meter, error, read_at_end=events.shared_bytes)
         mismatches = compare(self.manifest or {}, obj) if error is None else []
         report: dict[str, Any] = {}
         if error is None:
@@ -133,8 +125,9 @@ class ReceiverActor:
                     report["hazard"] = received.probe_hazard(obj, report, read_again)
             except Exception as exc:  # noqa: BLE001 - an inspection failure must not hide the run
                 report = {"status": None, "error": f"{type(exc).__name__}: {exc}"}
-        self.conn.send(Received(type="received", side=SIDE, report=report, shm_end_bytes=shm_end))
-        self.conn.send(Done(type="done", side=SIDE, peak_bytes=peak, held_bytes=held, cycle_held_bytes=cycle,
-                            baseline_bytes=meter.baseline, t_s=end_t, mismatches=mismatches))
+        self.conn.send(Received(type="received", side=SIDE, report=report, shm_end_bytes=m.at_end))
+        self.conn.send(Done(type="done", side=SIDE, peak_bytes=m.peak_bytes, held_bytes=m.held_bytes,
+                            cycle_held_bytes=m.cycle_held_bytes, baseline_bytes=m.baseline_bytes, t_s=m.end_t,
+                            mismatches=mismatches))
         del obj
         return error is None

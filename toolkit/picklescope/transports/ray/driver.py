@@ -24,7 +24,7 @@ from picklescope.core import steps
 from picklescope.core.events import Done, Error, Handoff, Note, RayInfo, Ready, StoreProcess
 from picklescope.core.leftovers import creator_pid
 from picklescope.measure import launcher
-from picklescope.measure.child import arm_stack_dump, error_event, held_memory
+from picklescope.measure.child import arm_stack_dump, begin_measure, end_measure, error_event
 from picklescope.transports.ray import events, hooks
 from picklescope.transports.ray.cluster import ParentWatch, cluster_processes, kill, parent_of
 from picklescope.workloads.spec import load_workload
@@ -201,9 +201,7 @@ def _run(conn: Any, cfg: dict[str, Any]) -> None:
         conn.send({**error_event(SIDE, exc), "phase": "setup"})
         _wait_release(conn)
         return
-    meter = steps.Meter(events.with_shared(conn.send), cfg["t0"], SIDE)
-    steps.install(meter)
-    meter.start()
+    meter = begin_measure(steps.Meter(events.with_shared(conn.send), cfg["t0"], SIDE))
     error: Error | None = None
     pending, ref = None, None
     try:
@@ -225,18 +223,13 @@ def _run(conn: Any, cfg: dict[str, Any]) -> None:
                     hooks.end_store_write()
     except BaseException as exc:  # noqa: BLE001
         error = error_event(SIDE, exc)
-    peak = meter.finish()
-    steps.install(None)
-    end_t = meter.now()
-    shm_end = events.shared_bytes()
-    held, cycle = held_memory(meter)
-    if error:
-        conn.send({**error, "phase": "measure"})
+    m = end_measure(conn, meter, error, read_at_end=events.shared_bytes)
     last = hooks.last_serialized() or {}
     blob = last.get("total_bytes")
     handoff = Handoff(path=cfg["ray_path"], blob_bytes=blob, inband_bytes=None, oob_bytes=None)
-    conn.send(Done(type="done", side=SIDE, peak_bytes=peak, held_bytes=held, cycle_held_bytes=cycle,
-                   handoff=handoff, baseline_bytes=meter.baseline, t_s=end_t, shm_end_bytes=shm_end))
+    conn.send(Done(type="done", side=SIDE, peak_bytes=m.peak_bytes, held_bytes=m.held_bytes,
+                   cycle_held_bytes=m.cycle_held_bytes, handoff=handoff, baseline_bytes=m.baseline_bytes,
+                   t_s=m.end_t, shm_end_bytes=m.at_end))
     if error is None:
         try:
             if cfg["ray_path"] == "tq":
