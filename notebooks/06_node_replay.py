@@ -146,6 +146,9 @@ display(table.Table(table.node_rows([r for pair in by_mode.values() for r in pai
 
 # %%
 off = by_mode.get("off") or {codec: replay(codec, gc="off") for codec in (legacy, fixed)}
+failed = [r for r in off.values() if r.node_peak_bytes is None]
+if failed:  # the budget lies between the two peaks: without both there is nothing to place it by
+    raise RuntimeError(f"{failed[0].codec} with the collector off ended {failed[0].outcome}: {failed[0].error}")
 budget = (off[legacy].node_peak_bytes + off[fixed].node_peak_bytes) // 2
 capped = {codec: replay(codec, gc="off", node_budget=budget) for codec in (legacy, fixed)}
 display(table.Table(table.node_rows(capped.values()), caption=f"node budget {fmt_bytes(budget)} above the "
