@@ -38,7 +38,7 @@ from picklescope.core.units import fmt_bytes
 from picklescope.errors import PicklescopeError
 from picklescope.measure import launcher, verdicts
 from picklescope.measure.budget import Limits, check_machine, machine_reserve
-from picklescope.measure.sampler import Sampler
+from picklescope.measure.session import Session
 from picklescope.measure.watchdog import Watchdog
 from picklescope.tracers import DEFAULT_TRACER, ChildContext, ChildTracing
 
@@ -188,9 +188,9 @@ def run_cell(code: str, *, imports: list[str] | tuple[str, ...] = (), variables:
            "tracers": names}
     guard = Watchdog(limits, run_dir, t0)
     collector = tracers.Collector(names)
-    sampler = Sampler(t0, sample_interval_s)
-    sampler.watchers.append(guard.watch)
-    sampler.start()
+    session = Session(t0, run_dir, sample_interval_s, reading="rss")  # the cell's curve is its whole RSS
+    session.watchers.append(guard.watch)
+    session.start()
     open_steps: list[Step] = []
     errors: list[Error] = []
     proc = conn = None
@@ -198,7 +198,7 @@ def run_cell(code: str, *, imports: list[str] | tuple[str, ...] = (), variables:
     try:
         proc, conn = launcher.start(cell_main, (cfg,), "picklescope-cell")
         side.pid = proc.pid
-        sampler.add(SIDE, proc.pid)
+        session.adopt(SIDE, proc.pid, role=SIDE)
         guard.add(SIDE, proc.pid)
         deadline = t0 + timeout_s
         while not done:
@@ -220,7 +220,7 @@ def run_cell(code: str, *, imports: list[str] | tuple[str, ...] = (), variables:
             if proc.sentinel in ready and not proc.is_alive() and not done:
                 break
     finally:
-        sampler.stop()
+        session.stop()
         if proc is not None:
             try:
                 conn.send(Release(type="release"))
@@ -233,8 +233,9 @@ def run_cell(code: str, *, imports: list[str] | tuple[str, ...] = (), variables:
             side.exit_code = proc.exitcode
             conn.close()
         guard.close()
-        side.timeline = sampler.timelines.get(SIDE, side.timeline)
-        collector.collect(result, run_dir, t0, sampler.timelines)  # before the capture files go
+        timelines = session.timelines()
+        side.timeline = timelines.get(SIDE, side.timeline)
+        collector.collect(result, run_dir, t0, timelines)  # before the capture files go
         shutil.rmtree(run_dir, ignore_errors=True)
     if not done and result.outcome == "ok":
         result.outcome = "error"

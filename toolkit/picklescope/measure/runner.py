@@ -24,7 +24,7 @@ from picklescope.core.result import RunResult, Side, Step, Variation
 from picklescope.errors import PicklescopeError
 from picklescope.measure import launcher, verdicts
 from picklescope.measure.budget import plan as plan_limits
-from picklescope.measure.sampler import Sampler
+from picklescope.measure.session import Session
 from picklescope.measure.watchdog import Watchdog
 from picklescope.transports import OwnsItsReceiver, get_transport
 from picklescope.workloads.spec import DEFAULT_WORKLOAD, check_scale, load_workload
@@ -257,11 +257,11 @@ def _run_once(
         _armed_budgets(ray_result, limits)
         return ray_result
 
-    sampler = Sampler(t0, sample_interval_s)
+    session = Session(t0, run_dir, sample_interval_s, reading="rss")  # a side's curve is its whole RSS
     if on_sample:  # live views (the notebook explorer) see each RSS sample as it is taken
-        sampler.watchers.append(on_sample)
-    sampler.watchers.append(guard.watch)
-    sampler.start()
+        session.watchers.append(on_sample)
+    session.watchers.append(guard.watch)
+    session.start()
     procs: dict[str, Any] = {}
     conns: dict[str, Any] = {}
     tracker = RunTracker()  # the sides and every descendant, whatever session it starts: ended with the run
@@ -271,7 +271,7 @@ def _run_once(
             tracker.add(procs[name].pid)
             result.sides[name].pid = procs[name].pid
             if tracer_names:  # tracer "none": no sampling at all (overhead baseline)
-                sampler.add(name, procs[name].pid)
+                session.adopt(name, procs[name].pid, role=name)
             guard.add(name, procs[name].pid)
         _drive(state, procs, conns, t0 + timeout_s)
     except BaseException:  # Ctrl-C (or a failure of ours): end the children now, not after their grace
@@ -279,7 +279,7 @@ def _run_once(
             p.kill()
         raise
     finally:
-        sampler.stop()
+        session.stop()
         tracker.snapshot()  # while the sides live, their descendants are still in their tree
         for name in procs:
             try:
@@ -299,13 +299,14 @@ def _run_once(
             result.extra["killed_descendants"] = stray  # processes a side started and left running
         guard.close()
         cgroup_counters = limits.cleanup()
-        collector.collect(result, run_dir, t0, sampler.timelines)  # before the capture files go
-        result.extra["sampler_priority"] = sampler.priority  # realtime / raised / normal: see sampler.py
+        timelines = session.timelines()
+        collector.collect(result, run_dir, t0, timelines)  # before the capture files go
+        result.extra["sampler_priority"] = session.priority  # realtime / raised / normal: see sampler.py
         shutil.rmtree(run_dir, ignore_errors=True)
     guard.check_refused()  # a whole-process limit under the side's baseline: bad input, nothing measured
     _raise_bad_setup(state)
     _armed_budgets(result, limits)
-    for name, tl in sampler.timelines.items():
+    for name, tl in timelines.items():
         result.sides[name].timeline = tl
     finish_run(state)
     verdicts.decide(result, state.errors, state.done, guard.kills, result.enforcement, cgroup_counters)
