@@ -5,7 +5,8 @@ started, such as a Ray actor), samples every one of them and the object store fr
 the parent at about 1 ms, folds the events each process streams (named steps with exact ``VmHWM``
 peaks, training-step boundaries) into typed records, and enforces one budget on the node's total.
 It is the only sampler: :func:`picklescope.run` (its two sides), the cell magic, the Ray and
-TransferQueue transports and a node of processes all measure through one.
+TransferQueue transports and a node of processes all measure through one, and
+:meth:`Session.follow` is the one loop that waits on their children's pipes.
 
 Why a thread of the parent: the parent only waits on pipes, so unlike a thread inside the measured
 process it is never starved by a long ``pickle.dumps`` holding that process's GIL. ``watchers``
@@ -43,6 +44,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from multiprocessing.connection import wait
 from typing import Any, Protocol
 
 from picklescope.core import procmem
@@ -165,6 +167,8 @@ class Reader(Protocol):
 
 READINGS: dict[str, Callable[[int], Reader]] = {"private": StatusReader, "rss": StatmReader}
 Watcher = Callable[[str, float, int], None]
+Handler = Callable[[str, Event], None]
+Drain = Callable[[str], bool]
 
 
 def oom_score(pid: int) -> int | None:
@@ -385,6 +389,47 @@ class Session:
             rec.held_bytes, rec.cycle_held_bytes = ev.get("held_bytes"), ev.get("cycle_held_bytes")
         elif kind == "error":
             rec.error = rec.error or f"{ev.get('exc_type')}: {ev.get('message')}"
+
+    # -- the children's pipes ---------------------------------------------------------------------------
+    def follow(self, conns: dict[str, Any], procs: dict[str, Any], handler: Handler, deadline: float,
+               until: Callable[[list[str], Drain], bool], poll_s: float = 0.5) -> bool:
+        """Hand every event the children send to ``handler(name, event)`` until ``until`` says the run is decided.
+
+        ``conns`` maps a name to a pipe; the caller may add one while this runs (an actor that connects
+        late), and a pipe the other end closed is no longer waited on. ``procs`` maps a name to a process
+        whose death wakes the wait. After each wake ``until(dead, drain)`` is called with the names of the
+        processes found dead and ``drain(name)``, which hands over what waits on that pipe (False once it
+        is closed); it returns True once the run is decided (it may also send to a child, e.g. the
+        receiver's go). Returns False if the monotonic ``deadline`` passed first: the caller words the
+        timeout. This is the parent's only event loop, so every kind of run waits and drains alike.
+        """
+        closed: set[str] = set()
+
+        def drain(name: str) -> bool:
+            c = conns.get(name)
+            if c is None or name in closed:
+                return False
+            try:
+                while c.poll():
+                    handler(name, c.recv())
+            except (EOFError, OSError):
+                closed.add(name)
+                return False
+            return True
+
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            live = [(name, c) for name, c in conns.items() if name not in closed]
+            sentinels = {p.sentinel: name for name, p in procs.items()}
+            ready = wait([c for _, c in live] + list(sentinels), timeout=min(remaining, poll_s))
+            for name, c in live:
+                if c in ready:
+                    drain(name)
+            dead = [name for sentinel, name in sentinels.items() if sentinel in ready and not procs[name].is_alive()]
+            if until(dead, drain):
+                return True
 
     # -- after the run --------------------------------------------------------------------------------
     def stop(self) -> None:

@@ -16,7 +16,8 @@ import shutil
 import tempfile
 import threading
 import time
-from multiprocessing.connection import Listener, wait
+from collections.abc import Callable
+from multiprocessing.connection import Listener
 from typing import Any
 
 from picklescope.core.events import Event, Hello, RayInfo, Release, StoreProcess
@@ -290,47 +291,31 @@ def run_sides(state: RunFold, cfg: dict[str, Any], *, ray_path: str, timeout_s: 
 def _drive(run: RayRun, proc: Any, conn: Any, listener: _Listener, session: Session, deadline: float) -> None:
     """Relay events from the driver and the actor until the run is decided."""
     state = run.state
-    actor_conn: Any = None
-    actor_open = True
-    while True:
-        if actor_conn is None and listener.conn is not None:
-            actor_conn = listener.conn
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            state.result.outcome = "timeout"
-            state.result.error = "the run exceeded its wall-clock limit"
-            return
-        watch = [conn, proc.sentinel] + ([actor_conn] if actor_conn is not None and actor_open else [])
-        ready = wait(watch, timeout=min(remaining, 0.2))
-        if conn in ready:
-            _drain(run, conn, session)
-        if actor_conn is not None and actor_conn in ready:
-            actor_open = _drain(run, actor_conn, session)
+    conns: dict[str, Any] = {"sender": conn}
+
+    def take_actor() -> None:  # the actor connects once, when it is created: wait on its pipe from then on
+        if "receiver" not in conns and listener.conn is not None:
+            conns["receiver"] = listener.conn
+
+    def decided(dead: list[str], drain: Callable[[str], bool]) -> bool:
         if state.done["sender"] and state.done["receiver"]:
-            return
+            return True
         if any(e.get("phase") == "setup" for e in state.errors):
-            return
+            return True
         if state.done["sender"] and any(e["side"] == "sender" for e in state.errors):
-            return  # the driver's own put failed: nothing reaches the actor
+            return True  # the driver's own put failed: nothing reaches the actor
         if run.receiver_errors_from_driver and not state.done["receiver"]:
-            if actor_conn is not None and actor_open:
-                _drain(run, actor_conn, session)
-            return
-        if proc.sentinel in ready and not proc.is_alive():
-            _drain(run, conn, session)
-            if actor_conn is not None and actor_open:
-                _drain(run, actor_conn, session)
-            return
-
-
-def _drain(run: RayRun, c: Any, session: Session) -> bool:
-    """Handle every event waiting on ``c``; False once the other end has closed."""
-    try:
-        while c.poll():
-            run.handle(c.recv(), session)
-    except (EOFError, OSError):
+            drain("receiver")
+            return True
+        if "sender" in dead:
+            drain("sender")
+            drain("receiver")
+            return True
+        take_actor()
         return False
-    return True
 
-
-# Old private names, kept while the modules named below still import them; use the public names.
+    take_actor()
+    if not session.follow(conns, {"sender": proc}, lambda _name, ev: run.handle(ev, session), deadline, decided,
+                          poll_s=0.2):
+        state.result.outcome = "timeout"
+        state.result.error = "the run exceeded its wall-clock limit"
