@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 import time
 
+from picklescope.core.procmem import kill_until_gone
+
 _support: tuple[str | None, str] | None = None
 
 
@@ -91,21 +93,7 @@ def add_process(path: str, pid: int) -> bool:
 
 def kill_all(path: str, wait_s: float = 5.0) -> list[int]:
     """SIGKILL every process in the cgroup until it is empty (new children included); returns the pids killed."""
-    import signal
-
-    killed: list[int] = []
-    deadline = time.monotonic() + wait_s
-    while True:
-        left = [p for p in procs(path) if p != os.getpid()]
-        if not left or time.monotonic() > deadline:
-            return killed
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-            except OSError:
-                pass
-        time.sleep(0.02)
+    return kill_until_gone(lambda: [p for p in procs(path) if p != os.getpid()], wait_s)
 
 
 def remove_stale_everywhere() -> list[str]:

@@ -9,6 +9,9 @@ from this pair and the sampled curve comes from another process reading ``statm`
 from __future__ import annotations
 
 import os
+import signal
+import time
+from collections.abc import Callable, Iterable
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -122,3 +125,29 @@ def populate_file_mappings() -> bool:
         if libc.madvise(start, end - start, _MADV_POPULATE_READ) == 0:
             ok = True
     return ok
+
+
+def kill_until_gone(still_there: Callable[[], Iterable[int]], wait_s: float, poll_s: float = 0.02) -> list[int]:
+    """SIGKILL every pid ``still_there()`` lists, ask again, and repeat until it lists none or ``wait_s`` passed.
+
+    The one SIGKILL-and-wait of the package: what must end (a cgroup's processes, a Ray cluster's) may
+    fork while it is being killed, so the caller's ``still_there`` is asked again after each round and
+    says what is left (a cgroup's members, new children included; or the given pids that are neither
+    gone nor zombies, since a zombie holds no memory). Each pid is signalled once. Returns the pids
+    that took the signal, in order.
+    """
+    sent: list[int] = []
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = list(still_there())
+        if not left or time.monotonic() > deadline:
+            return sent
+        for pid in left:
+            if pid in sent:
+                continue
+            try:
+                os.kill(pid, signal.SIGKILL)
+                sent.append(pid)
+            except OSError:  # gone already, or not ours to signal
+                pass
+        time.sleep(poll_s)

@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from multiprocessing.connection import Listener, wait
+from multiprocessing.connection import Listener
 from typing import Any
 
 from picklescope.core import procmem, steps
@@ -249,10 +249,10 @@ class _Accepter:
         self.listener = Listener(os.path.join(run_dir, "events.sock"), family="AF_UNIX", authkey=self.key)
         self.conns: list[Any] = []
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._loop, name="picklescope-node-accept", daemon=True)
+        self._thread = threading.Thread(target=self._accept, name="picklescope-node-accept", daemon=True)
         self._thread.start()
 
-    def _loop(self) -> None:
+    def _accept(self) -> None:
         while True:
             try:
                 c = self.listener.accept()
@@ -520,47 +520,44 @@ def _follow(session: Session, result: NodeResult, proc: Any, conn: Any, accepter
     """Relay the driver's and the workers' events into the session until the run is decided."""
     names: dict[Any, str] = {}
     tracking["conns"] = []
-    finished = False
-    killed_at = None
-    while True:
+    conns: dict[str, Any] = {"driver": conn}
+    state: dict[str, Any] = {"finished": False, "killed_at": None}
+
+    def handle(key: str, ev: Event) -> None:
+        if key == "driver":
+            state["finished"] |= _on_driver(session, result, conn, ev, tracking)
+        else:
+            _on_worker(session, result, names, conns[key], ev)
+        if on_event is not None:
+            on_event(ev)
+
+    def before_wait() -> bool:  # new workers' pipes, a cgroup's kill; True once a kill's aftermath was heard
         for c in accepter.take():
             tracking["conns"].append(c)
             names[c] = ""
-        now = time.monotonic()
-        if now > deadline:
-            result.outcome, result.error = "timeout", "the run exceeded its wall-clock limit"
-            return
+            conns[f"conn{len(tracking['conns'])}"] = c  # named by its hello, in names
         _check_cgroup_kill(session, result, tracking)
-        if session.kill is not None and killed_at is None:
-            killed_at = now
-        if killed_at is not None and now - killed_at > 1.0:  # what the victim's death made the others say
-            return
-        watch = [conn, proc.sentinel] + [c for c in names]
-        ready = wait(watch, timeout=0.05)
-        for c in ready:
-            if c is proc.sentinel:
-                continue
-            try:
-                while c.poll():
-                    ev = c.recv()
-                    if c is conn:
-                        finished |= _on_driver(session, result, conn, ev, tracking)
-                    else:
-                        _on_worker(session, result, names, c, ev)
-                    if on_event is not None:
-                        on_event(ev)
-            except (EOFError, OSError):
-                if c is not conn:
-                    names.pop(c, None)
-        if finished:
-            return
-        if proc.sentinel in ready and not proc.is_alive():
+        now = time.monotonic()
+        if session.kill is not None and state["killed_at"] is None:
+            state["killed_at"] = now
+        return state["killed_at"] is not None and now - state["killed_at"] > 1.0  # what the others said
+
+    def decided(dead: list[str], drain: Callable[[str], bool]) -> bool:
+        if state["finished"]:
+            return True
+        if "driver" in dead:
             if session.kill is None:
                 result.outcome = "error"
                 result.error = result.error or f"the driver exited ({proc.exitcode}) before the last step"
-            return
+            return True
         if result.outcome == "error" and session.kill is None:
-            return
+            return True
+        return before_wait()
+
+    if time.monotonic() <= deadline and before_wait():
+        return
+    if not session.follow(conns, {"driver": proc}, handle, deadline, decided, poll_s=0.05):
+        result.outcome, result.error = "timeout", "the run exceeded its wall-clock limit"
 
 
 def _on_driver(session: Session, result: NodeResult, conn: Any, ev: Event, tracking: dict[str, Any]) -> bool:

@@ -26,19 +26,19 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from multiprocessing.connection import wait
 from typing import Any
 
 from picklescope import tracers
 from picklescope.core import procmem, steps
 from picklescope.core.events import Done, Error, Event, Output, Ready, Release
 from picklescope.core.leftovers import temp_name
-from picklescope.core.result import RunResult, Side, Step
+from picklescope.core.result import RunResult, Side
 from picklescope.core.units import fmt_bytes
 from picklescope.errors import PicklescopeError
 from picklescope.measure import launcher, verdicts
 from picklescope.measure.budget import Limits, check_machine, machine_reserve
-from picklescope.measure.sampler import Sampler
+from picklescope.measure.runner import RunFold
+from picklescope.measure.session import Session
 from picklescope.measure.watchdog import Watchdog
 from picklescope.tracers import DEFAULT_TRACER, ChildContext, ChildTracing
 
@@ -121,35 +121,6 @@ def cell_main(conn: Any, cfg: dict[str, Any]) -> None:
         pass
 
 
-def _fold(result: RunResult, open_steps: list[Step], errors: list[Error], ev: Event) -> None:
-    """Fold one event of the cell's child into ``result`` (see :mod:`picklescope.core.events`)."""
-    side = result.sides[SIDE]
-    kind = ev["type"]
-    if kind == "ready":
-        result.extra["import_errors"] = ev.get("import_errors", [])
-    elif kind == "baseline":
-        side.baseline_bytes = ev["baseline_bytes"]
-        side.baseline_s = ev.get("t_s")
-    elif kind == "step_start":
-        st = Step(ev["name"], ev["t_s"], None, None, None, depth=ev["depth"])
-        side.steps.append(st)
-        open_steps.append(st)
-    elif kind == "step_end" and open_steps:
-        st = open_steps.pop()
-        st.end_s, st.peak_bytes, st.added_bytes = ev["end_s"], ev["peak_bytes"], ev["added_bytes"]
-        st.retained_bytes, st.error = ev["retained_bytes"], ev["error"]
-    elif kind == "output":
-        result.extra.setdefault("output", []).append((ev["stream"], ev["text"]))
-    elif kind == "error":
-        errors.append(ev)
-        result.outcome = "error"
-        result.error = f"{ev['exc_type']}: {ev['message']}"
-        result.extra["traceback"] = ev["traceback"]
-    elif kind == "done":
-        side.peak_bytes, side.held_bytes = ev["peak_bytes"], ev["held_bytes"]
-        side.cycle_held_bytes, side.baseline_bytes = ev["cycle_held_bytes"], ev["baseline_bytes"]
-
-
 def _limits(budget_bytes: int | None) -> Limits:
     """The cell's budget, checked against what the machine can give, plus the machine guard."""
     check_machine({SIDE: budget_bytes})
@@ -189,39 +160,28 @@ def run_cell(code: str, *, imports: list[str] | tuple[str, ...] = (), variables:
            "tracers": names}
     guard = Watchdog(limits, run_dir, t0)
     collector = tracers.Collector(names)
-    sampler = Sampler(t0, sample_interval_s)
-    sampler.watchers.append(guard.watch)
-    sampler.start()
-    open_steps: list[Step] = []
-    errors: list[Error] = []
+    fold = RunFold(result, guard.chain(collector.hook(on_event)))  # the run's fold: a cell is a one-side run
+    session = Session(t0, run_dir, sample_interval_s, reading="rss")  # the cell's curve is its whole RSS
+    session.watchers.append(guard.watch)
+    session.start()
     proc = conn = None
-    done = False
     try:
         proc, conn = launcher.start(cell_main, (cfg,), "picklescope-cell")
         side.pid = proc.pid
-        sampler.add(SIDE, proc.pid)
+        session.adopt(SIDE, proc.pid, role=SIDE)
         guard.add(SIDE, proc.pid)
-        deadline = t0 + timeout_s
-        while not done:
-            if time.monotonic() > deadline:
-                result.outcome, result.error = "timeout", "the cell exceeded its wall-clock limit"
-                break
-            ready = wait([conn, proc.sentinel], timeout=0.5)
-            try:
-                while conn.poll():
-                    ev = conn.recv()
-                    _fold(result, open_steps, errors, ev)
-                    guard.event(ev)
-                    collector.observe(ev)
-                    done = done or ev["type"] == "done"
-                    if on_event:
-                        on_event(ev)
-            except (EOFError, OSError):
-                pass
-            if proc.sentinel in ready and not proc.is_alive() and not done:
-                break
+
+        def decided(dead: list[str], drain: Callable[[str], bool]) -> bool:
+            if dead and not fold.done[SIDE]:
+                drain(SIDE)  # what it sent before it died
+                return True
+            return fold.done[SIDE]
+
+        if not session.follow({SIDE: conn}, {SIDE: proc}, lambda _name, ev: fold.handle(ev), t0 + timeout_s,
+                              decided):
+            result.outcome, result.error = "timeout", "the cell exceeded its wall-clock limit"
     finally:
-        sampler.stop()
+        session.stop()
         if proc is not None:
             try:
                 conn.send(Release(type="release"))
@@ -234,13 +194,20 @@ def run_cell(code: str, *, imports: list[str] | tuple[str, ...] = (), variables:
             side.exit_code = proc.exitcode
             conn.close()
         guard.close()
-        side.timeline = sampler.timelines.get(SIDE, side.timeline)
-        collector.collect(result, run_dir, t0, sampler.timelines)  # before the capture files go
+        timelines = session.timelines()
+        side.timeline = timelines.get(SIDE, side.timeline)
+        collector.collect(result, run_dir, t0, timelines)  # before the capture files go
         shutil.rmtree(run_dir, ignore_errors=True)
+    done = fold.done[SIDE]
+    if fold.errors:  # the cell's own exception (the last one, should several arrive)
+        last = fold.errors[-1]
+        result.extra["traceback"] = last["traceback"]
+        if result.outcome == "ok":
+            result.outcome, result.error = "error", f"{last['exc_type']}: {last['message']}"
     if not done and result.outcome == "ok":
         result.outcome = "error"
         result.error = f"the cell's process ended without a result (exit code {side.exit_code})"
-    verdicts.decide(result, errors, {SIDE: done}, guard.kills, result.enforcement, {})
+    verdicts.decide(result, fold.errors, {SIDE: done}, guard.kills, result.enforcement, {})
     if result.outcome == "oom-killed" and side.peak_bytes is None:
         side.peak_bytes = result.memory_at_death_bytes  # no VmHWM reading survives a SIGKILL
         side.extra["peak_source"] = "sampled at the kill"

@@ -12,7 +12,6 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from multiprocessing.connection import wait
 from typing import Any
 
 from picklescope import tracers
@@ -24,7 +23,7 @@ from picklescope.core.result import RunResult, Side, Step, Variation
 from picklescope.errors import PicklescopeError
 from picklescope.measure import launcher, verdicts
 from picklescope.measure.budget import plan as plan_limits
-from picklescope.measure.sampler import Sampler
+from picklescope.measure.session import Session
 from picklescope.measure.watchdog import Watchdog
 from picklescope.transports import OwnsItsReceiver, get_transport
 from picklescope.workloads.spec import DEFAULT_WORKLOAD, check_scale, load_workload
@@ -50,23 +49,26 @@ def _check_fits(payload: int) -> None:
 
 
 class RunFold:
-    """Bookkeeping of one run while its events arrive."""
+    """Bookkeeping of one run while its events arrive: the one fold of a run's, a cell's and a Ray run's events."""
 
     def __init__(self, result: RunResult, on_event: EventHook | None) -> None:
         self.result = result
         self.on_event = on_event
-        self.open_steps: dict[str, list[Step]] = {"sender": [], "receiver": []}
-        self.done: dict[str, bool] = {"sender": False, "receiver": False}
+        self.open_steps: dict[str, list[Step]] = {name: [] for name in result.sides}
+        self.done: dict[str, bool] = {name: False for name in result.sides}
         self.manifest: dict[str, Any] | None = None
         self.handoff: dict[str, Any] | None = None
         self.errors: list[Error] = []
 
     def handle(self, ev: Event) -> None:
-        """Fold one event of either side into the result (see :mod:`picklescope.core.events`), then pass it on."""
+        """Fold one event of any side into the result (see :mod:`picklescope.core.events`), then pass it on."""
         side = self.result.sides[ev["side"]]
         kind = ev["type"]
         if kind == "ready":
-            self.manifest = ev.pop("manifest")
+            if "manifest" in ev:  # a run's side: what the batch must look like after the round trip
+                self.manifest = ev.pop("manifest")
+            if "import_errors" in ev:  # a cell: the kernel's imports that failed in its child
+                self.result.extra["import_errors"] = ev["import_errors"]
         elif kind == "baseline":
             side.baseline_bytes = ev["baseline_bytes"]
             side.baseline_s = ev.get("t_s")
@@ -74,10 +76,12 @@ class RunFold:
             st = Step(ev["name"], ev["t_s"], None, None, None, depth=ev["depth"])
             side.steps.append(st)
             self.open_steps[ev["side"]].append(st)
-        elif kind == "step_end":
+        elif kind == "step_end" and self.open_steps[ev["side"]]:
             st = self.open_steps[ev["side"]].pop()
             st.end_s, st.peak_bytes, st.added_bytes = ev["end_s"], ev["peak_bytes"], ev["added_bytes"]
             st.retained_bytes, st.error, st.line = ev["retained_bytes"], ev["error"], ev.get("line")
+        elif kind == "output":  # a cell's print()s, in order
+            self.result.extra.setdefault("output", []).append((ev["stream"], ev["text"]))
         elif kind == "error":
             self.errors.append(ev)
         elif kind == "codec_info":  # what a codec loaded in this side (e.g. real verl's version and file)
@@ -91,7 +95,7 @@ class RunFold:
             self.done[ev["side"]] = True
             if ev["side"] == "sender":
                 self.handoff = ev.get("handoff")
-            else:
+            elif ev["side"] == "receiver":
                 self.result.roundtrip = {"ok": not ev["mismatches"], "mismatches": ev["mismatches"]}
         if self.on_event:
             self.on_event(ev)
@@ -257,11 +261,11 @@ def _run_once(
         _armed_budgets(ray_result, limits)
         return ray_result
 
-    sampler = Sampler(t0, sample_interval_s)
+    session = Session(t0, run_dir, sample_interval_s, reading="rss")  # a side's curve is its whole RSS
     if on_sample:  # live views (the notebook explorer) see each RSS sample as it is taken
-        sampler.watchers.append(on_sample)
-    sampler.watchers.append(guard.watch)
-    sampler.start()
+        session.watchers.append(on_sample)
+    session.watchers.append(guard.watch)
+    session.start()
     procs: dict[str, Any] = {}
     conns: dict[str, Any] = {}
     tracker = RunTracker()  # the sides and every descendant, whatever session it starts: ended with the run
@@ -271,15 +275,15 @@ def _run_once(
             tracker.add(procs[name].pid)
             result.sides[name].pid = procs[name].pid
             if tracer_names:  # tracer "none": no sampling at all (overhead baseline)
-                sampler.add(name, procs[name].pid)
+                session.adopt(name, procs[name].pid, role=name)
             guard.add(name, procs[name].pid)
-        _drive(state, procs, conns, t0 + timeout_s)
+        _drive(session, state, procs, conns, t0 + timeout_s)
     except BaseException:  # Ctrl-C (or a failure of ours): end the children now, not after their grace
         for p in procs.values():
             p.kill()
         raise
     finally:
-        sampler.stop()
+        session.stop()
         tracker.snapshot()  # while the sides live, their descendants are still in their tree
         for name in procs:
             try:
@@ -299,13 +303,14 @@ def _run_once(
             result.extra["killed_descendants"] = stray  # processes a side started and left running
         guard.close()
         cgroup_counters = limits.cleanup()
-        collector.collect(result, run_dir, t0, sampler.timelines)  # before the capture files go
-        result.extra["sampler_priority"] = sampler.priority  # realtime / raised / normal: see sampler.py
+        timelines = session.timelines()
+        collector.collect(result, run_dir, t0, timelines)  # before the capture files go
+        result.extra["sampler_priority"] = session.priority  # realtime / raised / normal: see sampler.py
         shutil.rmtree(run_dir, ignore_errors=True)
     guard.check_refused()  # a whole-process limit under the side's baseline: bad input, nothing measured
     _raise_bad_setup(state)
     _armed_budgets(result, limits)
-    for name, tl in sampler.timelines.items():
+    for name, tl in timelines.items():
         result.sides[name].timeline = tl
     finish_run(state)
     verdicts.decide(result, state.errors, state.done, guard.kills, result.enforcement, cgroup_counters)
@@ -313,44 +318,29 @@ def _run_once(
     return result
 
 
-def _drive(state: RunFold, procs: dict[str, Any], conns: dict[str, Any], deadline: float) -> None:
+def _drive(session: Session, state: RunFold, procs: dict[str, Any], conns: dict[str, Any], deadline: float) -> None:
     """Relay events until both sides are done, one fails, or the deadline passes."""
-    by_obj = {id(c): name for name, c in conns.items()}
-    sentinels = {p.sentinel: name for name, p in procs.items()}
     go_sent = False
-    while not (state.done["sender"] and state.done["receiver"]):
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            state.result.outcome = "timeout"
-            state.result.error = "the run exceeded its wall-clock limit"
-            return
-        ready = wait(list(conns.values()) + list(sentinels), timeout=min(remaining, 0.5))
-        for obj in ready:
-            if isinstance(obj, int):
-                continue
-            name = by_obj[id(obj)]
-            try:
-                while obj.poll():
-                    state.handle(obj.recv())
-            except (EOFError, OSError):
-                pass
+
+    def decided(dead: list[str], drain: Callable[[str], bool]) -> bool:
+        nonlocal go_sent
         if state.errors and not go_sent:
-            return
+            return True
         if state.done["sender"] and not go_sent:
             if state.handoff is None:
-                return
+                return True
             conns["receiver"].send(Go(type="go", handoff=state.handoff, manifest=state.manifest))
             go_sent = True
-        for sentinel, name in sentinels.items():
-            if sentinel in ready and not state.done[name] and not procs[name].is_alive():
-                # drain what the process sent before it died
-                try:
-                    while conns[name].poll():
-                        state.handle(conns[name].recv())
-                except (EOFError, OSError):
-                    pass
+        for name in dead:
+            if not state.done[name]:
+                drain(name)  # what the process sent before it died
                 if not state.done[name]:
-                    return
+                    return True
+        return state.done["sender"] and state.done["receiver"]
+
+    if not session.follow(conns, procs, lambda _name, ev: state.handle(ev), deadline, decided):
+        state.result.outcome = "timeout"
+        state.result.error = "the run exceeded its wall-clock limit"
 
 
 def _armed_budgets(result: RunResult, limits: Any) -> None:

@@ -4,6 +4,18 @@ A :class:`Session` adopts processes by name and pid (a child of ours, or a proce
 started, such as a Ray actor), samples every one of them and the object store from one thread of
 the parent at about 1 ms, folds the events each process streams (named steps with exact ``VmHWM``
 peaks, training-step boundaries) into typed records, and enforces one budget on the node's total.
+It is the only sampler: :func:`picklescope.run` (its two sides), the cell magic, the Ray and
+TransferQueue transports and a node of processes all measure through one, and
+:meth:`Session.follow` is the one loop that waits on their children's pipes.
+
+Why a thread of the parent: the parent only waits on pipes, so unlike a thread inside the measured
+process it is never starved by a long ``pickle.dumps`` holding that process's GIL. ``watchers``
+(the budget watchdog, live views) see every sample as it is taken.
+
+Two readings of a process. ``"rss"`` is the whole resident set from ``/proc/PID/statm`` (one
+number, the cheapest read): a run's sender and receiver and a cell are measured so, and their
+figures (``Side.timeline``, the fidelity benchmark) are that number. ``"private"`` is the reading a
+node total needs, explained below.
 
 Accounting (what a node total means). Each process's curve is its *private* resident memory,
 ``VmRSS - RssShmem`` from ``/proc/PID/status`` (anonymous plus file-backed pages). Shared-memory
@@ -30,12 +42,15 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from multiprocessing.connection import wait
+from typing import Any, Protocol
 
 from picklescope.core import procmem
 from picklescope.core.events import Event
-from picklescope.core.procmem import PAGE  # noqa: F401 - re-exported for readers of statm-based figures
+from picklescope.core.procmem import PAGE, StatmReader  # noqa: F401 - PAGE re-exported for statm readers
+from picklescope.core.result import Timeline
 from picklescope.measure.sampler import hold_gc, raise_priority
 from picklescope.measure.watchdog import dump_stack_then_kill
 
@@ -142,6 +157,20 @@ class StatusReader:
             self._fd = -1
 
 
+class Reader(Protocol):
+    """What the sampling thread reads each tick: bytes now (None once the thing is gone), then closed."""
+
+    def read(self) -> int | None: ...
+
+    def close(self) -> None: ...
+
+
+READINGS: dict[str, Callable[[int], Reader]] = {"private": StatusReader, "rss": StatmReader}
+Watcher = Callable[[str, float, int], None]
+Handler = Callable[[str, Event], None]
+Drain = Callable[[str], bool]
+
+
 def oom_score(pid: int) -> int | None:
     """The kernel's OOM-killer score of ``pid`` (higher is killed first), or None if it is gone."""
     try:
@@ -157,11 +186,16 @@ def oom_score(pid: int) -> int | None:
 class Session:
     """Named processes and one store on one clock; ``with Session(t0, run_dir) as s: s.adopt(...)``."""
 
-    def __init__(self, t0: float, run_dir: str, interval_s: float = 0.001, budget_bytes: int | None = None) -> None:
+    def __init__(self, t0: float, run_dir: str = "", interval_s: float = 0.001, budget_bytes: int | None = None,
+                 reading: str = "private") -> None:
+        if reading not in READINGS:
+            raise ValueError(f"reading {reading!r} is not one of {sorted(READINGS)}")
         self.t0 = t0
-        self.run_dir = run_dir
+        self.run_dir = run_dir  # where a budget kill's stack dump goes
         self.interval_s = interval_s
         self.budget_bytes = budget_bytes
+        self.reading = reading  # how adopted processes are read unless adopt() says otherwise
+        self.watchers: list[Watcher] = []  # called with (name, t, bytes) for every process sample, in the thread
         self.processes: dict[str, ProcessRecord] = {}
         self.node = Series()
         self.store = Series()
@@ -172,8 +206,8 @@ class Session:
         self.training_steps: list[TrainingStep] = []
         self.kill: KillRecord | None = None
         self.priority = "normal"
-        self._readers: dict[str, StatusReader] = {}
-        self._store_reader: Any = None
+        self._readers: dict[str, Reader] = {}
+        self._store_reader: Reader | None = None
         self._last: dict[str, int] = {}
         self._last_store = 0
         self._lock = threading.Lock()
@@ -185,14 +219,17 @@ class Session:
 
     # -- membership ---------------------------------------------------------------------------------
     def adopt(self, name: str, pid: int, *, role: str = "worker", node_id: str | None = None,
-              sampled: bool = True) -> ProcessRecord:
-        """Start measuring ``pid`` under ``name`` (sampled from here only when it runs on this machine)."""
+              sampled: bool = True, reading: str | None = None) -> ProcessRecord:
+        """Start measuring ``pid`` under ``name`` (sampled from here only when it runs on this machine).
+
+        ``reading`` ("private" or "rss", default the session's) says what its curve is (module docstring).
+        """
         rec = self.processes.get(name) or ProcessRecord(name, pid, role)
         rec.pid, rec.role, rec.node_id, rec.sampled = pid, role, node_id, sampled
         self.processes[name] = rec
         if sampled:
             try:
-                reader = StatusReader(pid)
+                reader = READINGS[reading or self.reading](pid)
             except OSError:
                 rec.sampled = False
                 return rec
@@ -200,11 +237,19 @@ class Session:
                 self._readers[name] = reader
         return rec
 
-    def set_store(self, reader: Any, source: str) -> None:
+    def set_store(self, reader: Reader, source: str | None) -> None:
         """The object store's reader (``read() -> bytes``): sampled on the same tick, counted once."""
         with self._lock:
             self._store_reader = reader
         self.store_source = source
+        self.store_attached = True
+
+    store_attached = False  # set_store() was called: the store has a curve (maybe still empty)
+
+    def timelines(self) -> dict[str, Timeline]:
+        """Each sampled process's curve as a :class:`~picklescope.core.result.Timeline` (same lists, no copy)."""
+        return {name: Timeline(rec.timeline.t_s, rec.timeline.bytes)
+                for name, rec in self.processes.items() if rec.sampled}
 
     def start(self) -> Session:
         hold_gc(True)
@@ -233,6 +278,7 @@ class Session:
         t = round(time.monotonic() - self.t0, 6)
         total = 0
         gone = []
+        watchers = self.watchers
         for name, reader in readers:
             value = reader.read()
             if value is None:
@@ -243,6 +289,8 @@ class Session:
             tl.t_s.append(t)
             tl.bytes.append(value)
             total += value
+            for w in watchers:  # at once, so a budget is enforced on this very sample
+                w(name, t, value)
         if store is not None:
             s = store.read()
             if s is not None:
@@ -341,6 +389,47 @@ class Session:
             rec.held_bytes, rec.cycle_held_bytes = ev.get("held_bytes"), ev.get("cycle_held_bytes")
         elif kind == "error":
             rec.error = rec.error or f"{ev.get('exc_type')}: {ev.get('message')}"
+
+    # -- the children's pipes ---------------------------------------------------------------------------
+    def follow(self, conns: dict[str, Any], procs: dict[str, Any], handler: Handler, deadline: float,
+               until: Callable[[list[str], Drain], bool], poll_s: float = 0.5) -> bool:
+        """Hand every event the children send to ``handler(name, event)`` until ``until`` says the run is decided.
+
+        ``conns`` maps a name to a pipe; the caller may add one while this runs (an actor that connects
+        late), and a pipe the other end closed is no longer waited on. ``procs`` maps a name to a process
+        whose death wakes the wait. After each wake ``until(dead, drain)`` is called with the names of the
+        processes found dead and ``drain(name)``, which hands over what waits on that pipe (False once it
+        is closed); it returns True once the run is decided (it may also send to a child, e.g. the
+        receiver's go). Returns False if the monotonic ``deadline`` passed first: the caller words the
+        timeout. This is the parent's only event loop, so every kind of run waits and drains alike.
+        """
+        closed: set[str] = set()
+
+        def drain(name: str) -> bool:
+            c = conns.get(name)
+            if c is None or name in closed:
+                return False
+            try:
+                while c.poll():
+                    handler(name, c.recv())
+            except (EOFError, OSError):
+                closed.add(name)
+                return False
+            return True
+
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            live = [(name, c) for name, c in conns.items() if name not in closed]
+            sentinels = {p.sentinel: name for name, p in procs.items()}
+            ready = wait([c for _, c in live] + list(sentinels), timeout=min(remaining, poll_s))
+            for name, c in live:
+                if c in ready:
+                    drain(name)
+            dead = [name for sentinel, name in sentinels.items() if sentinel in ready and not procs[name].is_alive()]
+            if until(dead, drain):
+                return True
 
     # -- after the run --------------------------------------------------------------------------------
     def stop(self) -> None:

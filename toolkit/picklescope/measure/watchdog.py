@@ -122,7 +122,7 @@ class Watchdog:
             self._kill(side, "budget", "exact step peak", peak, ev.get("name") if kind == "step_end" else None)
 
     def watch(self, side: str, t: float, rss: int) -> None:
-        """Sampler watcher: called with every RSS sample of every side, in the sampler thread."""
+        """Session watcher: called with every RSS sample of every side, in the session's sampling thread."""
         if side in self.kills:
             return
         self.last_rss[side] = rss

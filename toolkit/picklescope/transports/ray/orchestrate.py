@@ -16,7 +16,8 @@ import shutil
 import tempfile
 import threading
 import time
-from multiprocessing.connection import Listener, wait
+from collections.abc import Callable
+from multiprocessing.connection import Listener
 from typing import Any
 
 from picklescope.core.events import Event, Hello, RayInfo, Release, StoreProcess
@@ -26,12 +27,12 @@ from picklescope.core.result import RunResult
 from picklescope.errors import PicklescopeError
 from picklescope.measure import launcher, verdicts
 from picklescope.measure.runner import RunFold, finish_run
-from picklescope.measure.sampler import Sampler
+from picklescope.measure.session import Session
 from picklescope.transports.ray import cluster
 from picklescope.transports.ray import costs as report
 from picklescope.transports.ray.driver import driver_main, object_store_bytes
 from picklescope.transports.ray.events import machine_id
-from picklescope.transports.ray.store import ShmFileReader, StoreSampler, store_trace
+from picklescope.transports.ray.store import ShmFileReader, store_trace
 
 RELEASE_WAIT_S = 30.0  # ray.shutdown on a busy 2-core machine takes a few seconds
 RAY_ENV_DEFAULTS = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DISABLE_DOCKER_CPU_WARNING": "1"}
@@ -103,21 +104,21 @@ class RayRun:
         """Record when a phase of the run happened (run clock): where a Ray run's wall time goes."""
         self.tracking["timing"].setdefault(moment, round(time.monotonic() - self.cfg["t0"], 3))
 
-    def handle(self, ev: Event, samplers: tuple[Sampler, StoreSampler]) -> None:
+    def handle(self, ev: Event, session: Session) -> None:
         """Fold one event of the driver or the actor: Ray's own kinds here, the sides' through the runner's fold."""
         kind, side = ev.get("type"), ev.get("side", "sender")
         if kind in ("ray_info", "hello", "ready", "done"):
             self.mark(f"{side} {kind}" if kind == "done" else kind)
         if kind in ("ray_info", "hello"):  # the cluster is up / the actor is up: live views may show it
             if kind == "ray_info":
-                self._on_ray_info(ev, samplers[1])
+                self._on_ray_info(ev, session)
             else:
-                self._on_hello(ev, samplers[0])
+                self._on_hello(ev, session)
             if self.state.on_event:
                 self.state.on_event(ev)
             return
         if kind == "store_process":
-            self._on_store_process(ev, samplers[1])
+            self._on_store_process(ev, session)
             return
         if kind == "note":
             self.tracking.setdefault("notes", []).append(ev["message"])
@@ -143,7 +144,7 @@ class RayRun:
             self.receiver_errors_from_driver = True
         self.state.handle(ev)
 
-    def _on_ray_info(self, ev: RayInfo, store_sampler: StoreSampler) -> None:
+    def _on_ray_info(self, ev: RayInfo, session: Session) -> None:
         self.tracking["cluster_pids"] = ev.get("pids", {})
         self.tracking["session_dir"] = ev.get("session_dir")
         if ev.get("error"):
@@ -160,25 +161,25 @@ class RayRun:
                                                                 "a remote cluster, or Ray changed its layout)"}
             return
         try:
-            store_sampler.add_reader("object_store", ShmFileReader(path))
+            session.set_store(ShmFileReader(path), None)
             self.store_source = f"fstat of the plasma file held by raylet {raylets[0]} ({os.readlink(path)})"
         except OSError as exc:
             self.store_source = None
             self.result.extra["object_store"] = {"unavailable": f"cannot open {path}: {exc}"}
 
-    def _on_store_process(self, ev: StoreProcess, store_sampler: StoreSampler) -> None:
+    def _on_store_process(self, ev: StoreProcess, session: Session) -> None:
         """A store that is a process (TransferQueue's storage unit): sample its RSS as the store."""
         pid = ev.get("pid")
         try:
-            store_sampler.add_reader("object_store", StatmReader(pid))
+            session.set_store(StatmReader(pid), None)
             self.store_source = f"RSS of the {ev.get('what', 'store')} process {pid}"
         except (OSError, TypeError) as exc:
             self.result.extra["object_store"] = {"unavailable": f"cannot sample {ev.get('what')} pid {pid}: {exc}"}
 
-    def _on_hello(self, ev: Hello, sampler: Sampler) -> None:
+    def _on_hello(self, ev: Hello, session: Session) -> None:
         self.result.receiver.pid = ev["pid"]
         if ev.get("machine") == machine_id():
-            sampler.add("receiver", ev["pid"])
+            session.adopt("receiver", ev["pid"], role="receiver")
             if self.guard is not None:
                 self.guard.add("receiver", ev["pid"])
             self.tracking["receiver_sampled"] = True
@@ -235,26 +236,24 @@ def run_sides(state: RunFold, cfg: dict[str, Any], *, ray_path: str, timeout_s: 
            "t0_wall": time.time() - (time.monotonic() - t0), "ray_env": ray_env(remote)}
     run.cfg = cfg
     result.extra["ray"] = run.tracking
-    sampler = Sampler(t0, sample_interval_s)
+    # the sides' curves are their whole RSS; the store (plasma file or TransferQueue's unit) on the same tick
+    session = Session(t0, cfg["run_dir"], sample_interval_s, reading="rss")
     if on_sample:
-        sampler.watchers.append(on_sample)
+        session.watchers.append(on_sample)
     if guard is not None:
-        sampler.watchers.append(guard.watch)
-    store_sampler = StoreSampler(t0, sample_interval_s)
-    sampler.start()
-    store_sampler.start()
+        session.watchers.append(guard.watch)
+    session.start()
     proc, conn = None, None
     try:
         proc, conn = launcher.start(driver_main, (cfg,), "picklescope-ray-driver")
         run.tracking["driver_pid"] = result.sender.pid = proc.pid
         run.driver_start = cluster.start_ticks(proc.pid)
-        sampler.add("sender", proc.pid)
+        session.adopt("sender", proc.pid, role="sender")
         if guard is not None:
             guard.add("sender", proc.pid)
-        _drive(run, proc, conn, listener, (sampler, store_sampler), t0 + timeout_s)
+        _drive(run, proc, conn, listener, session, t0 + timeout_s)
     finally:
-        sampler.stop()
-        store_sampler.stop()
+        session.stop()
         if proc is not None:
             try:
                 conn.send(Release(type="release"))
@@ -276,10 +275,10 @@ def run_sides(state: RunFold, cfg: dict[str, Any], *, ray_path: str, timeout_s: 
         if ray_tmp and not os.environ.get("PICKLESCOPE_KEEP_RAY_LOGS"):  # set it to read Ray's own logs
             shutil.rmtree(ray_tmp, ignore_errors=True)
         shutil.rmtree(cfg["run_dir"], ignore_errors=True)
-    for name, tl in sampler.timelines.items():
+    for name, tl in session.timelines().items():
         result.sides[name].timeline = tl
-    if "object_store" in store_sampler.timelines:
-        result.extra["object_store"] = store_trace(store_sampler.timelines["object_store"],
+    if session.store_attached:
+        result.extra["object_store"] = store_trace(session.store.t_s, session.store.bytes,
                                                    getattr(run, "store_source", None), cfg["object_store_bytes"])
     finish_run(state)
     if guard is not None:
@@ -289,51 +288,34 @@ def run_sides(state: RunFold, cfg: dict[str, Any], *, ray_path: str, timeout_s: 
     return result
 
 
-def _drive(run: RayRun, proc: Any, conn: Any, listener: _Listener, samplers: tuple[Sampler, StoreSampler],
-           deadline: float) -> None:
+def _drive(run: RayRun, proc: Any, conn: Any, listener: _Listener, session: Session, deadline: float) -> None:
     """Relay events from the driver and the actor until the run is decided."""
     state = run.state
-    actor_conn: Any = None
-    actor_open = True
-    while True:
-        if actor_conn is None and listener.conn is not None:
-            actor_conn = listener.conn
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            state.result.outcome = "timeout"
-            state.result.error = "the run exceeded its wall-clock limit"
-            return
-        watch = [conn, proc.sentinel] + ([actor_conn] if actor_conn is not None and actor_open else [])
-        ready = wait(watch, timeout=min(remaining, 0.2))
-        if conn in ready:
-            _drain(run, conn, samplers)
-        if actor_conn is not None and actor_conn in ready:
-            actor_open = _drain(run, actor_conn, samplers)
+    conns: dict[str, Any] = {"sender": conn}
+
+    def take_actor() -> None:  # the actor connects once, when it is created: wait on its pipe from then on
+        if "receiver" not in conns and listener.conn is not None:
+            conns["receiver"] = listener.conn
+
+    def decided(dead: list[str], drain: Callable[[str], bool]) -> bool:
         if state.done["sender"] and state.done["receiver"]:
-            return
+            return True
         if any(e.get("phase") == "setup" for e in state.errors):
-            return
+            return True
         if state.done["sender"] and any(e["side"] == "sender" for e in state.errors):
-            return  # the driver's own put failed: nothing reaches the actor
+            return True  # the driver's own put failed: nothing reaches the actor
         if run.receiver_errors_from_driver and not state.done["receiver"]:
-            if actor_conn is not None and actor_open:
-                _drain(run, actor_conn, samplers)
-            return
-        if proc.sentinel in ready and not proc.is_alive():
-            _drain(run, conn, samplers)
-            if actor_conn is not None and actor_open:
-                _drain(run, actor_conn, samplers)
-            return
-
-
-def _drain(run: RayRun, c: Any, samplers: tuple[Sampler, StoreSampler]) -> bool:
-    """Handle every event waiting on ``c``; False once the other end has closed."""
-    try:
-        while c.poll():
-            run.handle(c.recv(), samplers)
-    except (EOFError, OSError):
+            drain("receiver")
+            return True
+        if "sender" in dead:
+            drain("sender")
+            drain("receiver")
+            return True
+        take_actor()
         return False
-    return True
 
-
-# Old private names, kept while the modules named below still import them; use the public names.
+    take_actor()
+    if not session.follow(conns, {"sender": proc}, lambda _name, ev: run.handle(ev, session), deadline, decided,
+                          poll_s=0.2):
+        state.result.outcome = "timeout"
+        state.result.error = "the run exceeded its wall-clock limit"

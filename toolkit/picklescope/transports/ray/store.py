@@ -16,16 +16,12 @@ from __future__ import annotations
 
 import os
 
-from picklescope.core.procmem import StatmReader
-from picklescope.core.result import Timeline
-from picklescope.measure.sampler import Sampler
-
 
 class ShmFileReader:
     """Allocated bytes of one (possibly unlinked) file, through a descriptor we keep open.
 
     Keeping the descriptor open keeps the file's pages alive, so :meth:`close` must run before the
-    run ends (the sampler does it on ``stop``).
+    run ends (the session does it on ``stop``).
     """
 
     def __init__(self, path: str) -> None:
@@ -46,20 +42,6 @@ class ShmFileReader:
             self._fd = -1
 
 
-class StoreSampler(Sampler):
-    """A sampler for readers that are not a process's statm (the plasma file), on the run's clock.
-
-    Kept apart from the sides' sampler so the watchers of that one (budgets, live views) only ever
-    see the two sides.
-    """
-
-    def add_reader(self, name: str, reader: ShmFileReader | StatmReader) -> None:
-        with self._lock:
-            self._readers[name] = reader  # type: ignore[assignment]
-            self.timelines.setdefault(name, Timeline())
-
-
-def store_trace(timeline: Timeline, source: str, capacity: int | None) -> dict:
-    """The JSON-able form kept in ``RunResult.extra["object_store"]``."""
-    return {"t_s": list(timeline.t_s), "bytes": list(timeline.rss_bytes), "source": source,
-            "capacity_bytes": capacity}
+def store_trace(t_s: list[float], values: list[int], source: str | None, capacity: int | None) -> dict:
+    """The JSON-able form kept in ``RunResult.extra["object_store"]`` (the session's store curve)."""
+    return {"t_s": list(t_s), "bytes": list(values), "source": source, "capacity_bytes": capacity}
