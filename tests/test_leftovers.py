@@ -346,3 +346,15 @@ def test_a_local_cluster_whose_starter_is_killed_during_start_up_is_ended(tmp_pa
         if leader is not None:
             for entry in _session_of(leader):
                 os.kill(int(entry.split()[0]), signal.SIGKILL)
+
+
+def test_the_cluster_watcher_starts_on_the_standard_library_alone(tmp_path):
+    """The watcher runs ``cluster.py`` as a script under ``python -S`` (no site-packages, no picklescope on the
+    path): an import of picklescope there would kill it at once and leave a dead starter's cluster running."""
+    from picklescope.transports.ray import cluster
+
+    # a leader that is not running (pid 1 never started at tick 0): the watcher has nothing to do and exits 0
+    p = subprocess.run([sys.executable, "-S", cluster.__file__, str(os.getpid()), "0", "1", "0", ""],
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                       env={"PATH": os.environ.get("PATH", "")})
+    assert p.returncode == 0 and p.stderr == "", p.stderr[-2000:]

@@ -277,7 +277,7 @@ def _run_once(
             if tracer_names:  # tracer "none": no sampling at all (overhead baseline)
                 session.adopt(name, procs[name].pid, role=name)
             guard.add(name, procs[name].pid)
-        _drive(session, state, procs, conns, t0 + timeout_s)
+        _drive(session, state, procs, conns, t0 + timeout_s, killed=lambda: "sender" in guard.kills)
     except BaseException:  # Ctrl-C (or a failure of ours): end the children now, not after their grace
         for p in procs.values():
             p.kill()
@@ -318,8 +318,14 @@ def _run_once(
     return result
 
 
-def _drive(session: Session, state: RunFold, procs: dict[str, Any], conns: dict[str, Any], deadline: float) -> None:
-    """Relay events until both sides are done, one fails, or the deadline passes."""
+def _drive(session: Session, state: RunFold, procs: dict[str, Any], conns: dict[str, Any], deadline: float,
+           killed: Callable[[], bool] = lambda: False) -> None:
+    """Relay events until both sides are done, one fails, or the deadline passes.
+
+    ``killed`` says whether the budget killed the sender. Its "done" can carry an exact peak over the
+    budget that no sample caught (the watchdog kills it on that event), and a killed sender's
+    hand-off must never reach the receiver: the run ends there, as the real OOM kill would end it.
+    """
     go_sent = False
 
     def decided(dead: list[str], drain: Callable[[str], bool]) -> bool:
@@ -327,7 +333,7 @@ def _drive(session: Session, state: RunFold, procs: dict[str, Any], conns: dict[
         if state.errors and not go_sent:
             return True
         if state.done["sender"] and not go_sent:
-            if state.handoff is None:
+            if state.handoff is None or killed():
                 return True
             conns["receiver"].send(Go(type="go", handoff=state.handoff, manifest=state.manifest))
             go_sent = True

@@ -20,8 +20,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from picklescope.core.procmem import kill_until_gone
-
 
 def _stat(pid: int) -> tuple[int, int, int] | None:
     """(ppid, session id, start time in clock ticks) of ``pid``, or None if it is gone."""
@@ -82,9 +80,28 @@ def cluster_processes(session: int | None, not_before: int | None, known: Iterab
 
 
 def kill(pids: Iterable[int], wait_s: float = 10.0) -> list[int]:
-    """SIGKILL every pid and wait until they are gone; returns those that were still alive."""
-    targets = list(pids)
-    return kill_until_gone(lambda: [p for p in targets if _stat(p) is not None and not _is_zombie(p)], wait_s)
+    """SIGKILL every pid and wait until they are gone; returns those that were still alive.
+
+    Not :func:`picklescope.core.procmem.kill_until_gone`: this module is also run as a script by
+    ``python -S`` (the watcher, :func:`watch_main`), which must start in milliseconds with the standard
+    library only, so it imports nothing of picklescope.
+    """
+    alive = []
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            alive.append(pid)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + wait_s
+    pending = set(alive)
+    while pending and time.monotonic() < deadline:
+        for pid in list(pending):
+            if _stat(pid) is None or _is_zombie(pid):
+                pending.discard(pid)
+        if pending:
+            time.sleep(0.02)
+    return alive
 
 
 def stop_all(scan: Callable[[], set[int]], rounds: int = 10) -> tuple[list[int], list[int]]:
