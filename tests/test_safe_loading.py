@@ -473,9 +473,12 @@ def test_notebooks_escape_what_they_put_in_html():
             if not (isinstance(node, ast.Call) and _dotted(node.func) in ("HTML", "display", "Markdown")):
                 continue
             for arg in node.args:
-                # richtext.sentence(text) escapes its text itself: an f-string given to it is plain text
-                plain = {id(n) for c in ast.walk(arg) if isinstance(c, ast.Call) and _dotted(c.func) == "sentence"
-                         for a in c.args for n in ast.walk(a)}
+                # richtext.sentence(text) and table.Table(rows, caption=...) escape their text themselves
+                # (views/table.html_table escapes every cell and the caption): an f-string given to them is
+                # plain text
+                plain = {id(n) for c in ast.walk(arg) if isinstance(c, ast.Call)
+                         and _dotted(c.func) in ("sentence", "table.Table", "Table")
+                         for a in [*c.args, *(k.value for k in c.keywords)] for n in ast.walk(a)}
                 for fs in [n for n in ast.walk(arg) if isinstance(n, ast.JoinedStr) and id(n) not in plain]:
                     for v in fs.values:
                         if isinstance(v, ast.FormattedValue):
