@@ -161,13 +161,9 @@ display(fig)
 # ## The answer
 
 # %%
-def growth(r: ps.NodeResult) -> float | None:
-    """The driver's memory at the end of the last training step minus at the end of the first, in payloads."""
-    ends = [s.driver_bytes for s in r.training_steps]
-    return None if len(ends) < 2 or None in (ends[0], ends[-1]) else (ends[-1] - ends[0]) / payload
-
-
-grew = {codec: growth(off[codec]) for codec in (legacy, fixed)}
+# growth: the driver's memory at the end of the last training step minus at the end of the first
+grew = {codec: None if off[codec].driver_growth_bytes is None else off[codec].driver_growth_bytes / payload
+        for codec in (legacy, fixed)}
 answer = f"With {legacy}, the driver's exact peak was {diff / payload:.2f}x the payload above {fixed}'s"
 if None not in grew.values():
     answer += (f"; with the collector off it grew {grew[legacy]:.2f}x the payload from the end of training step 1 "

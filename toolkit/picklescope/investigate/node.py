@@ -194,6 +194,13 @@ class NodeResult:
             g["peak_bytes"] = max(total.values()) if total else None
         return groups
 
+    @property
+    def driver_growth_bytes(self) -> int | None:
+        """The driver's memory at the end of the last training step minus at the end of the first: what the
+        steps left behind (None with fewer than two ended steps)."""
+        ends = [s.driver_bytes for s in self.training_steps]
+        return None if len(ends) < 2 or None in (ends[0], ends[-1]) else ends[-1] - ends[0]
+
     def step_lines(self) -> list[str]:
         """One line per training step: node and driver above baseline at its end, the growth since step 1."""
         lines = []

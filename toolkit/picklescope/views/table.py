@@ -118,7 +118,6 @@ def node_rows(results: Sequence[Any]) -> list[dict[str, Any]]:
     for r in results:
         p = r.payload_bytes
         ends = [s.driver_bytes for s in r.training_steps]
-        grew = ends[-1] - ends[0] if len(ends) > 1 and None not in (ends[0], ends[-1]) else None
         outcome = r.outcome
         if r.killed is not None:
             k = r.killed
@@ -132,7 +131,7 @@ def node_rows(results: Sequence[Any]) -> list[dict[str, Any]]:
         if r.budget_bytes:
             row["node budget"] = _mult(r.budget_bytes, p)
         row["driver at each step's end"] = ", ".join(_mult(e, p) for e in ends) or "-"
-        row["growth"] = _signed_mult(grew, p)
+        row["growth"] = _signed_mult(r.driver_growth_bytes, p)
         rows.append(row)
     return rows
 
