@@ -130,11 +130,11 @@ def populate_file_mappings() -> bool:
 def kill_until_gone(still_there: Callable[[], Iterable[int]], wait_s: float, poll_s: float = 0.02) -> list[int]:
     """SIGKILL every pid ``still_there()`` lists, ask again, and repeat until it lists none or ``wait_s`` passed.
 
-    The one SIGKILL-and-wait of the package: what must end (a cgroup's processes, a Ray cluster's) may
-    fork while it is being killed, so the caller's ``still_there`` is asked again after each round and
-    says what is left (a cgroup's members, new children included; or the given pids that are neither
-    gone nor zombies, since a zombie holds no memory). Each pid is signalled once. Returns the pids
-    that took the signal, in order.
+    What must end (a cgroup's processes) may fork while it is being killed, so the caller's
+    ``still_there`` is asked again after each round and says what is left (a cgroup's members, new
+    children included). Each pid is signalled once. Returns the pids that took the signal, in order.
+    ``transports/ray/cluster.kill`` keeps a loop of its own: that module also runs as a script under
+    ``python -S``, with the standard library only.
     """
     sent: list[int] = []
     deadline = time.monotonic() + wait_s
