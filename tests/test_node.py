@@ -393,3 +393,29 @@ def test_node_figure_stacks_processes_over_the_store_and_marks_the_kill():
     assert "killed worker-3" in fig.data[-1].text[0]
     ungrouped = figures.node_figure(doc, group_workers=False)
     assert [t.name for t in ungrouped.data][:3] == ["driver", "worker-0", "worker-1"]
+
+
+def test_reproduce_adds_the_node_pair_on_its_ray_cluster_and_its_report_shows_it(cluster, tmp_path):
+    """``picklescope reproduce`` replays one node per codec (legacy, fixed) on the Ray rows' cluster; the
+    pair survives results.json and the report draws it (issue 15, point 6)."""
+    from picklescope.investigate.reproduce import FIXED, LEGACY, NODE_STEPS, NODE_WORKERS, Investigation, investigate
+    from picklescope.views.report import render
+
+    inv = investigate("flowgrpo", 0.05, codecs=(LEGACY, FIXED), transports=("pickle",), headroom=False, trace=None,
+                      repeat=1, ray_address=cluster.address)
+    assert [r.codec for r in inv.nodes] == [LEGACY, FIXED], inv.extra.get("node_note")
+    leg, fix = inv.nodes
+    for r in inv.nodes:
+        assert r.outcome == "ok", r.error
+        assert (r.workers, r.steps) == (NODE_WORKERS, NODE_STEPS)
+        assert r.node.t_s[0] >= (r.baseline_s or 0) - 0.3  # set-up samples are trimmed away
+    p = leg.payload_bytes
+    assert (leg.driver.peak_bytes - fix.driver.peak_bytes) / p >= 0.9  # the legacy copy, in the driver
+
+    back = Investigation.from_dict(json.loads(json.dumps(inv.to_dict())))
+    assert [n.to_json_dict() for n in back.nodes] == [n.to_json_dict() for n in inv.nodes]
+    html = render(back)
+    assert "A whole node over training steps" in html
+    section = html.split("A whole node over training steps", 1)[1].split("<h2>", 1)[0]
+    assert f"{(leg.driver.peak_bytes - fix.driver.peak_bytes) / p:.2f}x payload more" in section
+    assert section.count("data-figure=") == 2 and "Figure unavailable" not in section

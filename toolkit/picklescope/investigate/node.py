@@ -50,7 +50,7 @@ from picklescope.core.units import fmt_bytes, parse_size
 from picklescope.errors import PicklescopeError
 from picklescope.measure import launcher
 from picklescope.measure.child import arm_stack_dump, begin_measure, end_measure, error_event
-from picklescope.measure.session import KillRecord, ProcessRecord, Series, Session, TrainingStep
+from picklescope.measure.session import KillRecord, ProcessRecord, Series, Session, StepRecord, TrainingStep
 
 DISPATCHES = ("chunk", "broadcast")
 GC_MODES = ("default", "off", "each-step")
@@ -163,6 +163,56 @@ class NodeResult:
                                 "driver_full_collections": self.driver_full_collections.get(s.index)}
                                for s in self.training_steps],
         }
+
+    @classmethod
+    def from_json_dict(cls, doc: dict[str, Any]) -> NodeResult:
+        """The result back from its ``--json`` document (results.json keeps node replays as documents), so
+        the tables and the figure draw a saved replay exactly as a fresh one."""
+        n, cfg = doc["node"], doc["node"]["config"]
+        r = cls(doc["codec"], cfg["workload"], cfg["scale"], doc["workers"], doc["steps"], doc["payload_bytes"],
+                cfg["dispatch"], cfg["gc"], cfg["transport"], cfg["returns"], engine=cfg["engine"],
+                enforcement=cfg["enforcement"], cgroup=n.get("cgroup") or {}, engine_info=n.get("engine") or {},
+                outcome=doc["outcome"], error=n.get("error"), budget_bytes=n.get("budget_bytes"),
+                node_baseline_bytes=n.get("baseline_bytes"), node_peak_bytes=n.get("peak_bytes"),
+                node_peak_t_s=n.get("peak_t_s"), at_peak_bytes=n.get("at_peak_bytes") or {},
+                store_peak_bytes=n.get("store_peak_bytes"), store_baseline_bytes=n["store"].get("baseline_bytes"),
+                store_source=n["store"].get("source"), node=Series(n["timeline"]["t_s"], n["timeline"]["bytes"]),
+                store=Series(n["store"]["t_s"], n["store"]["bytes"]), baseline_s=n.get("baseline_s"),
+                max_gap_s=n.get("max_gap_s"), sampler_priority=n.get("sampler_priority", "normal"),
+                wall_s=n.get("wall_s", 0.0), cleanup=n.get("cleanup") or {},
+                full_collections=n.get("full_collections") or {})
+        if doc.get("killed"):
+            k = doc["killed"]
+            r.killed = KillRecord(k["process"], 0, k["t_s"], k["node_bytes"], n.get("budget_bytes") or 0,
+                                  k["training_step"], k["step"], k.get("oom_scores") or {}, k.get("memory_bytes") or {},
+                                  k.get("stack"))
+        for name, p in doc["processes"].items():
+            r.processes[name] = ProcessRecord(
+                name, p["pid"], p["role"], p["node_id"], p["sampled"], p["baseline_bytes"], None, p["peak_bytes"],
+                p["held_bytes"], p["cycle_held_bytes"], [StepRecord(**s) for s in p["steps"]],
+                Series(p["timeline"]["t_s"], p["timeline"]["bytes"]), error=p.get("error"))
+        for s in doc["training_steps"]:
+            r.training_steps.append(TrainingStep(s["index"], s["start_s"], s["end_s"], s["node_bytes"],
+                                                 s["driver_bytes"], s.get("per_process_bytes") or {}))
+            if s.get("driver_full_collections") is not None:
+                r.driver_full_collections[s["index"]] = s["driver_full_collections"]
+        return r
+
+    def trimmed(self, before_s: float = 0.25) -> NodeResult:
+        """A copy whose sampled curves start ``before_s`` before the baseline: the set-up (starting
+        actors, importing torch) is not measured, and its samples would dwarf a saved report."""
+        start = (self.baseline_s or 0.0) - before_s
+
+        def cut(series: Series) -> Series:
+            keep = [i for i, t in enumerate(series.t_s) if t >= start]
+            return Series([series.t_s[i] for i in keep], [series.bytes[i] for i in keep])
+
+        doc = self.to_json_dict()
+        out = NodeResult.from_json_dict(doc)
+        out.node, out.store = cut(self.node), cut(self.store)
+        for name, p in out.processes.items():
+            p.timeline = cut(self.processes[name].timeline)
+        return out
 
     def per_ray_node(self) -> dict[str, dict[str, Any]]:
         """Processes grouped by Ray node id, each group's highest sampled total above its baselines.

@@ -18,9 +18,10 @@ from picklescope.workloads.spec import load_workload
 
 
 def cluster_rows(workload: str, scale: float, codecs: tuple[str, ...], *, ray_address: str | None = None,
-                 progress: Callable[[str], None] | None = None,
+                 progress: Callable[[str], None] | None = None, also: Callable[[str], None] | None = None,
                  **run_kw: Any) -> tuple[list[RunResult], dict[str, Any]]:
-    """(results, cluster info): one ``ray`` run per codec, marked ``role="matrix"``."""
+    """(results, cluster info): one ``ray`` run per codec, marked ``role="matrix"``; then ``also(address)``
+    on the same cluster (the node pair), so it costs no second cluster start."""
     info: dict[str, Any] = {"address": ray_address or "local (started for these rows)"}
 
     def rows(address: str) -> list[RunResult]:
@@ -31,6 +32,8 @@ def cluster_rows(workload: str, scale: float, codecs: tuple[str, ...], *, ray_ad
             r = run(c, "ray", workload, scale, transport_options={"ray_address": address}, **run_kw)
             r.extra["role"] = "matrix"
             out.append(r)
+        if also is not None:
+            also(address)
         return out
 
     if ray_address:

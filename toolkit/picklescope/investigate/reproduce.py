@@ -15,6 +15,7 @@ from picklescope.core.procmem import machine_memory
 from picklescope.core.result import RunResult
 from picklescope.core.units import Size, fmt_bytes, parse_size
 from picklescope.errors import PicklescopeError
+from picklescope.investigate.node import NodeResult, node
 from picklescope.measure import verdicts
 from picklescope.measure.budget import plan as plan_limits
 from picklescope.measure.runner import run
@@ -26,6 +27,7 @@ IN_PROCESS_TRANSPORTS = ("pickle", "pickle5-oob")
 BUILTIN_CODECS = ("torch", "numpy-legacy", "numpy")
 LEGACY, FIXED = "numpy-legacy", "numpy"
 BUDGET_TRANSPORT = "pickle5-oob"  # what Ray does: the transport of the production failure
+NODE_WORKERS, NODE_STEPS = 4, 4  # the node pair: a driver and 4 worker actors over 4 training steps
 REPEAT = 2  # runs of each unbudgeted case: enough to flag a peak that takes two values, see docs/varying_peaks.md
 
 
@@ -45,14 +47,16 @@ class Investigation:
     scale: float
     results: list[RunResult] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    nodes: list[NodeResult] = field(default_factory=list)  # the node pair: legacy and fixed codec, one node each
 
     def to_dict(self) -> dict[str, Any]:
         return {"workload": self.workload, "scale": self.scale, "extra": self.extra,
-                "results": [r.to_dict() for r in self.results]}
+                "results": [r.to_dict() for r in self.results], "nodes": [n.to_json_dict() for n in self.nodes]}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Investigation:
-        return cls(d["workload"], d["scale"], [RunResult.from_dict(r) for r in d["results"]], d.get("extra", {}))
+        return cls(d["workload"], d["scale"], [RunResult.from_dict(r) for r in d["results"]], d.get("extra", {}),
+                   [NodeResult.from_json_dict(n) for n in d.get("nodes", [])])
 
 
 def matrix(
@@ -113,6 +117,7 @@ def investigate(
     ray: bool | None = None,
     ray_address: str | None = None,
     repeat: int = REPEAT,
+    node_pair: bool | None = None,
     **run_kw: Any,
 ) -> Investigation:
     """The main job: the matrix, each case's sender headroom, and one budgeted run per codec.
@@ -122,7 +127,10 @@ def investigate(
 
     ``ray`` (default: when Ray is installed) adds one row per codec over the ``ray`` transport, all
     on one cluster: ``ray_address``, or a local one started and stopped for them (no headroom search
-    or budget for these rows; see :mod:`picklescope.investigate.ray_matrix`).
+    or budget for these rows; see :mod:`picklescope.investigate.ray_matrix`). ``node_pair`` (default: with
+    the Ray rows) then replays a whole node on that cluster for the legacy and the fixed codec (a driver
+    and 4 worker actors over 4 training steps, Python's default collector): what the incident looked
+    like, and ``inv.nodes`` holds both results.
 
     The budgeted runs use ``budget`` (default: halfway between the fixed and the legacy codec's
     headroom) on the sender over pickle5-oob, so the legacy codec is OOM-killed where the fixed one
@@ -152,9 +160,11 @@ def investigate(
     if ray if ray is not None else ray_available():
         from picklescope.investigate.ray_matrix import cluster_rows
 
+        pair = _node_pair(inv, workload, scale, codecs, progress, run_kw.get("timeout_s")) \
+            if node_pair is not False else None
         try:
             rows, inv.extra["ray_cluster"] = cluster_rows(workload, scale, codecs, ray_address=ray_address,
-                                                          progress=progress, **run_kw)
+                                                          progress=progress, also=pair, **run_kw)
             inv.results.extend(rows)
         except PicklescopeError:
             raise  # the user's own input (an unreachable --ray-address) is theirs to fix
@@ -185,6 +195,46 @@ def investigate(
                                     "failed, or the legacy codec did not need more); pass --budget to choose one")
     inv.extra["headline"] = headline(inv)
     return inv
+
+
+def _node_pair(inv: Investigation, workload: str, scale: float, codecs: tuple[str, ...],
+               progress: Callable[[str], None] | None, timeout_s: float | None) -> Callable[[str], None] | None:
+    """The node pair's runner, given the Ray cluster's address; None when the legacy or fixed codec is not
+    among ``codecs``. A replay that fails is kept with its error: it never loses the rest."""
+    if LEGACY not in codecs or FIXED not in codecs:
+        return None
+
+    def pair(address: str) -> None:
+        for c in (LEGACY, FIXED):
+            if progress:
+                progress(f"{c}: a node of {NODE_WORKERS} workers over {NODE_STEPS} training steps")
+            try:
+                r = node(c, workload, scale, NODE_WORKERS, NODE_STEPS, ray_address=address,
+                         **({"timeout_s": timeout_s} if timeout_s else {}))
+            except PicklescopeError as exc:  # e.g. too few rows for 4 workers at this scale
+                inv.extra["node_note"] = f"no node pair: {exc}"
+                return
+            inv.nodes.append(r.trimmed())
+
+    return pair
+
+
+def node_pair_sentence(inv: Investigation) -> str | None:
+    """The node pair's verdict in one sentence: the driver's peak for each codec and their difference."""
+    by = {r.codec: r for r in inv.nodes}
+    if LEGACY not in by or FIXED not in by:
+        return inv.extra.get("node_note")
+    leg, fix = by[LEGACY], by[FIXED]
+    if leg.outcome != "ok" or fix.outcome != "ok":
+        bad = leg if leg.outcome != "ok" else fix
+        return f"node pair: {bad.codec} ended {bad.outcome} ({bad.error or 'no detail'})"
+    p = leg.payload_bytes
+    a, b = leg.driver.peak_bytes, fix.driver.peak_bytes
+    if a is None or b is None or not p:
+        return "node pair: a driver's exact peak is missing"
+    return (f"On a node of a driver and {leg.workers} workers over {leg.steps} training steps, the driver peaked "
+            f"at {fmt_bytes(a)} ({a / p:.2f}x payload) with {LEGACY} and {fmt_bytes(b)} ({b / p:.2f}x) with {FIXED}: "
+            f"{(a - b) / p:.2f}x payload more for the legacy codec.")
 
 
 def matrix_results(inv: Investigation) -> list[RunResult]:

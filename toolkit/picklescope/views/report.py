@@ -20,7 +20,7 @@ from typing import Any
 from picklescope.core.result import RunResult
 from picklescope.core.units import fmt_bytes
 from picklescope.errors import PicklescopeError
-from picklescope.investigate.reproduce import Investigation, budgeted_results, matrix_results
+from picklescope.investigate.reproduce import Investigation, budgeted_results, matrix_results, node_pair_sentence
 from picklescope.measure import verdicts
 from picklescope.views import figures, table
 
@@ -205,6 +205,25 @@ def _environment(env: dict[str, Any]) -> str:
     return "<table>" + "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in rows) + "</table>"
 
 
+def _node_section(inv: Investigation, figs: _Figures) -> str:
+    """The node pair: what the incident looked like (a driver handing every training step's batch to
+    worker actors), for the legacy and the fixed codec, on the Ray rows' cluster."""
+    sentence = node_pair_sentence(inv)
+    if not inv.nodes:
+        return f"<p class='note'>{e(sentence or 'No node replay in these results (it runs with the ray rows).')}</p>"
+    out = ["<p>A driver splits each training step's batch into one chunk per worker actor and sends each chunk as "
+           "a Ray call argument (the chunk's <code>__getstate__</code> runs in the driver); the workers answer with a "
+           "small result that the driver joins back together. Memory is above each process's own baseline, as a "
+           "multiple of the whole batch's payload.</p>"]
+    if sentence:
+        out.append(f"<p class='headline'>{e(sentence)}</p>")
+    out.append(_table(table.node_rows(inv.nodes)))
+    for r in inv.nodes:
+        out.append(figs.block(figures.node_figure, r, caption=f"{r.codec}: the node's memory by process, stacked, "
+                              "with the object store and one band per training step."))
+    return "\n".join(out)
+
+
 def render(inv: Investigation) -> str:
     """The whole report as one HTML string (plotly.js inlined)."""
     from plotly.offline import get_plotlyjs
@@ -252,6 +271,9 @@ def render(inv: Investigation) -> str:
                      "its worst exact peak and confirmed by one run just above (survives) and one just below (killed, "
                      "unless that run drew a smaller value of a varying peak), to 2% of the payload.</p>")
         parts.append(_table(hr))
+
+    parts.append("<h2>A whole node over training steps</h2>")
+    parts.append(_node_section(inv, figs))
 
     parts.append("<h2>Timelines of the unbudgeted runs</h2>")
     for r in matrix:

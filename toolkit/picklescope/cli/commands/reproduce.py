@@ -1,8 +1,10 @@
 """``picklescope reproduce``: the main job, from the matrix to a shareable postmortem.
 
 Every codec x transport on the default workload, the sender headroom of each, and one budgeted run
-per codec at a sender budget between what the fixed and the legacy codec need; prints the table and
-writes ``DIR/results.json`` and ``DIR/report.html`` (one self-contained file that opens offline).
+per codec at a sender budget between what the fixed and the legacy codec need; with Ray, one row per
+codec over the ``ray`` transport and a node pair on that cluster (a driver and 4 worker actors over 4
+training steps, legacy then fixed codec). Prints the tables and writes ``DIR/results.json`` and
+``DIR/report.html`` (one self-contained file that opens offline).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from picklescope.investigate.reproduce import (
     default_scale,
     investigate,
     matrix_results,
+    node_pair_sentence,
 )
 from picklescope.measure.budget import plan
 from picklescope.views import table
@@ -52,6 +55,9 @@ def register(sub: Any) -> None:
     p.add_argument("--timeout", type=seconds, default=None, help="wall-clock limit per run in seconds")
     p.add_argument("--no-ray", action="store_true", help="skip the rows over the ray transport (added when Ray "
                                                           "is installed)")
+    p.add_argument("--no-node", action="store_true",
+                   help="skip the node pair (a driver and 4 worker actors over 4 training steps, legacy and fixed "
+                        "codec) that runs on the ray rows' cluster")
     p.add_argument("--ray-address", dest="ray_cluster", default=None,
                    help="run the ray rows on this cluster (host:port) instead of a local one started for them")
     add_handoff_arg(p)
@@ -68,7 +74,8 @@ def main(args: argparse.Namespace) -> int:
         plan(parse_size(args.budget, "--budget"), None, load_workload(args.workload).payload_bytes(scale))
     out = prepare_out_dir(args.out, args.force)
     n = len(BUILTIN_CODECS) * len(IN_PROCESS_TRANSPORTS)
-    total = n * (1 if args.no_headroom else 3) + len(BUILTIN_CODECS) + (0 if args.no_trace else 1)
+    ray_runs = 0 if args.no_ray else len(BUILTIN_CODECS) + (0 if args.no_node else 2)
+    total = (n * (1 if args.no_headroom else 3) + len(BUILTIN_CODECS) + (0 if args.no_trace else 1) + ray_runs)
     bar = tqdm(total=total, desc="reproduce", unit="run",
                file=sys.stderr, leave=False, dynamic_ncols=True)
     started = [0]
@@ -86,6 +93,7 @@ def main(args: argparse.Namespace) -> int:
         inv = investigate(args.workload, args.scale, args.budget, headroom=not args.no_headroom,
                           trace=None if args.no_trace else "all", progress=progress, command=command,
                           ray=False if args.no_ray else None, ray_address=args.ray_cluster, repeat=args.repeat,
+                          node_pair=not args.no_node,
                           **run_kwargs(args))
         bar.update(1)
         bar.total = bar.n
@@ -101,6 +109,12 @@ def main(args: argparse.Namespace) -> int:
     ray_error = (inv.extra.get("ray_cluster") or {}).get("error")
     if ray_error:
         print(f"ray rows: not measured, the local Ray cluster did not start ({ray_error})")
+    if inv.nodes:
+        print()
+        print(table.render(table.node_rows(inv.nodes)))
+    pair = node_pair_sentence(inv)
+    if pair:
+        print(pair)
     budgeted = budgeted_results(inv)
     if budgeted:
         print()
