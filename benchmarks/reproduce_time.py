@@ -32,13 +32,14 @@ def one(extra: list[str]) -> dict:
                            capture_output=True, text=True)
         wall = time.monotonic() - t0
         load_after = os.getloadavg()
-        runs = None
+        runs = nodes = None
         if p.returncode == 0:
             with open(os.path.join(out, "results.json")) as f:
                 d = json.load(f)
             runs = len(d["results"]) + sum(len((r["extra"].get("headroom_detail") or {}).get("runs", []))
                                            for r in d["results"])
-    return {"wall_s": round(wall, 2), "returncode": p.returncode, "runs": runs,
+            nodes = len(d.get("nodes", []))
+    return {"wall_s": round(wall, 2), "returncode": p.returncode, "runs": runs, "node_replays": nodes,
             "load_before": [round(x, 2) for x in load_before], "load_after": [round(x, 2) for x in load_after],
             "headline": p.stdout.strip().splitlines()[-2] if p.returncode == 0 else p.stderr[-500:]}
 
@@ -50,7 +51,8 @@ def main() -> int:
     args = ap.parse_args()
     rows = [one(args.extra) for _ in range(args.repeat)]
     for r in rows:
-        print(f"reproduce: {r['wall_s']} s, {r['runs']} runs, load average before {r['load_before'][0]} "
+        print(f"reproduce: {r['wall_s']} s, {r['runs']} runs and {r['node_replays']} node replays, "
+              f"load average before {r['load_before'][0]} "
               f"after {r['load_after'][0]} on {os.cpu_count()} CPUs (rc {r['returncode']})")
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "reproduce_time.json"

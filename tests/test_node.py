@@ -417,5 +417,5 @@ def test_reproduce_adds_the_node_pair_on_its_ray_cluster_and_its_report_shows_it
     html = render(back)
     assert "A whole node over training steps" in html
     section = html.split("A whole node over training steps", 1)[1].split("<h2>", 1)[0]
-    assert f"{(leg.driver.peak_bytes - fix.driver.peak_bytes) / p:.2f}x payload more" in section
+    assert f"({(leg.driver.peak_bytes - fix.driver.peak_bytes) / p:.2f}x payload) higher with {LEGACY}" in section
     assert section.count("data-figure=") == 2 and "Figure unavailable" not in section

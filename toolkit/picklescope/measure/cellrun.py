@@ -37,6 +37,7 @@ from picklescope.core.units import fmt_bytes
 from picklescope.errors import PicklescopeError
 from picklescope.measure import launcher, verdicts
 from picklescope.measure.budget import Limits, check_machine, machine_reserve
+from picklescope.measure.child import begin_measure, end_measure
 from picklescope.measure.runner import RunFold
 from picklescope.measure.session import Session
 from picklescope.measure.watchdog import Watchdog
@@ -94,10 +95,7 @@ def cell_main(conn: Any, cfg: dict[str, Any]) -> None:
     gc.collect()
     conn.send(Ready(type="ready", side=SIDE, pid=os.getpid(), import_errors=import_errors))
     tracing = ChildTracing(list(cfg["tracers"]), ChildContext(SIDE, cfg["run_dir"], cfg["t0"]), conn.send)
-    meter = steps.Meter(tracing.sink, cfg["t0"], SIDE)
-    steps.install(meter)
-    tracing.start()  # before the baseline: a tracer's fixed cost is not the cell's
-    meter.start()
+    meter = begin_measure(steps.Meter(tracing.sink, cfg["t0"], SIDE), tracing)
     error: Error | None = None
     try:
         with steps.step(SIDE):
@@ -105,16 +103,9 @@ def cell_main(conn: Any, cfg: dict[str, Any]) -> None:
     except BaseException as exc:  # noqa: BLE001 - the cell's own failure is the result, not a crash
         error = Error(type="error", side=SIDE, exc_type=type(exc).__name__, message=str(exc),
                       traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__.tb_next)))
-    peak = meter.finish()
-    steps.install(None)
-    tracing.stop()
-    before = procmem.rss()
-    gc.collect()
-    after = procmem.rss()
-    if error:
-        conn.send(error)
-    conn.send(Done(type="done", side=SIDE, peak_bytes=peak, held_bytes=before - meter.baseline,
-                   cycle_held_bytes=before - after, baseline_bytes=meter.baseline, t_s=meter.now()))
+    m = end_measure(conn, meter, error, tracing=tracing)
+    conn.send(Done(type="done", side=SIDE, peak_bytes=m.peak_bytes, held_bytes=m.held_bytes,
+                   cycle_held_bytes=m.cycle_held_bytes, baseline_bytes=m.baseline_bytes, t_s=meter.now()))
     try:
         conn.recv()  # stay alive (and sampled) until the parent lets go
     except EOFError:

@@ -214,7 +214,9 @@ def _node_section(inv: Investigation, figs: _Figures) -> str:
     out = ["<p>A driver splits each training step's batch into one chunk per worker actor and sends each chunk as "
            "a Ray call argument (the chunk's <code>__getstate__</code> runs in the driver); the workers answer with a "
            "small result that the driver joins back together. Memory is above each process's own baseline, as a "
-           "multiple of the whole batch's payload.</p>"]
+           "multiple of the whole batch's payload. A <i>driver peak</i> is the kernel's exact high-water mark, which "
+           "also counts the object-store pages the driver writes each chunk into (the same for both codecs): compare "
+           "it between the rows. The figures stack each process's private memory and the store, counted once.</p>"]
     if sentence:
         out.append(f"<p class='headline'>{e(sentence)}</p>")
     out.append(_table(table.node_rows(inv.nodes)))

@@ -111,6 +111,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"ray rows: not measured, the local Ray cluster did not start ({ray_error})")
     if inv.nodes:
         print()
+        print("a whole node (a driver and worker actors on the ray rows' cluster), memory above each process's "
+              "baseline:")
         print(table.render(table.node_rows(inv.nodes)))
     pair = node_pair_sentence(inv)
     if pair:
