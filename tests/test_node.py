@@ -395,9 +395,10 @@ def test_node_figure_stacks_processes_over_the_store_and_marks_the_kill():
     assert [t.name for t in ungrouped.data][:3] == ["driver", "worker-0", "worker-1"]
 
 
-def test_reproduce_adds_the_node_pair_on_its_ray_cluster_and_its_report_shows_it(cluster, tmp_path):
-    """``picklescope reproduce`` replays one node per codec (legacy, fixed) on the Ray rows' cluster; the
-    pair survives results.json and the report draws it (issue 15, point 6)."""
+def test_reproduce_replays_the_node_pair_on_one_node_of_its_ray_cluster_and_its_report_shows_it(cluster):
+    """``picklescope reproduce`` replays the legacy, then the fixed codec on the same driver and worker
+    actors (``node_series``) of the Ray rows' cluster; the pair survives results.json and the report
+    draws it (issue 15, point 6)."""
     from picklescope.investigate.reproduce import FIXED, LEGACY, NODE_STEPS, NODE_WORKERS, Investigation, investigate
     from picklescope.views.report import render
 
@@ -409,13 +410,48 @@ def test_reproduce_adds_the_node_pair_on_its_ray_cluster_and_its_report_shows_it
         assert r.outcome == "ok", r.error
         assert (r.workers, r.steps) == (NODE_WORKERS, NODE_STEPS)
         assert r.node.t_s[0] >= (r.baseline_s or 0) - 0.3  # set-up samples are trimmed away
+    assert {n: q.pid for n, q in leg.processes.items()} == {n: q.pid for n, q in fix.processes.items()}
     p = leg.payload_bytes
-    assert (leg.driver.peak_bytes - fix.driver.peak_bytes) / p >= 0.9  # the legacy copy, in the driver
+    # the driver's own memory at each step's end (the driver's own kernel reading): the fixed codec keeps
+    # nothing; the legacy one at least one chunk's discarded copy (with Python's collector on, only one
+    # chunk's copy is certain: a young collection can free the others first)
+    assert max(s.driver_bytes for s in fix.training_steps) < 0.1 * p
+    assert max(s.driver_bytes for s in leg.training_steps) >= 0.9 * p / NODE_WORKERS
 
     back = Investigation.from_dict(json.loads(json.dumps(inv.to_dict())))
     assert [n.to_json_dict() for n in back.nodes] == [n.to_json_dict() for n in inv.nodes]
     html = render(back)
     assert "A whole node over training steps" in html
     section = html.split("A whole node over training steps", 1)[1].split("<h2>", 1)[0]
+    own = leg.own_peak_bytes() / p, fix.own_peak_bytes() / p
+    assert f"peaked at {own[0]:.2f}x payload with {LEGACY} and {own[1]:.2f}x with {FIXED}" in section
     assert f"({(leg.driver.peak_bytes - fix.driver.peak_bytes) / p:.2f}x payload) higher with {LEGACY}" in section
     assert section.count("data-figure=") == 2 and "Figure unavailable" not in section
+
+
+def test_a_series_replays_each_codec_on_the_same_processes_from_a_clean_start(cluster):
+    """``node_series``: the second replay runs on the first one's driver and workers, on a clock of its own,
+    and starts from what the first left given back: with the collector off the legacy driver grows about
+    a payload per step in both replays, and the second does not start with the first one's cycles."""
+    from picklescope.investigate.node import node_series
+
+    first, second = node_series(("numpy-legacy", "numpy-legacy"), "flowgrpo", 0.05, 2, 3, gc="off",
+                                ray_address=cluster.address)
+    assert first.outcome == second.outcome == "ok", (first.error, second.error)
+    assert {n: q.pid for n, q in first.processes.items()} == {n: q.pid for n, q in second.processes.items()}
+    assert second.baseline_s < first.baseline_s  # its own clock: no actors to start
+    p = first.payload_bytes
+    ends = [[s.driver_bytes / p for s in r.training_steps] for r in (first, second)]
+    for r, e in zip((first, second), ends):
+        assert e[-1] - e[0] >= 1.7, e  # two steps' copies, kept by their cycles
+        assert r.driver.cycle_held_bytes >= 1.7 * p, r.driver.cycle_held_bytes / p  # gc.collect() at the end
+    # the second replay's first step ends where the first one's did, not on top of its three steps' copies
+    assert abs(ends[1][0] - ends[0][0]) < 0.5, ends
+
+
+def test_a_series_of_verl_codecs_is_refused_in_one_line():
+    from picklescope.errors import PicklescopeError
+    from picklescope.investigate.node import node_series
+
+    with pytest.raises(PicklescopeError, match="run picklescope node once per verl codec"):
+        node_series(("verl-0.9.0:numpy", "verl-0.9.1:numpy"), "tiny", 1.0, 2, 2)

@@ -26,6 +26,7 @@ import signal
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import psutil
@@ -193,8 +194,11 @@ class RunTracker:
             except psutil.Error:
                 continue
 
-    def end(self) -> list[int]:
-        """Kill whatever of the run is still alive and remove its cgroup; returns the pids killed."""
+    def end(self, keep: Callable[[], set[int]] | None = None) -> list[int]:
+        """Kill whatever of the run is still alive and remove its cgroup; returns the pids killed.
+
+        ``keep`` names the parent's own live children (other runs' sides), which an orphan sweep of the
+        forkserver's children must spare; without it, every live ``multiprocessing`` child is spared."""
         from picklescope.core import cgroup
 
         killed: list[int] = []
@@ -211,11 +215,11 @@ class RunTracker:
             cgroup.remove(self.path)
             self.path = None
         else:
-            killed += _kill_adopted()
+            killed += _kill_adopted(keep)
         return killed
 
 
-def _kill_adopted() -> list[int]:
+def _kill_adopted(keep: Callable[[], set[int]] | None = None) -> list[int]:
     """Kill the orphans the forkserver adopted (:mod:`picklescope.measure.forkserver_setup`): its children that are
     no live process of this parent's. Only used where no tracking cgroup exists."""
     import multiprocessing
@@ -224,7 +228,7 @@ def _kill_adopted() -> list[int]:
     pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
     if pid is None:
         return []
-    ours = {p.pid for p in multiprocessing.active_children()}
+    ours = keep() if keep is not None else {p.pid for p in multiprocessing.active_children()}
     killed = []
     try:
         adopted = [p for p in psutil.Process(pid).children() if p.pid not in ours]

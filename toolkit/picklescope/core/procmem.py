@@ -87,6 +87,23 @@ class StatmReader:
             self._fd = -1
 
 
+def trim_heap() -> bool:
+    """Give the memory glibc's allocator holds free back to the kernel (``malloc_trim(0)``).
+
+    glibc keeps freed heap pages resident for reuse; a measurement that starts after earlier work in
+    the same process (a traced line after set-up, the next replay of a node series) would otherwise see
+    an allocation land in pages already counted, and RSS would not show what it really needs.
+    Returns False where there is no glibc.
+    """
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        return True
+    except (OSError, AttributeError):
+        return False
+
+
 def machine_memory() -> dict[str, int]:
     """Total and available memory of the machine (bytes), from ``/proc/meminfo``."""
     out: dict[str, int] = {}

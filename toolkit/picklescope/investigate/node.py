@@ -30,7 +30,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Listener
 from typing import Any
@@ -244,6 +244,17 @@ class NodeResult:
             g["peak_bytes"] = max(total.values()) if total else None
         return groups
 
+    def own_peak_bytes(self, name: str = "driver") -> int | None:
+        """The highest sample of ``name``'s private memory above its baseline (the object store's pages
+        apart): sampled at about 1 ms, so it can miss a spike shorter than that, but unlike the exact
+        peak it never counts store pages the process maps."""
+        rec = self.processes.get(name)
+        if rec is None or rec.baseline_bytes is None:
+            return None
+        start = self.baseline_s if self.baseline_s is not None else float("-inf")
+        values = [v for t, v in zip(rec.timeline.t_s, rec.timeline.bytes) if t >= start]
+        return max(values) - rec.baseline_bytes if values else None
+
     @property
     def driver_growth_bytes(self) -> int | None:
         """The driver's memory at the end of the last training step minus at the end of the first: what the
@@ -369,16 +380,46 @@ def node(codec: str = "numpy", workload: str = "flowgrpo", scale: float = DEFAUL
     ``enforcement="cgroup"`` the whole cluster runs in one memory cgroup limited to its usage at the
     baseline plus the budget, and the kernel's OOM killer picks and kills the victim itself.
     """
+    return node_series((codec,), workload, scale, workers, steps, returns=returns, dispatch=dispatch, gc=gc,
+                       transport=transport, node_budget=node_budget, ray_address=ray_address,
+                       worker_resources=worker_resources, spread=spread, engine=engine, enforcement=enforcement,
+                       timeout_s=timeout_s, sample_interval_s=sample_interval_s, on_event=on_event)[0]
+
+
+def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float = DEFAULT_SCALE, workers: int = 4,
+                steps: int = 4, *, returns: float | None = None, dispatch: str = "chunk", gc: str = "default",
+                transport: str = "ray-arg", node_budget: Any = None, ray_address: str | None = None,
+                worker_resources: dict[str, float] | None = None, spread: bool = False, engine: str = "replica",
+                enforcement: str = "watchdog", timeout_s: float = 900.0, sample_interval_s: float = 0.001,
+                on_event: Any = None) -> list[NodeResult]:
+    """One replay per codec, one after the other, on the same driver and worker actors; one result each.
+
+    Starting a node is most of its cost (each worker imports torch, tensordict and Ray), so comparing
+    codecs on one set of processes (``reproduce``'s node pair) saves that start for every codec after the
+    first. So that every replay starts from the same state, each one is preceded by one unmeasured
+    training step with its own codec (the store pages and allocator arenas it leaves are part of every
+    replay's baseline, docs/node.md says what that means for the figures) and a full collection with the
+    freed heap given back; then its own baseline, its own clock (``t_s`` from its own start) and its
+    own session. A series needs codecs one process can switch between: the built-in ones. A replay that
+    does not end ``ok`` ends the series; the replays after it say so. Every option applies to each replay.
+    """
     from picklescope.workloads.spec import load_workload
 
-    _check(codec, workers, steps, dispatch, gc, transport, returns, engine)
+    codecs = tuple(codecs)
+    if not codecs:
+        raise PicklescopeError("a node series needs at least one codec", "name one, e.g. ('numpy-legacy', 'numpy')")
+    if len(codecs) > 1 and (engine != "replica" or any(c.startswith("verl-") for c in codecs)):
+        raise PicklescopeError("a node series switches codecs inside its processes, which real verl's codecs "
+                               "cannot (each loads its own verl)", "run picklescope node once per verl codec")
+    for codec in codecs:
+        _check(codec, workers, steps, dispatch, gc, transport, returns, engine)
     wl = load_workload(workload)
     payload = wl.payload_bytes(scale)
     rows = wl.rows(scale)
     if dispatch == "chunk" and rows < workers:
         raise PicklescopeError(f"{rows} rows cannot be chunked among {workers} workers",
                                "use fewer workers or a larger --scale")
-    if codec.startswith("verl-") and dispatch == "chunk" and rows % workers:
+    if any(c.startswith("verl-") for c in codecs) and dispatch == "chunk" and rows % workers:
         raise PicklescopeError(f"verl's DataProto.chunk needs the {rows} rows to divide among {workers} workers",
                                "choose a worker count that divides the batch")
     if engine == "verl" and (worker_resources or spread):
@@ -402,15 +443,15 @@ def node(codec: str = "numpy", workload: str = "flowgrpo", scale: float = DEFAUL
         # store makes Ray call gc.collect() in every process, which --gc off must not get by accident
         room = max(room, (min(steps, 16) + 1) * payload * (workers if dispatch == "broadcast" else 1))
     store = object_store_bytes(payload, int(room + (returns or 0) * payload + 64 * 2**20))
-    result = NodeResult(codec, wl.name, scale, workers, steps, payload, dispatch, gc, transport, returns,
-                        engine=engine, enforcement=enforcement, budget_bytes=budget)
+    results = [NodeResult(codec, wl.name, scale, workers, steps, payload, dispatch, gc, transport, returns,
+                          engine=engine, enforcement=enforcement, budget_bytes=budget) for codec in codecs]
     accepter = _Accepter(run_dir)
     from picklescope.transports.ray.orchestrate import ray_env
 
-    cfg = {"codec": codec, "workload": wl.source or wl.name, "scale": scale,
+    cfg = {"codec": codecs[0], "workload": wl.source or wl.name, "scale": scale,
            "workers": workers, "steps": steps, "returns": returns, "dispatch": dispatch, "gc": gc,
            "transport": transport, "engine": engine, "ray_path": "arg", "ray_address": ray_address,
-           "ray_temp_dir": ray_tmp,
+           "ray_temp_dir": ray_tmp, "warm_up": "step" if len(codecs) > 1 else "row",
            "object_store_bytes": store, "run_dir": run_dir, "t0": t0,
            "t0_wall": time.time() - (time.monotonic() - t0), "machine": machine_id(),
            "events_address": accepter.listener.address, "events_key": accepter.key.hex(),
@@ -423,41 +464,84 @@ def node(codec: str = "numpy", workload: str = "flowgrpo", scale: float = DEFAUL
         cg_path = cgroup.create(cgroup_base, f"{temp_name('picklescope-')}node{os.urandom(3).hex()}")
         cfg["cgroup"] = cg_path
         cfg["ray_env"]["RAY_memory_monitor_refresh_ms"] = "0"  # the kernel decides, not Ray's monitor
-        result.cgroup = {"path": cg_path}
-    session = Session(t0, run_dir, sample_interval_s, None if cg_path else budget).start()
+        for r in results:
+            r.cgroup = {"path": cg_path}
     proc = conn = None
     driver_start = None
-    tracking: dict[str, Any] = {"cluster_pids": {}, "cgroup": cg_path, "budget": budget}
+    tracking: dict[str, Any] = {"cluster_pids": {}, "cgroup": cg_path, "budget": budget, "hellos": {},
+                                "names": {}, "worker_conns": {}, "conns": []}
+    session: Session | None = None
+    current = results[0]
     try:
         proc, conn = launcher.start(driver_main, (cfg,), "picklescope-node-driver")
         from picklescope.transports.ray import cluster
 
         driver_start = cluster.start_ticks(proc.pid)
-        session.adopt("driver", proc.pid, role="driver")
-        _follow(session, result, proc, conn, accepter, tracking, t0 + timeout_s, on_event)
-        _check_cgroup_kill(session, result, tracking)  # a kill whose consequences ended the run first
+        for i, result in enumerate(results):
+            current = result
+            start = t0
+            if i:
+                start = time.monotonic()
+                conn.send({"type": "next", "codec": result.codec, "t0": start,
+                           "t0_wall": time.time() - (time.monotonic() - start)})
+            session = Session(start, run_dir, sample_interval_s, None if cg_path else budget).start()
+            session.adopt("driver", proc.pid, role="driver")
+            _adopt_known(session, result, tracking)
+            tracking["finished"] = False
+            _follow(session, result, proc, conn, accepter, tracking, start + timeout_s, on_event)
+            _check_cgroup_kill(session, result, tracking)  # a kill whose consequences ended the run first
+            session.stop()
+            _settle(session, result)
+            session = None
+            result.wall_s = time.monotonic() - start
+            if result.outcome != "ok" or not tracking["finished"]:
+                for later in results[i + 1:]:
+                    later.outcome = "error"
+                    later.error = f"not replayed: the {result.codec} replay before it ended {result.outcome}"
+                break
     except KeyboardInterrupt:
-        result.outcome, result.error = "interrupted", "interrupted (Ctrl-C); every process was stopped"
+        current.outcome, current.error = "interrupted", "interrupted (Ctrl-C); every process was stopped"
         raise
     finally:
-        session.stop()
-        _cleanup(result, proc, conn, driver_start, tracking, cfg)
+        if session is not None:
+            session.stop()
+            _settle(session, current)
+        _cleanup(current, proc, conn, driver_start, tracking, cfg)
         accepter.close()
         for c in tracking.get("conns", []):
             c.close()
         if cg_path is not None:
-            _remove_cgroup(cg_path, result)
+            _remove_cgroup(cg_path, current)
         tracking["driver_log"] = _tail(os.path.join(run_dir, DRIVER_LOG))
         shutil.rmtree(run_dir, ignore_errors=True)
         if ray_tmp:
             shutil.rmtree(ray_tmp, ignore_errors=True)
-    _settle(session, result)
-    if result.outcome in ("error", "timeout") and tracking.get("driver_log"):
-        result.notes.append("the driver's own output ended with:\n" + tracking["driver_log"])
-    result.wall_s = time.monotonic() - t0
+    for r in results:
+        if r.outcome in ("error", "timeout") and tracking.get("driver_log") and \
+                not (r.error or "").startswith("not replayed"):
+            r.notes.append("the driver's own output ended with:\n" + tracking["driver_log"])
+        r.cleanup = current.cleanup
+    if len(results) == 1:
+        results[0].wall_s = time.monotonic() - t0  # set-up, the replay and the clean-up
     if tracking.get("bad_input"):
         raise PicklescopeError(*tracking["bad_input"])
-    return result
+    return results
+
+
+def _adopt_known(session: Session, result: NodeResult, tracking: dict[str, Any]) -> None:
+    """A later replay's session: the workers (they said hello to an earlier one) and the object store."""
+    for name, hello in tracking["hellos"].items():
+        from picklescope.transports.ray.events import machine_id
+
+        session.adopt(name, hello["pid"], role="worker", node_id=hello.get("node_id"),
+                      sampled=hello.get("machine") == machine_id())
+    if tracking.get("ray_info") is not None:
+        _attach_store(session, tracking["ray_info"], result)
+        rec = session.processes.get("driver")
+        if rec is not None:
+            rec.node_id = tracking["ray_info"].get("node_id")
+    if tracking.get("engine_info") is not None:
+        result.engine_info = tracking["engine_info"]
 
 
 def _tail(path: str, limit: int = 3000) -> str:
@@ -574,17 +658,16 @@ def _own_ticks() -> int | None:
 
 def _follow(session: Session, result: NodeResult, proc: Any, conn: Any, accepter: _Accepter,
             tracking: dict[str, Any], deadline: float, on_event: Callable[[Event], None] | None) -> None:
-    """Relay the driver's and the workers' events into the session until the run is decided."""
-    names: dict[Any, str] = {}
-    tracking["conns"] = []
-    conns: dict[str, Any] = {"driver": conn}
+    """Relay the driver's and the workers' events into the session until the replay is decided."""
+    names: dict[Any, str] = tracking["names"]  # a worker's pipe -> its name (from its hello), for every replay
+    conns: dict[str, Any] = {"driver": conn, **tracking["worker_conns"]}
     state: dict[str, Any] = {"finished": False, "killed_at": None}
 
     def handle(key: str, ev: Event) -> None:
         if key == "driver":
             state["finished"] |= _on_driver(session, result, conn, ev, tracking)
         else:
-            _on_worker(session, result, names, conns[key], ev)
+            _on_worker(session, result, names, conns[key], ev, tracking)
         if on_event is not None:
             on_event(ev)
 
@@ -592,7 +675,8 @@ def _follow(session: Session, result: NodeResult, proc: Any, conn: Any, accepter
         for c in accepter.take():
             tracking["conns"].append(c)
             names[c] = ""
-            conns[f"conn{len(tracking['conns'])}"] = c  # named by its hello, in names
+            key = f"conn{len(tracking['conns'])}"  # named by its hello, in names
+            conns[key] = tracking["worker_conns"][key] = c
         _check_cgroup_kill(session, result, tracking)
         now = time.monotonic()
         if session.kill is not None and state["killed_at"] is None:
@@ -621,6 +705,7 @@ def _on_driver(session: Session, result: NodeResult, conn: Any, ev: Event, track
     kind = ev.get("type")
     if kind == "ray_info":
         tracking["cluster_pids"] = ev.get("pids", {})
+        tracking["ray_info"] = ev
         _attach_store(session, ev, result)
         rec = session.processes.get("driver")
         if rec is not None:
@@ -628,7 +713,7 @@ def _on_driver(session: Session, result: NodeResult, conn: Any, ev: Event, track
     elif kind == "note":
         result.notes.append(ev["message"])
     elif kind == "engine":
-        result.engine_info = ev["info"]
+        result.engine_info = tracking["engine_info"] = ev["info"]
     elif kind in ("done", "train_step_end") and ev.get("full_collections") is not None:
         if kind == "done":
             result.full_collections["driver"] = ev["full_collections"]
@@ -656,11 +741,13 @@ def _on_driver(session: Session, result: NodeResult, conn: Any, ev: Event, track
     return False
 
 
-def _on_worker(session: Session, result: NodeResult, names: dict[Any, str], c: Any, ev: dict[str, Any]) -> None:
+def _on_worker(session: Session, result: NodeResult, names: dict[Any, str], c: Any, ev: dict[str, Any],
+               tracking: dict[str, Any]) -> None:
     if ev.get("type") == "hello":
         from picklescope.transports.ray.events import machine_id
 
         names[c] = ev["name"]
+        tracking["hellos"][ev["name"]] = ev
         session.adopt(ev["name"], ev["pid"], role="worker", node_id=ev.get("node_id"),
                       sampled=ev.get("machine") == machine_id())
         return
@@ -994,7 +1081,7 @@ def _result_shape(batch: Any, rows: int, payload: int, returns: float | None) ->
 
 
 def _drive(conn: Any, cfg: dict[str, Any]) -> None:
-    from picklescope.transports.ray import events, hooks
+    from picklescope.transports.ray import hooks
     from picklescope.transports.ray.driver import cluster_info, init_ray, restore_priority
     from picklescope.workloads.spec import load_workload
 
@@ -1036,15 +1123,35 @@ def _drive(conn: Any, cfg: dict[str, Any]) -> None:
     # A small call per worker during set-up: first-call costs (lazy imports on both ends,
     # Ray's first object-store mapping) land in the baselines, not in training step 1.
     engine.warm(whole)
+    while True:
+        if not _replay(conn, cfg, engine, whole):
+            return
+        msg = _wait(conn)
+        if not isinstance(msg, dict) or msg.get("type") != "next":
+            return  # the parent's release (or its end): the Ray session ends in driver_main
+        cfg = {**cfg, "codec": msg["codec"], "t0": msg["t0"], "t0_wall": msg["t0_wall"]}
+        engine.switch(_Data(cfg["codec"]), cfg)
+
+
+def _replay(conn: Any, cfg: dict[str, Any], engine: Any, whole: Any) -> bool:
+    """One measured replay of ``cfg["steps"]`` training steps; False if the parent went away before it began."""
+    from picklescope.transports.ray import events
+
+    series = cfg.get("warm_up") == "step"
+    if series:  # every replay of a series starts after one unmeasured step of its own codec
+        engine.step(whole)
     engine.arm()
+    gc.enable()
     gc.collect()
+    if series:  # and with what the previous replay (or the warm-up) freed given back, as in the workers
+        procmem.trim_heap()
     _apply_gc(cfg["gc"])
     _count_full_collections()
     meter = begin_measure(steps.Meter(events.with_shared(conn.send), cfg["t0"], "driver"))
     private_base = _private_bytes()
     conn.send(Ready(type="ready", side="driver"))
     if _wait(conn) is None:
-        return
+        return False
     for k in range(1, cfg["steps"] + 1):
         conn.send({"type": "train_step_start", "index": k, "t_s": meter.now()})
         engine.step(whole)
@@ -1059,11 +1166,11 @@ def _drive(conn: Any, cfg: dict[str, Any]) -> None:
         engine.finish()  # the workers end their own measured phase
         return full
 
-    m = end_measure(conn, meter, None, read_at_end=at_end)
+    m = end_measure(conn, meter, None, read_at_end=at_end, trim=series)
     conn.send({"type": "done", "side": "driver", "peak_bytes": m.peak_bytes, "held_bytes": m.held_bytes,
                "cycle_held_bytes": m.cycle_held_bytes, "t_s": m.end_t, "full_collections": m.at_end})
     conn.send({"type": "finished"})
-    _wait(conn)
+    return True
 
 
 def _start_ray(conn: Any, cfg: dict[str, Any], init: Any, attempts: int = 3) -> None:
@@ -1166,6 +1273,11 @@ class _ReplicaEngine:
     def finish(self) -> None:
         self.ray.get([w.finish.remote() for w in self.workers])
 
+    def switch(self, data: _Data, cfg: dict[str, Any]) -> None:
+        """The next replay of a series: its codec and clock, here and in every worker."""
+        self.data, self.cfg = data, cfg
+        self.ray.get([w.switch.remote(cfg["codec"], cfg["t0"], cfg["t0_wall"]) for w in self.workers])
+
     def step(self, whole: Any) -> None:
         """One training step as verl's single controller runs it (DP_COMPUTE_PROTO: chunk, call, collect)."""
         ray, hooks, data, workers = self.ray, self.hooks, self.data, self.workers
@@ -1233,13 +1345,24 @@ class NodeWorker:
         """Take the baseline after setup; from now on every step is measured and streamed."""
         from picklescope.transports.ray import events
 
+        gc.enable()
         gc.collect()
+        if self.cfg.get("warm_up") == "step":  # a series: what the warm-up step freed, given back (as the driver)
+            procmem.trim_heap()
         _apply_gc(self.cfg["gc"])
         _count_full_collections()
         self.meter = begin_measure(steps.Meter(events.with_shared(self._send), self.t0, self.name))
 
     def _send(self, ev: Event) -> None:
         self.conn.send(ev)
+
+    def switch(self, codec: str, t0: float, t0_wall: float) -> None:
+        """The next replay of a series: its codec and its clock (:meth:`arm` then takes the new baseline)."""
+        from picklescope.transports.ray import events
+
+        self.cfg = {**self.cfg, "codec": codec, "t0": t0, "t0_wall": t0_wall}
+        self.data = _Data(codec)
+        self.t0 = events.local_t0(self.cfg)
 
     def compute(self, arg: Any) -> Any:
         """Receive a chunk (already deserialized by Ray, or a ref to ``ray.get``), return a small result."""
@@ -1260,6 +1383,7 @@ class NodeWorker:
         meter = self.meter
         if meter is None:
             return
-        m = end_measure(self.conn, meter, None, read_at_end=lambda: _full_collections[0])
+        m = end_measure(self.conn, meter, None, read_at_end=lambda: _full_collections[0],
+                        trim=self.cfg.get("warm_up") == "step")
         self.conn.send({"type": "done", "side": self.name, "peak_bytes": m.peak_bytes, "held_bytes": m.held_bytes,
                         "cycle_held_bytes": m.cycle_held_bytes, "t_s": meter.now(), "full_collections": m.at_end})

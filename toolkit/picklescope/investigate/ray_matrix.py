@@ -16,15 +16,21 @@ from picklescope.measure.runner import run
 from picklescope.transports.ray.local_cluster import LocalCluster
 from picklescope.workloads.spec import load_workload
 
+CLUSTER_START = "starting a local Ray cluster"  # the progress label while it starts (not a run)
+
 
 def cluster_rows(workload: str, scale: float, codecs: tuple[str, ...], *, ray_address: str | None = None,
                  progress: Callable[[str], None] | None = None, also: Callable[[str], None] | None = None,
+                 before_runs: Callable[[], None] | None = None,
                  **run_kw: Any) -> tuple[list[RunResult], dict[str, Any]]:
     """(results, cluster info): one ``ray`` run per codec, marked ``role="matrix"``; then ``also(address)``
-    on the same cluster (the node pair), so it costs no second cluster start."""
+    on the same cluster (the node pair), so it costs no second cluster start. ``before_runs()`` is called
+    once the cluster is up, before the first run (``reproduce`` waits there for its forkserver)."""
     info: dict[str, Any] = {"address": ray_address or "local (started for these rows)"}
 
     def rows(address: str) -> list[RunResult]:
+        if before_runs is not None:
+            before_runs()
         out = []
         for c in codecs:
             if progress:
@@ -39,6 +45,8 @@ def cluster_rows(workload: str, scale: float, codecs: tuple[str, ...], *, ray_ad
     if ray_address:
         return rows(ray_address), info
     payload = load_workload(workload).payload_bytes(scale)
+    if progress:
+        progress(CLUSTER_START)
     with LocalCluster(object_store_bytes=max(512 * 1024**2, 3 * payload)) as cluster:
         results = rows(cluster.address or "")
     info["cleanup"] = cluster.report

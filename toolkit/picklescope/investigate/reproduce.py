@@ -6,6 +6,7 @@ whole investigation quick and within the machine's free memory.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,10 +16,11 @@ from picklescope.core.procmem import machine_memory
 from picklescope.core.result import RunResult
 from picklescope.core.units import Size, fmt_bytes, parse_size
 from picklescope.errors import PicklescopeError
-from picklescope.investigate.node import NodeResult, node
-from picklescope.measure import verdicts
+from picklescope.investigate.node import NodeResult, node_series
+from picklescope.measure import launcher, verdicts
 from picklescope.measure.budget import plan as plan_limits
-from picklescope.measure.runner import run
+from picklescope.measure.runner import check_repeat, fresh_forkserver, run, worst_of
+from picklescope.measure.session import Cancelled, cancellable, raise_if_cancelled
 from picklescope.transports import TRANSPORTS
 from picklescope.workloads.spec import DEFAULT_WORKLOAD, load_workload
 
@@ -28,6 +30,7 @@ BUILTIN_CODECS = ("torch", "numpy-legacy", "numpy")
 LEGACY, FIXED = "numpy-legacy", "numpy"
 BUDGET_TRANSPORT = "pickle5-oob"  # what Ray does: the transport of the production failure
 NODE_WORKERS, NODE_STEPS = 4, 4  # the node pair: a driver and 4 worker actors over 4 training steps
+RAY_LANE = "picklescope-ray"  # the name of the thread that runs the Ray rows and the node pair
 REPEAT = 2  # runs of each unbudgeted case: enough to flag a peak that takes two values, see docs/varying_peaks.md
 
 
@@ -66,24 +69,44 @@ def matrix(
     transports: tuple[str, ...] = IN_PROCESS_TRANSPORTS,
     progress: Callable[[str], None] | None = None,
     repeat: int = 1,
+    on_fresh_forkservers_done: Callable[[], None] | None = None,
     **run_kw: Any,
 ) -> Investigation:
     """Run every codec over every transport; unknown names fail before anything runs.
 
-    ``repeat`` > 1 runs each case that many times and keeps its worst run, with the spread of every
-    peak in ``result.variation``."""
+    ``repeat`` > 1 runs the whole matrix that many times, in rounds, and keeps each case's worst run, with
+    the spread of every peak in ``result.variation``. Each round's children come from a freshly started
+    forkserver, so each case gets ``repeat`` independent draws of a peak that varies (docs/varying_peaks.md)
+    for the cost of ``repeat`` forkserver starts, not one per case and round. A case whose run does not
+    end ``ok`` is not repeated. ``on_fresh_forkservers_done`` is called once the last fresh forkserver is up:
+    from then on the forkserver is not restarted, so other threads may fork from it."""
     for c in codecs:
         CODECS.get(c)
     for t in transports:
         TRANSPORTS.get(t)
+    check_repeat(repeat)
     spec = load_workload(workload)
     scale = default_scale(workload) if scale is None else scale
     inv = Investigation(spec.name, scale)
-    for c in codecs:
-        for t in transports:
+    cases = [(c, t) for c in codecs for t in transports]
+    runs: dict[tuple[str, str], list[RunResult]] = {case: [] for case in cases}
+    forkservers: dict[tuple[str, str], list[int | None]] = {case: [] for case in cases}
+    for i in range(repeat):
+        if i:
+            fresh_forkserver()
+        if i == repeat - 1 and on_fresh_forkservers_done is not None:
+            launcher.warm_up()
+            on_fresh_forkservers_done()
+        for c, t in cases:
+            done = runs[(c, t)]
+            if done and done[-1].outcome != "ok":
+                continue
             if progress:
-                progress(f"{c} over {t}")
-            inv.results.append(run(c, t, workload, scale, repeat=repeat, **run_kw))
+                progress(f"{c} over {t}" + (f" (round {i + 1} of {repeat})" if repeat > 1 else ""))
+            done.append(run(c, t, workload, scale, **run_kw))
+            forkservers[(c, t)].append(launcher.forkserver_pid())
+    for case in cases:
+        inv.results.append(runs[case][0] if repeat == 1 else worst_of(runs[case], forkservers[case]))
     return inv
 
 
@@ -129,8 +152,9 @@ def investigate(
     on one cluster: ``ray_address``, or a local one started and stopped for them (no headroom search
     or budget for these rows; see :mod:`picklescope.investigate.ray_matrix`). ``node_pair`` (default: with
     the Ray rows) then replays a whole node on that cluster for the legacy and the fixed codec (a driver
-    and 4 worker actors over 4 training steps, Python's default collector): what the incident looked
-    like, and ``inv.nodes`` holds both results.
+    and 4 worker actors over 4 training steps, Python's default collector, both codecs replayed on the same
+    processes: :func:`~picklescope.investigate.node.node_series`): what the incident looked like, and
+    ``inv.nodes`` holds both results.
 
     The budgeted runs use ``budget`` (default: halfway between the fixed and the legacy codec's
     headroom) on the sender over pickle5-oob, so the legacy codec is OOM-killed where the fixed one
@@ -140,64 +164,148 @@ def investigate(
     """
     from picklescope.core import envinfo
     from picklescope.investigate.headroom import find_headroom
+    from picklescope.transports.ray import ray_available
 
     spec = load_workload(workload)
     scale = default_scale(workload) if scale is None else scale
     given = None if budget is None else parse_size(budget, "--budget")
     if given is not None:
         plan_limits(given, None, spec.payload_bytes(scale))  # refuse an impossible budget up front
-    inv = matrix(workload, scale, codecs, transports, progress=progress, repeat=repeat, **run_kw)
-    for r in inv.results:
-        r.extra["role"] = "matrix"
-        if headroom and r.outcome == "ok" and r.sender.peak_bytes is not None:
-            seen = r.variation.peak("sender") if r.variation is not None else None
-            h = find_headroom(r.codec, r.transport, workload, scale, peak_bytes=r.sender.peak_bytes,
-                              peak_min_bytes=seen.min if seen is not None else None, on_run=progress, **run_kw)
-            r.extra["headroom"] = h.headroom_bytes
-            r.extra["headroom_detail"] = h.to_dict()
-    from picklescope.transports.ray import ray_available
-
+    for c in codecs:
+        CODECS.get(c)
+    for t in transports:
+        TRANSPORTS.get(t)
+    check_repeat(repeat)
+    lane = None
     if ray if ray is not None else ray_available():
-        from picklescope.investigate.ray_matrix import cluster_rows
-
-        pair = _node_pair(inv, workload, scale, codecs, progress, run_kw.get("timeout_s")) \
-            if node_pair is not False else None
-        try:
-            rows, inv.extra["ray_cluster"] = cluster_rows(workload, scale, codecs, ray_address=ray_address,
-                                                          progress=progress, also=pair, **run_kw)
-            inv.results.extend(rows)
-        except PicklescopeError:
-            raise  # the user's own input (an unreachable --ray-address) is theirs to fix
-        except Exception as exc:  # noqa: BLE001 - a cluster that fails to start must not lose the rest
-            inv.extra["ray_cluster"] = {"error": f"{type(exc).__name__}: {exc}"}
-    btransport = BUDGET_TRANSPORT if BUDGET_TRANSPORT in transports else transports[0]
-    if trace:
-        traced = LEGACY if LEGACY in codecs else codecs[0]
-        if progress:
-            progress(f"{traced} over {btransport} with tracers: {trace}")
-        r = run(traced, btransport, workload, scale, tracer=trace, **run_kw)
-        r.extra["role"] = "traced"
-        inv.results.append(r)
-    chosen = given or _choose_budget(inv, btransport)
-    inv.extra.update({"budget": None if chosen is None else str(chosen), "budget_given": given is not None,
-                      "budget_transport": btransport, "environment": envinfo.collect(), "command": command,
-                      "payload_bytes": spec.payload_bytes(scale), "workload_source": spec.source or spec.name})
-    if chosen is not None:
-        inv.extra["budget_bytes"] = chosen.resolve(spec.payload_bytes(scale))
-        for c in codecs:
+        if ray_address:  # an unreachable address is the user's to fix: say so now, not after the matrix
+            TRANSPORTS.get("ray").check_options({"ray_address": ray_address})
+        lane = _RayLane(workload, scale, codecs, ray_address, progress, node_pair is not False, run_kw).start()
+    interrupted = True
+    try:
+        inv = matrix(workload, scale, codecs, transports, progress=progress, repeat=repeat,
+                     on_fresh_forkservers_done=lane.forkserver_ready.set if lane else None, **run_kw)
+        for r in inv.results:
+            r.extra["role"] = "matrix"
+            if headroom and r.outcome == "ok" and r.sender.peak_bytes is not None:
+                seen = r.variation.peak("sender") if r.variation is not None else None
+                h = find_headroom(r.codec, r.transport, workload, scale, peak_bytes=r.sender.peak_bytes,
+                                  peak_min_bytes=seen.min if seen is not None else None, on_run=progress, **run_kw)
+                r.extra["headroom"] = h.headroom_bytes
+                r.extra["headroom_detail"] = h.to_dict()
+        btransport = BUDGET_TRANSPORT if BUDGET_TRANSPORT in transports else transports[0]
+        later: list[RunResult] = []
+        if trace:
+            traced = LEGACY if LEGACY in codecs else codecs[0]
             if progress:
-                progress(f"{c} over {btransport} at sender budget {chosen}")
-            r = run(c, btransport, workload, scale, budget=chosen, **run_kw)
-            r.extra["role"] = "budgeted"
-            inv.results.append(r)
-    else:
-        inv.extra["budget_note"] = (f"no budget separates {FIXED} from {LEGACY} here (one of them is missing or "
-                                    "failed, or the legacy codec did not need more); pass --budget to choose one")
+                progress(f"{traced} over {btransport} with tracers: {trace}")
+            r = run(traced, btransport, workload, scale, tracer=trace, **run_kw)
+            r.extra["role"] = "traced"
+            later.append(r)
+        chosen = given or _choose_budget(inv, btransport)
+        inv.extra.update({"budget": None if chosen is None else str(chosen), "budget_given": given is not None,
+                          "budget_transport": btransport, "environment": envinfo.collect(), "command": command,
+                          "payload_bytes": spec.payload_bytes(scale), "workload_source": spec.source or spec.name})
+        if chosen is not None:
+            inv.extra["budget_bytes"] = chosen.resolve(spec.payload_bytes(scale))
+            for c in codecs:
+                if progress:
+                    progress(f"{c} over {btransport} at sender budget {chosen}")
+                r = run(c, btransport, workload, scale, budget=chosen, **run_kw)
+                r.extra["role"] = "budgeted"
+                later.append(r)
+        else:
+            inv.extra["budget_note"] = (f"no budget separates {FIXED} from {LEGACY} here (one of them is missing or "
+                                        "failed, or the legacy codec did not need more); pass --budget to choose one")
+        if lane is not None:
+            lane.join()
+        interrupted = False
+    finally:
+        if lane is not None and interrupted:  # Ctrl-C, or an error of ours: end the lane's runs too
+            lane.stop()
+    if lane is not None:
+        lane.merge(inv)
+    inv.results.extend(later)
     inv.extra["headline"] = headline(inv)
     return inv
 
 
-def _node_pair(inv: Investigation, workload: str, scale: float, codecs: tuple[str, ...],
+class _RayLane:
+    """The Ray rows and the node pair, on one cluster, in a thread beside the in-process runs.
+
+    The cluster starts at once: its start-up costs 10-20 s, which the in-process matrix would otherwise
+    wait for. Runs of the lane fork their drivers from the forkserver, so they wait until the matrix
+    has started its last fresh one (a restart would end them). Each measured process's exact peak is its
+    own, whatever else the machine runs; the lane's runs go one at a time, because a node replay
+    counts the cluster's object store, which the Ray rows also write to. What runs beside them shares
+    the two cores, so the seconds columns of both are measured under that load (docs/budgets.md).
+    """
+
+    def __init__(self, workload: str, scale: float, codecs: tuple[str, ...], ray_address: str | None,
+                 progress: Callable[[str], None] | None, with_node_pair: bool, run_kw: dict[str, Any]) -> None:
+        self.workload, self.scale, self.codecs, self.ray_address = workload, scale, codecs, ray_address
+        self.progress = progress
+        self.with_node_pair, self.run_kw = with_node_pair, run_kw
+        self.forkserver_ready = threading.Event()
+        self.cancel = threading.Event()
+        self.rows: list[RunResult] = []
+        self.nodes: list[NodeResult] = []
+        self.info: dict[str, Any] = {}
+        self.notes: dict[str, str] = {}
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._main, name=RAY_LANE, daemon=True)
+
+    def start(self) -> _RayLane:
+        self.thread.start()
+        return self
+
+    def _say(self, label: str) -> None:
+        if self.progress:
+            self.progress(label)
+
+    def _wait_for_forkserver(self) -> None:
+        while not self.forkserver_ready.wait(0.2):
+            raise_if_cancelled()
+
+    def _main(self) -> None:
+        from picklescope.investigate.ray_matrix import cluster_rows
+
+        pair = _node_pair(self, self.workload, self.scale, self.codecs, self._say, self.run_kw.get("timeout_s")) \
+            if self.with_node_pair else None
+        with cancellable(self.cancel):
+            try:
+                self.rows, self.info = cluster_rows(self.workload, self.scale, self.codecs,
+                                                    ray_address=self.ray_address, progress=self._say, also=pair,
+                                                    before_runs=self._wait_for_forkserver, **self.run_kw)
+            except Cancelled:
+                self.info = {"error": "interrupted"}
+            except PicklescopeError as exc:  # the user's own input: raised again in the caller's thread
+                self.error = exc
+            except Exception as exc:  # noqa: BLE001 - a cluster that fails to start must not lose the rest
+                self.info = {"error": f"{type(exc).__name__}: {exc}"}
+
+    def join(self) -> None:
+        """Wait for the lane (a Ctrl-C meanwhile stops it, see :meth:`stop`); raise the user's input error."""
+        self.forkserver_ready.set()  # a matrix that ended early (an error) must not leave the lane waiting
+        while self.thread.is_alive():
+            self.thread.join(0.5)
+        if self.error is not None:
+            raise self.error
+
+    def stop(self, wait_s: float = 120.0) -> None:
+        """Call the lane's runs off: each ends its processes as on Ctrl-C; waits for that (bounded)."""
+        self.cancel.set()
+        self.forkserver_ready.set()
+        self.thread.join(wait_s)
+
+    def merge(self, inv: Investigation) -> None:
+        inv.results.extend(self.rows)
+        inv.nodes.extend(self.nodes)
+        inv.extra.update(self.notes)
+        inv.extra["ray_cluster"] = self.info
+
+
+def _node_pair(lane: _RayLane, workload: str, scale: float, codecs: tuple[str, ...],
                progress: Callable[[str], None] | None, timeout_s: float | None) -> Callable[[str], None] | None:
     """The node pair's runner, given the Ray cluster's address; None when the legacy or fixed codec is not
     among ``codecs``. A replay that fails is kept with its error: it never loses the rest."""
@@ -205,26 +313,26 @@ def _node_pair(inv: Investigation, workload: str, scale: float, codecs: tuple[st
         return None
 
     def pair(address: str) -> None:
-        for c in (LEGACY, FIXED):
-            if progress:
-                progress(f"{c}: a node of {NODE_WORKERS} workers over {NODE_STEPS} training steps")
-            try:
-                r = node(c, workload, scale, NODE_WORKERS, NODE_STEPS, ray_address=address,
-                         **({"timeout_s": timeout_s} if timeout_s else {}))
-            except PicklescopeError as exc:  # e.g. too few rows for 4 workers at this scale
-                inv.extra["node_note"] = f"no node pair: {exc}"
-                return
-            inv.nodes.append(r.trimmed())
+        if progress:
+            progress(f"{LEGACY} then {FIXED}: a node of {NODE_WORKERS} workers over {NODE_STEPS} training steps")
+        try:
+            done = node_series((LEGACY, FIXED), workload, scale, NODE_WORKERS, NODE_STEPS, ray_address=address,
+                               **({"timeout_s": timeout_s} if timeout_s else {}))
+        except PicklescopeError as exc:  # e.g. too few rows for 4 workers at this scale
+            lane.notes["node_note"] = f"no node pair: {exc}"
+            return
+        lane.nodes.extend(r.trimmed() for r in done)
 
     return pair
 
 
 def node_pair_sentence(inv: Investigation) -> str | None:
-    """The node pair's verdict in one sentence: how much higher the driver's exact peak was with the legacy
-    codec than with the fixed one, and where the driver's memory stood at the last training step's end.
+    """The node pair's verdict in one sentence: the driver's own memory with the legacy and the fixed
+    codec (its peak and where it stood at the last training step's end), then how much higher its exact
+    peak was with the legacy codec.
 
-    Only the difference of the two peaks is given: each exact peak also counts the object-store pages the
-    driver writes each chunk into, the same for both codecs (docs/node.md)."""
+    The driver's own (private) memory leads because it is the codec's alone; its exact peak also counts
+    object-store pages it maps, which depend on where the store places each chunk (docs/node.md)."""
     by = {r.codec: r for r in inv.nodes}
     if LEGACY not in by or FIXED not in by:
         return inv.extra.get("node_note")
@@ -233,16 +341,18 @@ def node_pair_sentence(inv: Investigation) -> str | None:
         bad = leg if leg.outcome != "ok" else fix
         return f"node pair: {bad.codec} ended {bad.outcome} ({bad.error or 'no detail'})"
     p = leg.payload_bytes
-    a, b = leg.driver.peak_bytes, fix.driver.peak_bytes
-    if a is None or b is None or not p:
-        return "node pair: a driver's exact peak is missing"
-    text = (f"On a node of a driver and {leg.workers} workers over {leg.steps} training steps, the driver's exact "
-            f"peak was {fmt_bytes(a - b)} ({(a - b) / p:.2f}x payload) higher with {LEGACY} than with {FIXED}")
+    own = [r.own_peak_bytes() for r in (leg, fix)]
+    exact = [r.driver.peak_bytes for r in (leg, fix)]
+    if None in own or None in exact or not p:
+        return "node pair: a driver's peak is missing"
+    text = (f"On a node of a driver and {leg.workers} workers over {leg.steps} training steps, the driver's own "
+            f"memory (the object store apart) peaked at {own[0] / p:.2f}x payload with {LEGACY} and {own[1] / p:.2f}x "
+            f"with {FIXED}")
     ends = [r.training_steps[-1].driver_bytes if r.training_steps else None for r in (leg, fix)]
-    if None not in ends:
-        text += (f", and at the last step's end the driver held {ends[0] / p:.2f}x payload with {LEGACY} and "
-                 f"{ends[1] / p:.2f}x with {FIXED}")
-    return text + "."
+    if None not in ends and any(f"{e / p:.2f}" != f"{o / p:.2f}" for e, o in zip(ends, own)):
+        text += f" ({ends[0] / p:.2f}x and {ends[1] / p:.2f}x at the last step's end)"
+    return (text + f"; its exact peak, object-store pages included, was {fmt_bytes(exact[0] - exact[1])} "
+            f"({(exact[0] - exact[1]) / p:.2f}x payload) higher with {LEGACY}.")
 
 
 def matrix_results(inv: Investigation) -> list[RunResult]:

@@ -59,6 +59,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from picklescope.core import procmem
 from picklescope.core.units import fmt_bytes as _fmt
 from picklescope.errors import PicklescopeError
 from picklescope.measure.linetrace import LineRow, LineTracer
@@ -321,20 +322,6 @@ def _prepare(cfg: dict[str, Any], b: Any) -> tuple[Callable[[], Any], Any, str, 
     return (lambda: fn(b)), _code_of(fn), label, {package}
 
 
-def _trim_heap() -> None:
-    """Give memory freed during set-up back to the OS (glibc keeps it resident for reuse otherwise).
-
-    Without this, a traced line that allocates can land in pages the set-up already made resident
-    (building the batch frees temporaries), and RSS would not show what the line really needs.
-    """
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 def _child_main(conn: Any, cfg: dict[str, Any]) -> None:
     """Build the batch and the target, trace one call, send the rows."""
     from picklescope.core.plugins import load_plugins
@@ -350,7 +337,7 @@ def _child_main(conn: Any, cfg: dict[str, Any]) -> None:
         call, code, target, expand = _prepare(cfg, b)
         del b
         gc.collect()
-        _trim_heap()
+        procmem.trim_heap()
     except PicklescopeError as exc:  # the user's input (a function that does not resolve): the parent raises it
         conn.send({"target": target, "bad_input": [exc.problem, exc.hint]})
         return

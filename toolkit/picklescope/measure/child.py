@@ -49,10 +49,19 @@ def error_event(side: str, exc: BaseException) -> Error:
     return ev
 
 
-def held_memory(meter: steps.Meter) -> tuple[int, int]:
-    """(held, freed by gc.collect) in bytes, after the measured phase."""
+def held_memory(meter: steps.Meter, trim: bool = False) -> tuple[int, int]:
+    """(held, freed by gc.collect) in bytes, after the measured phase.
+
+    ``trim`` reads both after ``malloc_trim(0)``, for a phase whose baseline was also taken after one (a
+    node series' replay, see :func:`picklescope.investigate.node.node_series`): there glibc has already
+    served the same large buffers once, keeps them in its heap when they are freed, and without the trim
+    a cycle's memory that ``gc.collect()`` frees would not show as freed."""
+    if trim:
+        procmem.trim_heap()
     before = procmem.rss()
     gc.collect()
+    if trim:
+        procmem.trim_heap()
     after = procmem.rss()
     return before - meter.baseline, before - after
 
@@ -83,13 +92,15 @@ def begin_measure(meter: steps.Meter, tracing: ChildTracing | None = None) -> st
 
 
 def end_measure(conn: Any, meter: steps.Meter, error: Error | None, *, tracing: ChildTracing | None = None,
-                cfg: dict[str, Any] | None = None, read_at_end: Callable[[], Any] | None = None) -> Measured:
+                cfg: dict[str, Any] | None = None, read_at_end: Callable[[], Any] | None = None,
+                trim: bool = False) -> Measured:
     """The one end of a measured phase: the exact peak, then what is still held and what only
     ``gc.collect()`` frees, in that order, and the phase's error (if any) sent to the parent.
 
     ``cfg`` lifts the budgets set at the baseline (a cgroup or address-space limit must not kill
     the held-memory measurement); ``read_at_end`` reads anything else at the phase's end, before
-    the collection changes it (the Ray sides read their shared-memory pages there).
+    the collection changes it (the Ray sides read their shared-memory pages there); ``trim`` see
+    :func:`held_memory`.
     """
     peak = meter.finish()
     if tracing is not None:
@@ -99,7 +110,7 @@ def end_measure(conn: Any, meter: steps.Meter, error: Error | None, *, tracing: 
     steps.install(None)
     end_t = meter.now()
     at_end = read_at_end() if read_at_end is not None else None
-    held, cycle = held_memory(meter)
+    held, cycle = held_memory(meter, trim)
     if error:
         conn.send({**error, "phase": "measure"})
     return Measured(peak, end_t, held, cycle, meter.baseline, at_end)

@@ -25,6 +25,7 @@ from typing import Any
 PRELOAD = ["torch", "tensordict", "numpy", "picklescope.measure.child", "picklescope.measure.forkserver_setup"]
 _lock = threading.Lock()
 _preload_set = False
+_started: dict[int, ChildProcess] = {}  # pid -> every child this process had the forkserver start, while it lives
 
 
 class _Popen(popen_forkserver.Popen):
@@ -45,6 +46,8 @@ class _Popen(popen_forkserver.Popen):
                 super()._launch(process_obj)
             finally:
                 spawn.get_preparation_data = original
+            if self.pid is not None:
+                _started[self.pid] = process_obj
 
 
 PR_SET_PDEATHSIG = 1
@@ -101,6 +104,19 @@ class ChildProcess(mp_context.ForkServerProcess):
         except ProcessLookupError:
             os._exit(1)
         super().run()
+
+
+def started_pids() -> set[int]:
+    """The pids of this process's own children that are still running, read under the launch lock.
+
+    A child forked for another thread's run is in this set from the moment its pid is known, so a run's
+    clean-up that looks for orphans adopted by the forkserver never mistakes it for one (runs may go on
+    side by side, e.g. ``reproduce``'s Ray rows beside its in-process matrix)."""
+    with _lock:
+        for pid, proc in list(_started.items()):
+            if proc.exitcode is not None or proc._popen is None:  # multiprocessing's own check, no reaping
+                _started.pop(pid, None)
+        return set(_started)
 
 
 def ensure_preload() -> None:
@@ -164,6 +180,13 @@ def _warm_start() -> None:
         fs.ensure_running()
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def warm_up() -> int | None:
+    """Start the forkserver now if it is not running (it imports torch and tensordict); returns its pid."""
+    ensure_preload()
+    _warm_start()
+    return forkserver_pid()
 
 
 def start(target: Any, args: tuple, name: str) -> tuple[ChildProcess, Any]:

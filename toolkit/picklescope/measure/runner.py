@@ -154,9 +154,7 @@ def run(
     exact peak over the N runs and whether it varies by more than 1% of the payload. A run that does
     not end ``ok`` stops the repetition and is returned as it is.
     """
-    if not (isinstance(repeat, int) and not isinstance(repeat, bool) and 1 <= repeat <= MAX_REPEAT):
-        raise PicklescopeError(f"repeat {repeat!r} must be a whole number from 1 to {MAX_REPEAT}",
-                               "use e.g. --repeat 5 (1 runs the case once)")
+    check_repeat(repeat)
     kw = dict(receiver_codec=receiver_codec, timeout_s=timeout_s, sample_interval_s=sample_interval_s, env=env,
               on_event=on_event, on_sample=on_sample, probe=probe, plugins=plugins, budget=budget,
               receiver_budget=receiver_budget, enforcement=enforcement, tracer=tracer,
@@ -165,15 +163,34 @@ def run(
     forkservers: list[int | None] = []
     for i in range(repeat):
         if i:  # a fresh forkserver: a new process, as each production worker is (docs/varying_peaks.md)
-            launcher.shutdown()
+            fresh_forkserver()
         results.append(_run_once(codec, transport, workload, scale, **kw))
         forkservers.append(launcher.forkserver_pid())
         if results[-1].outcome != "ok":
             break
-    if repeat == 1:
-        return results[0]
+    return results[0] if repeat == 1 else worst_of(results, forkservers)
+
+
+def check_repeat(repeat: Any) -> None:
+    """Refuse a repeat count that is not a whole number from 1 to MAX_REPEAT."""
+    if not (isinstance(repeat, int) and not isinstance(repeat, bool) and 1 <= repeat <= MAX_REPEAT):
+        raise PicklescopeError(f"repeat {repeat!r} must be a whole number from 1 to {MAX_REPEAT}",
+                               "use e.g. --repeat 5 (1 runs the case once)")
+
+
+def fresh_forkserver() -> None:
+    """Stop the warm forkserver, so that the next run's children come from a newly started one.
+
+    Children of one forkserver inherit its allocator state, and with it the value a varying peak takes
+    (docs/varying_peaks.md); a repetition from a fresh forkserver is an independent draw."""
+    launcher.shutdown()
+
+
+def worst_of(results: list[RunResult], forkservers: list[int | None]) -> RunResult:
+    """The repetitions of one case as one result: the first that did not end ``ok``, else the one with the
+    largest sender peak (the one a budget must survive), with ``variation`` over all of them."""
     variation = Variation.of(results)
-    variation.forkserver_pids = forkservers
+    variation.forkserver_pids = list(forkservers)
     failed = next((r for r in results if r.outcome != "ok"), None)
     worst = failed or max(results, key=lambda r: r.sender.peak_bytes or 0)
     worst.variation = variation
@@ -298,7 +315,7 @@ def _run_once(
         for name, p in procs.items():
             result.sides[name].exit_code = p.exitcode
             conns[name].close()
-        stray = [pid for pid in tracker.end() if pid not in tracker.pids]
+        stray = [pid for pid in tracker.end(keep=launcher.started_pids) if pid not in tracker.pids]
         if stray:
             result.extra["killed_descendants"] = stray  # processes a side started and left running
         guard.close()

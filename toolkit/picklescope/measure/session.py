@@ -42,7 +42,8 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import wait
 from typing import Any, Protocol
@@ -53,6 +54,35 @@ from picklescope.core.procmem import PAGE, StatmReader  # noqa: F401 - PAGE re-e
 from picklescope.core.result import Timeline
 from picklescope.measure.sampler import hold_gc, raise_priority
 from picklescope.measure.watchdog import dump_stack_then_kill
+
+
+class Cancelled(KeyboardInterrupt):
+    """Raised in a thread whose work was called off from another thread (``reproduce``'s Ray lane when
+    the user presses Ctrl-C in the main one). It is a ``KeyboardInterrupt``, so every run's Ctrl-C clean-up
+    ends that thread's processes too."""
+
+
+_cancel_events: dict[int, threading.Event] = {}
+
+
+@contextmanager
+def cancellable(event: threading.Event) -> Iterator[None]:
+    """Run the body so that ``event.set()`` from another thread ends it with :class:`Cancelled` at the next
+    wake-up of a wait (:meth:`Session.follow` wakes at least every half second)."""
+    ident = threading.get_ident()
+    _cancel_events[ident] = event
+    try:
+        yield
+    finally:
+        _cancel_events.pop(ident, None)
+
+
+def raise_if_cancelled() -> None:
+    """Raise :class:`Cancelled` if this thread's work was called off (see :func:`cancellable`)."""
+    event = _cancel_events.get(threading.get_ident())
+    if event is not None and event.is_set():
+        raise Cancelled()
+
 
 # -- typed records: what the parent folds the streamed events into --------------------------------
 
@@ -418,6 +448,7 @@ class Session:
             return True
 
         while True:
+            raise_if_cancelled()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False

@@ -213,10 +213,12 @@ def _node_section(inv: Investigation, figs: _Figures) -> str:
         return f"<p class='note'>{e(sentence or 'No node replay in these results (it runs with the ray rows).')}</p>"
     out = ["<p>A driver splits each training step's batch into one chunk per worker actor and sends each chunk as "
            "a Ray call argument (the chunk's <code>__getstate__</code> runs in the driver); the workers answer with a "
-           "small result that the driver joins back together. Memory is above each process's own baseline, as a "
-           "multiple of the whole batch's payload. A <i>driver peak</i> is the kernel's exact high-water mark, which "
-           "also counts the object-store pages the driver writes each chunk into (the same for both codecs): compare "
-           "it between the rows. The figures stack each process's private memory and the store, counted once.</p>"]
+           "small result that the driver joins back together. Both codecs replay on the same driver and workers, "
+           "each after one unmeasured training step of its own. Memory is above each process's own baseline, as a "
+           "multiple of the whole batch's payload. The driver's <i>own</i> memory is what only it holds (the object "
+           "store apart); a <i>driver peak</i> is the kernel's exact high-water mark, which also counts object-store "
+           "pages the driver maps, and how many depends on where the store places each chunk. The figures stack "
+           "each process's own memory and the store, counted once.</p>"]
     if sentence:
         out.append(f"<p class='headline'>{e(sentence)}</p>")
     out.append(_table(table.node_rows(inv.nodes)))

@@ -39,7 +39,10 @@ def columns_of(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def _mult(n: int | None, payload: int) -> str:
-    return "-" if n is None or not payload else f"{n / payload:.2f}x"
+    if n is None or not payload:
+        return "-"
+    text = f"{n / payload:.2f}x"
+    return "0.00x" if text == "-0.00x" else text  # a few pages under the baseline is none, not a negative size
 
 
 def _secs(s: float | None) -> str:

@@ -14,13 +14,16 @@ import json
 import os
 import shlex
 import sys
+import threading
 from typing import Any
 
 from picklescope.cli.commands.common import add_handoff_arg, repeat_count, run_kwargs, seconds
 from picklescope.core.units import fmt_bytes, parse_size
+from picklescope.investigate.ray_matrix import CLUSTER_START
 from picklescope.investigate.reproduce import (
     BUILTIN_CODECS,
     IN_PROCESS_TRANSPORTS,
+    RAY_LANE,
     REPEAT,
     budgeted_results,
     default_scale,
@@ -74,19 +77,22 @@ def main(args: argparse.Namespace) -> int:
         plan(parse_size(args.budget, "--budget"), None, load_workload(args.workload).payload_bytes(scale))
     out = prepare_out_dir(args.out, args.force)
     n = len(BUILTIN_CODECS) * len(IN_PROCESS_TRANSPORTS)
-    ray_runs = 0 if args.no_ray else len(BUILTIN_CODECS) + (0 if args.no_node else 2)
-    total = (n * (1 if args.no_headroom else 3) + len(BUILTIN_CODECS) + (0 if args.no_trace else 1) + ray_runs)
+    ray_runs = 0 if args.no_ray else len(BUILTIN_CODECS) + (0 if args.no_node else 1)
+    total = (n * (args.repeat + (0 if args.no_headroom else 2)) + len(BUILTIN_CODECS) + (0 if args.no_trace else 1)
+             + ray_runs)
     bar = tqdm(total=total, desc="reproduce", unit="run",
                file=sys.stderr, leave=False, dynamic_ncols=True)
-    started = [0]
+    lanes: dict[str, str] = {}  # what each lane (the in-process runs, the Ray lane beside them) is doing
 
     def progress(label: str) -> None:
-        if started[0]:
-            bar.update(1)
-        started[0] += 1
-        if bar.n >= bar.total:  # a bisection added runs
-            bar.total = bar.n + 1
-        bar.set_postfix_str(label, refresh=True)
+        lane = "ray" if threading.current_thread().name == RAY_LANE else "main"
+        with bar.get_lock():
+            if lanes.get(lane) and not lanes[lane].startswith(CLUSTER_START):
+                bar.update(1)  # that lane's previous run is over
+            if bar.n >= bar.total:  # a bisection added runs
+                bar.total = bar.n + 1
+            lanes[lane] = label
+            bar.set_postfix_str("; ".join(lanes[k] for k in ("main", "ray") if k in lanes), refresh=True)
 
     command = shlex.join(["picklescope", *sys.argv[1:]]) if sys.argv and sys.argv[0] else None
     try:
@@ -95,8 +101,7 @@ def main(args: argparse.Namespace) -> int:
                           ray=False if args.no_ray else None, ray_address=args.ray_cluster, repeat=args.repeat,
                           node_pair=not args.no_node,
                           **run_kwargs(args))
-        bar.update(1)
-        bar.total = bar.n
+        bar.update(bar.total - bar.n)
         bar.refresh()
     finally:
         bar.close()

@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from picklescope.core.leftovers import temp_name
+from picklescope.measure.session import Cancelled, raise_if_cancelled
 from picklescope.transports.ray import cluster
 
 STARTUP_TIMEOUT_S = 240.0
@@ -75,6 +76,11 @@ class LocalCluster:
         self._watch()
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while time.monotonic() < deadline:
+            try:
+                raise_if_cancelled()
+            except Cancelled:
+                self.stop()
+                raise
             with open(log, "rb") as f:
                 text = f.read().decode(errors="replace")
             if "Ray runtime started" in text:
