@@ -36,7 +36,7 @@ def one(extra: list[str]) -> dict:
         if p.returncode == 0:
             with open(os.path.join(out, "results.json")) as f:
                 d = json.load(f)
-            runs = len(d["results"]) + sum(len((r["extra"].get("headroom_detail") or {}).get("runs", []))
+            runs = len(d["results"]) + sum(len((r.get("headroom_detail") or {}).get("runs", []))
                                            for r in d["results"])
             nodes = len(d.get("nodes", []))
     return {"wall_s": round(wall, 2), "returncode": p.returncode, "runs": runs, "node_replays": nodes,

@@ -63,7 +63,7 @@ with open(os.path.join(out_dir, "results.json"), "w") as f:
 # ## Verdict
 
 # %%
-display(HTML(f"<p style='font-size:1.15em'><b>{report.e(inv.extra['headline'])}</b></p>"))
+display(HTML(f"<p style='font-size:1.15em'><b>{report.e(inv.headline)}</b></p>"))
 table.Table([{"parameter": "workload", "value": f"{workload} x{scale:g} (payload {fmt_bytes(inv.results[0].payload_bytes if inv.results else None)})"},
              {"parameter": "codecs", "value": ", ".join(codecs)},
              {"parameter": "sender budget", "value": budget or "none"},
@@ -130,4 +130,4 @@ table.Table([{"what": "python", "value": env["python"]}, {"what": "cpus", "value
              {"what": "memory", "value": fmt_bytes(env["machine_memory_bytes"])},
              {"what": "platform", "value": env["platform"]},
              {"what": "packages", "value": ", ".join(f"{k} {v}" for k, v in sorted(env["packages"].items()))},
-             {"what": "command", "value": inv.extra.get("command")}])
+             {"what": "command", "value": inv.command}])

@@ -94,3 +94,24 @@ def test_old_module_names_still_import_for_one_release():
     import picklescope
 
     assert callable(picklescope.node), "importing the old module name picklescope.node must keep the function"
+
+
+def test_one_place_sets_an_outcome():
+    """Every result's outcome is set by ``measure.verdicts.conclude`` (issue 13: one place sets the outcome).
+
+    The scan reads the source as code (ast): an assignment to an ``outcome`` attribute anywhere else fails,
+    except the explorer's live snapshot, which is labelled "running" while its run goes on and is no result."""
+    import ast
+
+    setters = []
+    for path in PACKAGE_DIR.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+            for t in targets:
+                for sub in ast.walk(t):
+                    if isinstance(sub, ast.Attribute) and sub.attr == "outcome":
+                        setters.append(f"{path.relative_to(PACKAGE_DIR)}:{node.lineno}")
+    assert [s for s in setters if not s.startswith("views/widgets.py")] == [
+        s for s in setters if s.startswith("measure/verdicts.py")], setters
+    assert len([s for s in setters if s.startswith("measure/verdicts.py")]) == 1, setters

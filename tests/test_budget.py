@@ -141,7 +141,7 @@ def test_legacy_is_killed_in_consolidate_where_the_fix_survives():
     assert (legacy.outcome, legacy.killed_side, legacy.killed_in_step) == ("oom-killed", "sender", "consolidate")
     assert fixed.outcome == "ok" and fixed.roundtrip["ok"] is True
     # the line where it died is the discarded consolidate() of the legacy codec
-    path, line = legacy.extra["killed_at"].split(" in ")[0].rsplit(":", 1)
+    path, line = legacy.killed_at.split(" in ")[0].rsplit(":", 1)
     assert int(line) == legacy.killed_at_line
     assert "consolidate()" in Path(path).read_text().splitlines()[legacy.killed_at_line - 1]
 

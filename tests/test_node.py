@@ -404,7 +404,7 @@ def test_reproduce_replays_the_node_pair_on_one_node_of_its_ray_cluster_and_its_
 
     inv = investigate("flowgrpo", 0.05, codecs=(LEGACY, FIXED), transports=("pickle",), headroom=False, trace=None,
                       repeat=1, ray_address=cluster.address)
-    assert [r.codec for r in inv.nodes] == [LEGACY, FIXED], inv.extra.get("node_note")
+    assert [r.codec for r in inv.nodes] == [LEGACY, FIXED], inv.node_note
     leg, fix = inv.nodes
     for r in inv.nodes:
         assert r.outcome == "ok", r.error

@@ -80,12 +80,12 @@ def test_the_legacy_codec_is_oom_killed_where_the_fix_survives(reproduced):
     assert (legacy.outcome, legacy.killed_side, legacy.killed_in_step) == ("oom-killed", "sender", "consolidate")
     assert fixed.outcome == "ok" and fixed.sender.budget_bytes == legacy.sender.budget_bytes
     # the chosen budget lies between what the two codecs need
-    need = {r.codec: r.extra["headroom"] for r in matrix_results(inv) if r.transport == "pickle5-oob"}
+    need = {r.codec: r.headroom_bytes for r in matrix_results(inv) if r.transport == "pickle5-oob"}
     assert need["numpy"] < legacy.sender.budget_bytes < need["numpy-legacy"]
-    headline = inv.extra["headline"]
+    headline = inv.headline
     assert "numpy-legacy was OOM-killed on the sender in step consolidate while numpy survived" in headline
     assert headline in stdout and headline.replace("'", "&#x27;") in html
-    assert "numpy_codec.py" in legacy.extra["killed_at"] and legacy.stack_at_death
+    assert "numpy_codec.py" in legacy.killed_at and legacy.stack_at_death
 
 
 def test_every_case_has_a_sender_headroom_in_the_table(reproduced):
@@ -96,12 +96,12 @@ def test_every_case_has_a_sender_headroom_in_the_table(reproduced):
     header = next(line for line in stdout.splitlines() if line.startswith("codec"))
     assert "sender headroom" in header and "sender headroom" in html
     for r in matrix:
-        h = r.extra["headroom_detail"]
-        assert r.extra["headroom"] is not None and h["method"] in ("prediction confirmed", "worst run confirmed",
+        h = r.headroom_detail
+        assert r.headroom_bytes is not None and h["method"] in ("prediction confirmed", "worst run confirmed",
                                                                         "bisection"), h
         assert h["predicted_bytes"] == r.sender.peak_bytes
-        assert r.extra["headroom"] >= r.sender.peak_bytes - 0.01 * r.payload_bytes
-    p = {(r.codec, r.transport): r.extra["headroom"] / r.payload_bytes for r in matrix}
+        assert r.headroom_bytes >= r.sender.peak_bytes - 0.01 * r.payload_bytes
+    p = {(r.codec, r.transport): r.headroom_bytes / r.payload_bytes for r in matrix}
     assert p[("torch", "pickle5-oob")] > p[("numpy-legacy", "pickle5-oob")] > p[("numpy", "pickle5-oob")]
 
 
@@ -166,9 +166,9 @@ def test_names_from_user_input_are_escaped(reproduced):
     _, inv, _, _ = reproduced
     evil = "<script>alert('x')</script>"
     inv.workload = evil
-    inv.extra["headline"] = f"headline {evil}"
-    inv.extra["command"] = f"picklescope reproduce --workload '{evil}'"
-    inv.extra["environment"]["platform"] = evil
+    inv.headline = f"headline {evil}"
+    inv.command = f"picklescope reproduce --workload '{evil}'"
+    inv.environment["platform"] = evil
     for r in inv.results:
         r.codec = "<img src=x onerror=alert(1)>"
         r.workload = evil
@@ -176,8 +176,8 @@ def test_names_from_user_input_are_escaped(reproduced):
         # what a plugin codec's exception and a killed child's stack can carry
         r.original_error = evil if r.original_error else None
         r.stack_at_death = f"{evil}\n{r.stack_at_death}" if r.stack_at_death else None
-        if r.extra.get("killed_at"):
-            r.extra["killed_at"] = evil
+        if r.killed_at:
+            r.killed_at = evil
         for entry in (r.tracers or {}).values():
             if isinstance(entry, dict):
                 entry["reason"] = evil

@@ -406,7 +406,7 @@ def evil_runs(tmp_path_factory):
     kw = {"workload": str(spec), "scale": 1.0, "plugins": [str(plugin)]}
     erred = ps.run(EVIL_CODEC, "pickle5-oob", **kw)
     killed = ps.run(EVIL_CODEC, "pickle5-oob", budget="0.5x", **kw)
-    killed.extra["role"] = "budgeted"
+    killed.role = "budgeted"
     ok = ps.run("numpy", "pickle5-oob", workload=str(spec), scale=1.0)
     return spec, erred, killed, ok
 

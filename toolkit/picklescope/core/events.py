@@ -383,10 +383,25 @@ class Finished(TypedDict):
     """A node's driver ran every training step and every worker reported :class:`Done`.
 
     The parent stops following the run and answers :class:`Release`, so the driver ends its Ray
-    session.
+    session, or :class:`Next` in a series.
     """
 
     type: Literal["finished"]
+
+
+class Next(TypedDict):
+    """Parent to a node's driver, after :class:`Finished`: replay the same node with the next codec of a
+    series (``investigate/node.node_series``), on a clock that starts at ``t0`` (the parent's monotonic
+    clock; ``t0_wall`` the same moment on the wall clock, for workers on another machine).
+
+    The driver switches its codec and every worker's, runs one unmeasured training step, takes new
+    baselines and sends :class:`Ready` again.
+    """
+
+    type: Literal["next"]
+    codec: str
+    t0: float
+    t0_wall: float
 
 
 class Release(TypedDict):
@@ -412,7 +427,7 @@ class Result(TypedDict):
 Event = Union[  # noqa: UP007 - a runtime union of TypedDicts, readable as a list
     Hello, Note, CodecInfo, RayInfo, StoreProcess, Waiting, Ready, Go,
     Tracer, Baseline, StepStart, StepEnd, Probe, Output, TrainStepStart, TrainStepEnd, Error,
-    Received, Done, Finished, Release, Result, Engine,
+    Received, Done, Finished, Next, Release, Result, Engine,
 ]
 """Any event of the protocol; tell them apart by ``ev["type"]``."""
 
@@ -421,7 +436,8 @@ KINDS: dict[str, type] = {
     "waiting": Waiting, "ready": Ready, "go": Go,
     "tracer": Tracer, "baseline": Baseline, "step_start": StepStart, "step_end": StepEnd, "probe": Probe,
     "output": Output, "train_step_start": TrainStepStart, "train_step_end": TrainStepEnd, "error": Error,
-    "received": Received, "done": Done, "finished": Finished, "release": Release, "result": Result,
+    "received": Received, "done": Done, "finished": Finished, "next": Next, "release": Release,
+    "result": Result,
     "engine": Engine,
 }
 """Each event's ``type`` to its :class:`~typing.TypedDict` (``__required_keys__``, ``__optional_keys__``)."""

@@ -14,6 +14,32 @@ from typing import Any
 
 VARIES_FRACTION = 0.01  # a peak whose runs spread by more than this fraction of the payload "varies"
 
+# Typed fields that used to be ``extra`` keys (field name -> old key). Saved results still carry the old
+# key too, for one release, so readers of results.json keep working; old files load into the fields.
+RUN_FIELDS_ONCE_IN_EXTRA = {"killed_at": "killed_at", "role": "role", "headroom_bytes": "headroom",
+                            "headroom_detail": "headroom_detail"}
+SIDE_FIELDS_ONCE_IN_EXTRA = {"private_peak_bytes": "private_peak_bytes"}
+
+
+def _mirror_into_extra(d: dict[str, Any], moved: dict[str, str]) -> None:
+    """Also write each moved field under its old ``extra`` key (when it has a value)."""
+    for name, old in moved.items():
+        if d.get(name) is not None:
+            d["extra"].setdefault(old, d[name])
+
+
+def _from_extra(d: dict[str, Any], moved: dict[str, str]) -> dict[str, Any]:
+    """``d`` with each moved field taken from its old ``extra`` key when the field itself is absent."""
+    out = dict(d)
+    extra = dict(d.get("extra") or {})
+    for name, old in moved.items():
+        if old in extra:
+            value = extra.pop(old)
+            if out.get(name) is None:
+                out[name] = value
+    out["extra"] = extra
+    return out
+
 
 @dataclass
 class Step:
@@ -57,6 +83,7 @@ class Side:
     timeline: Timeline = field(default_factory=Timeline)
     exit_code: int | None = None
     budget_bytes: int | None = None
+    private_peak_bytes: int | None = None  # Ray sides: the exact peak minus the object-store pages it mapped
     extra: dict[str, Any] = field(default_factory=dict)
 
     def step(self, name: str) -> Step | None:
@@ -181,7 +208,17 @@ class RunResult:
     command: str | None = None
     environment: dict[str, Any] = field(default_factory=dict)
     variation: Variation | None = None  # run(..., repeat=N): this is the worst run, this the spread of all N
+    killed_at: str | None = None  # where the killed side was: "path:line in function" (its innermost own frame)
+    role: str | None = None  # in an investigation: "matrix", "traced" or "budgeted"
+    headroom_bytes: int | None = None  # in an investigation: the smallest sender budget this case survives
+    headroom_detail: dict[str, Any] | None = None  # ... and how it was found (Headroom.to_dict: the runs, the method)
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        """Values given under their old ``extra`` keys go to their fields (for one release)."""
+        for name, old in RUN_FIELDS_ONCE_IN_EXTRA.items():
+            if old in self.extra and getattr(self, name) is None:
+                setattr(self, name, self.extra.pop(old))
 
     @property
     def sender(self) -> Side:
@@ -195,6 +232,9 @@ class RunResult:
         d = asdict(self)
         if self.variation is not None:
             d["variation"] = self.variation.to_dict()
+        _mirror_into_extra(d, RUN_FIELDS_ONCE_IN_EXTRA)
+        for side in d["sides"].values():
+            _mirror_into_extra(side, SIDE_FIELDS_ONCE_IN_EXTRA)
         return d
 
     def to_json(self, **kw: Any) -> str:
@@ -203,7 +243,7 @@ class RunResult:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunResult:
         known = {f.name for f in fields(cls)}
-        kw = {k: v for k, v in d.items() if k in known}
+        kw = {k: v for k, v in _from_extra(d, RUN_FIELDS_ONCE_IN_EXTRA).items() if k in known}
         kw["sides"] = {name: _side_from_dict(s) for name, s in d.get("sides", {}).items()}
         if kw.get("variation") is not None:
             kw["variation"] = Variation.from_dict(kw["variation"])
@@ -216,7 +256,7 @@ class RunResult:
 
 def _side_from_dict(d: dict[str, Any]) -> Side:
     known = {f.name for f in fields(Side)}
-    kw = {k: v for k, v in d.items() if k in known}
+    kw = {k: v for k, v in _from_extra(d, SIDE_FIELDS_ONCE_IN_EXTRA).items() if k in known}
     step_fields = {f.name for f in fields(Step)}
     kw["steps"] = [Step(**{k: v for k, v in s.items() if k in step_fields}) for s in d.get("steps", [])]
     kw["timeline"] = Timeline(**d.get("timeline", {}))

@@ -40,6 +40,7 @@ from picklescope.core.events import (
     CodecInfo,
     Event,
     Hello,
+    Next,
     Note,
     RayInfo,
     Ready,
@@ -48,7 +49,7 @@ from picklescope.core.events import (
 from picklescope.core.leftovers import temp_name
 from picklescope.core.units import fmt_bytes, parse_size
 from picklescope.errors import PicklescopeError
-from picklescope.measure import launcher
+from picklescope.measure import launcher, verdicts
 from picklescope.measure.child import arm_stack_dump, begin_measure, end_measure, error_event
 from picklescope.measure.session import KillRecord, ProcessRecord, Series, Session, StepRecord, TrainingStep
 
@@ -482,8 +483,8 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
             start = t0
             if i:
                 start = time.monotonic()
-                conn.send({"type": "next", "codec": result.codec, "t0": start,
-                           "t0_wall": time.time() - (time.monotonic() - start)})
+                conn.send(Next(type="next", codec=result.codec, t0=start,
+                               t0_wall=time.time() - (time.monotonic() - start)))
             session = Session(start, run_dir, sample_interval_s, None if cg_path else budget).start()
             session.adopt("driver", proc.pid, role="driver")
             _adopt_known(session, result, tracking)
@@ -496,11 +497,11 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
             result.wall_s = time.monotonic() - start
             if result.outcome != "ok" or not tracking["finished"]:
                 for later in results[i + 1:]:
-                    later.outcome = "error"
-                    later.error = f"not replayed: the {result.codec} replay before it ended {result.outcome}"
+                    verdicts.conclude(later, "error",
+                                      f"not replayed: the {result.codec} replay before it ended {result.outcome}")
                 break
     except KeyboardInterrupt:
-        current.outcome, current.error = "interrupted", "interrupted (Ctrl-C); every process was stopped"
+        verdicts.conclude(current, "interrupted", "interrupted (Ctrl-C); every process was stopped")
         raise
     finally:
         if session is not None:
@@ -688,8 +689,8 @@ def _follow(session: Session, result: NodeResult, proc: Any, conn: Any, accepter
             return True
         if "driver" in dead:
             if session.kill is None:
-                result.outcome = "error"
-                result.error = result.error or f"the driver exited ({proc.exitcode}) before the last step"
+                verdicts.conclude(result, "error",
+                                  result.error or f"the driver exited ({proc.exitcode}) before the last step")
             return True
         if result.outcome == "error" and session.kill is None:
             return True
@@ -698,7 +699,7 @@ def _follow(session: Session, result: NodeResult, proc: Any, conn: Any, accepter
     if time.monotonic() <= deadline and before_wait():
         return
     if not session.follow(conns, {"driver": proc}, handle, deadline, decided, poll_s=0.05):
-        result.outcome, result.error = "timeout", "the run exceeded its wall-clock limit"
+        verdicts.time_out(result)
 
 
 def _on_driver(session: Session, result: NodeResult, conn: Any, ev: Event, tracking: dict[str, Any]) -> bool:
@@ -731,8 +732,7 @@ def _on_driver(session: Session, result: NodeResult, conn: Any, ev: Event, track
         return True
     elif kind == "error":
         if session.kill is None:
-            result.outcome = "error"
-            result.error = f"{ev.get('exc_type')}: {ev.get('message')}"
+            verdicts.conclude(result, "error", f"{ev.get('exc_type')}: {ev.get('message')}")
             if ev.get("bad_input"):
                 tracking["bad_input"] = ev["bad_input"]
         session.fold("driver", ev)
@@ -822,7 +822,7 @@ def _settle(session: Session, result: NodeResult) -> None:
     result.sampler_priority = session.priority
     result.killed = session.kill
     if session.kill is not None:
-        result.outcome, result.error = "oom-killed", None
+        verdicts.conclude(result, "oom-killed", None)
     base = session.node_baseline
     if base is not None and session.baseline_s is not None:
         pairs = [(t, v) for t, v in zip(session.node.t_s, session.node.bytes) if t >= session.baseline_s]

@@ -36,7 +36,7 @@ def cluster_rows(workload: str, scale: float, codecs: tuple[str, ...], *, ray_ad
             if progress:
                 progress(f"{c} over ray")
             r = run(c, "ray", workload, scale, transport_options={"ray_address": address}, **run_kw)
-            r.extra["role"] = "matrix"
+            r.role = "matrix"
             out.append(r)
         if also is not None:
             also(address)

@@ -44,22 +44,58 @@ def default_scale(workload: str = DEFAULT_WORKLOAD) -> float:
 
 @dataclass
 class Investigation:
-    """All runs of one investigation, in the order they ran."""
+    """All runs of one investigation, in the order they ran, and what the investigation decided."""
 
     workload: str
     scale: float
     results: list[RunResult] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
-    nodes: list[NodeResult] = field(default_factory=list)  # the node pair: legacy and fixed codec, one node each
+    nodes: list[NodeResult] = field(default_factory=list)  # the node pair: legacy, then fixed codec
+    payload_bytes: int | None = None
+    budget: str | None = None  # the budgeted runs' sender budget as given or chosen ("0.5x", "60MiB")
+    budget_bytes: int | None = None
+    budget_given: bool = False  # on the command line (else chosen between the fixed and the legacy codec)
+    budget_transport: str | None = None
+    budget_note: str | None = None  # why there is no budgeted comparison
+    headline: str | None = None  # the verdict in one sentence
+    ray_cluster: dict[str, Any] | None = None  # where the Ray rows ran, its clean-up, or why they did not
+    node_note: str | None = None  # why there is no node pair
+    environment: dict[str, Any] = field(default_factory=dict)
+    command: str | None = None
+    workload_source: str | None = None  # the workload's file, or its preset name
+
+    def __post_init__(self) -> None:
+        """Values given under their old ``extra`` keys go to their fields (for one release)."""
+        for name in INVESTIGATION_FIELDS_ONCE_IN_EXTRA:
+            if name in self.extra:
+                setattr(self, name, self.extra.pop(name))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"workload": self.workload, "scale": self.scale, "extra": self.extra,
-                "results": [r.to_dict() for r in self.results], "nodes": [n.to_json_dict() for n in self.nodes]}
+        d = {"workload": self.workload, "scale": self.scale, "extra": dict(self.extra),
+             "results": [r.to_dict() for r in self.results], "nodes": [n.to_json_dict() for n in self.nodes]}
+        for name in INVESTIGATION_FIELDS_ONCE_IN_EXTRA:
+            d[name] = getattr(self, name)
+            if d[name] is not None:  # the old place too, for one release (readers of results.json)
+                d["extra"].setdefault(name, d[name])
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Investigation:
-        return cls(d["workload"], d["scale"], [RunResult.from_dict(r) for r in d["results"]], d.get("extra", {}),
-                   [NodeResult.from_json_dict(n) for n in d.get("nodes", [])])
+        extra = dict(d.get("extra", {}))
+        typed = {}
+        for name in INVESTIGATION_FIELDS_ONCE_IN_EXTRA:
+            old = extra.pop(name, None)
+            value = d.get(name, old)
+            if value is not None:
+                typed[name] = value
+        return cls(d["workload"], d["scale"], [RunResult.from_dict(r) for r in d["results"]], extra,
+                   [NodeResult.from_json_dict(n) for n in d.get("nodes", [])], **typed)
+
+
+# Typed fields of Investigation that were ``extra`` keys of the same name; results.json keeps both, for one release.
+INVESTIGATION_FIELDS_ONCE_IN_EXTRA = ("payload_bytes", "budget", "budget_bytes", "budget_given", "budget_transport",
+                                      "budget_note", "headline", "ray_cluster", "node_note", "environment", "command",
+                                      "workload_source")
 
 
 def matrix(
@@ -115,7 +151,7 @@ def _choose_budget(inv: Investigation, transport: str) -> Size | None:
     need = {}
     for r in inv.results:
         if r.transport == transport and r.codec in (LEGACY, FIXED) and r.outcome == "ok":
-            need[r.codec] = r.extra.get("headroom") if r.extra.get("headroom") is not None else r.sender.peak_bytes
+            need[r.codec] = r.headroom_bytes if r.headroom_bytes is not None else r.sender.peak_bytes
     if len(need) < 2 or not inv.results or need[LEGACY] <= need[FIXED]:
         return None
     p = inv.results[0].payload_bytes
@@ -186,13 +222,13 @@ def investigate(
         inv = matrix(workload, scale, codecs, transports, progress=progress, repeat=repeat,
                      on_fresh_forkservers_done=lane.forkserver_ready.set if lane else None, **run_kw)
         for r in inv.results:
-            r.extra["role"] = "matrix"
+            r.role = "matrix"
             if headroom and r.outcome == "ok" and r.sender.peak_bytes is not None:
                 seen = r.variation.peak("sender") if r.variation is not None else None
                 h = find_headroom(r.codec, r.transport, workload, scale, peak_bytes=r.sender.peak_bytes,
                                   peak_min_bytes=seen.min if seen is not None else None, on_run=progress, **run_kw)
-                r.extra["headroom"] = h.headroom_bytes
-                r.extra["headroom_detail"] = h.to_dict()
+                r.headroom_bytes = h.headroom_bytes
+                r.headroom_detail = h.to_dict()
         btransport = BUDGET_TRANSPORT if BUDGET_TRANSPORT in transports else transports[0]
         later: list[RunResult] = []
         if trace:
@@ -200,22 +236,22 @@ def investigate(
             if progress:
                 progress(f"{traced} over {btransport} with tracers: {trace}")
             r = run(traced, btransport, workload, scale, tracer=trace, **run_kw)
-            r.extra["role"] = "traced"
+            r.role = "traced"
             later.append(r)
         chosen = given or _choose_budget(inv, btransport)
-        inv.extra.update({"budget": None if chosen is None else str(chosen), "budget_given": given is not None,
-                          "budget_transport": btransport, "environment": envinfo.collect(), "command": command,
-                          "payload_bytes": spec.payload_bytes(scale), "workload_source": spec.source or spec.name})
+        inv.budget, inv.budget_given = None if chosen is None else str(chosen), given is not None
+        inv.budget_transport, inv.environment, inv.command = btransport, envinfo.collect(), command
+        inv.payload_bytes, inv.workload_source = spec.payload_bytes(scale), spec.source or spec.name
         if chosen is not None:
-            inv.extra["budget_bytes"] = chosen.resolve(spec.payload_bytes(scale))
+            inv.budget_bytes = chosen.resolve(spec.payload_bytes(scale))
             for c in codecs:
                 if progress:
                     progress(f"{c} over {btransport} at sender budget {chosen}")
                 r = run(c, btransport, workload, scale, budget=chosen, **run_kw)
-                r.extra["role"] = "budgeted"
+                r.role = "budgeted"
                 later.append(r)
         else:
-            inv.extra["budget_note"] = (f"no budget separates {FIXED} from {LEGACY} here (one of them is missing or "
+            inv.budget_note = (f"no budget separates {FIXED} from {LEGACY} here (one of them is missing or "
                                         "failed, or the legacy codec did not need more); pass --budget to choose one")
         if lane is not None:
             lane.join()
@@ -226,7 +262,7 @@ def investigate(
     if lane is not None:
         lane.merge(inv)
     inv.results.extend(later)
-    inv.extra["headline"] = headline(inv)
+    inv.headline = headline(inv)
     return inv
 
 
@@ -251,7 +287,7 @@ class _RayLane:
         self.rows: list[RunResult] = []
         self.nodes: list[NodeResult] = []
         self.info: dict[str, Any] = {}
-        self.notes: dict[str, str] = {}
+        self.node_note: str | None = None
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._main, name=RAY_LANE, daemon=True)
 
@@ -301,8 +337,8 @@ class _RayLane:
     def merge(self, inv: Investigation) -> None:
         inv.results.extend(self.rows)
         inv.nodes.extend(self.nodes)
-        inv.extra.update(self.notes)
-        inv.extra["ray_cluster"] = self.info
+        inv.node_note = self.node_note
+        inv.ray_cluster = self.info
 
 
 def _node_pair(lane: _RayLane, workload: str, scale: float, codecs: tuple[str, ...],
@@ -335,7 +371,7 @@ def node_pair_sentence(inv: Investigation) -> str | None:
     object-store pages it maps, which depend on where the store places each chunk (docs/node.md)."""
     by = {r.codec: r for r in inv.nodes}
     if LEGACY not in by or FIXED not in by:
-        return inv.extra.get("node_note")
+        return inv.node_note
     leg, fix = by[LEGACY], by[FIXED]
     if leg.outcome != "ok" or fix.outcome != "ok":
         bad = leg if leg.outcome != "ok" else fix
@@ -357,36 +393,35 @@ def node_pair_sentence(inv: Investigation) -> str | None:
 
 def matrix_results(inv: Investigation) -> list[RunResult]:
     """The unbudgeted codec x transport runs (the comparison table)."""
-    return [r for r in inv.results if r.extra.get("role", "matrix") == "matrix"]
+    return [r for r in inv.results if (r.role or "matrix") == "matrix"]
 
 
 def traced_results(inv: Investigation) -> list[RunResult]:
     """The run(s) with in-process tracers attached (what each tracker saw)."""
-    return [r for r in inv.results if r.extra.get("role") == "traced"]
+    return [r for r in inv.results if r.role == "traced"]
 
 
 def budgeted_results(inv: Investigation) -> list[RunResult]:
     """The runs at the investigation's sender budget."""
-    return [r for r in inv.results if r.extra.get("role") == "budgeted"]
+    return [r for r in inv.results if r.role == "budgeted"]
 
 
 def headline(inv: Investigation) -> str:
     """The investigation's verdict in one sentence, from the measured results only."""
     budgeted = {r.codec: r for r in budgeted_results(inv)}
-    payload = inv.extra.get("payload_bytes") or (inv.results[0].payload_bytes if inv.results else 0)
-    heads = {(r.codec, r.transport): r.extra.get("headroom") for r in matrix_results(inv)}
-    t = inv.extra.get("budget_transport", BUDGET_TRANSPORT)
+    payload = inv.payload_bytes or (inv.results[0].payload_bytes if inv.results else 0)
+    heads = {(r.codec, r.transport): r.headroom_bytes for r in matrix_results(inv)}
+    t = inv.budget_transport or BUDGET_TRANSPORT
     gap = ""
     if heads.get((LEGACY, t)) is not None and heads.get((FIXED, t)) is not None and payload:
         diff = (heads[(LEGACY, t)] - heads[(FIXED, t)]) / payload
         gap = f"; over {t} the legacy codec needs {diff:.2f}x payload more sender memory than the fixed one"
     if LEGACY in budgeted and FIXED in budgeted:
-        b = inv.extra.get("budget")
-        bb = inv.extra.get("budget_bytes")
+        b, bb = inv.budget, inv.budget_bytes
         return (f"At a sender budget of {b} payload ({fmt_bytes(bb)}) on {inv.workload} x{inv.scale:g}, "
                 f"{LEGACY} {verdicts.fate(budgeted[LEGACY])} while {FIXED} {verdicts.fate(budgeted[FIXED])}"
                 + "".join(f"; {c} {verdicts.fate(r)}" for c, r in budgeted.items() if c not in (LEGACY, FIXED))
                 + f"{gap}.")
     if gap:
-        return f"On {inv.workload} x{inv.scale:g}{gap} (no budgeted run: {inv.extra.get('budget_note', '')})."
+        return f"On {inv.workload} x{inv.scale:g}{gap} (no budgeted run: {inv.budget_note or ''})."
     return f"{len(inv.results)} runs on {inv.workload} x{inv.scale:g}; no budgeted comparison of {LEGACY} and {FIXED}."

@@ -62,6 +62,7 @@ from typing import Any
 from picklescope.core import procmem
 from picklescope.core.units import fmt_bytes as _fmt
 from picklescope.errors import PicklescopeError
+from picklescope.measure import verdicts
 from picklescope.measure.linetrace import LineRow, LineTracer
 
 METHODS = {"__getstate__": "__getstate__", "getstate": "__getstate__",
@@ -215,9 +216,11 @@ def stepthrough(
     msg, exitcode = launcher.call_once(_child_main, (cfg,), "picklescope-stepthrough", timeout_s)
     result.wall_s = time.monotonic() - t0
     if msg is None:
-        result.outcome = "timeout" if exitcode is None or result.wall_s >= timeout_s else "error"
-        result.error = (f"no answer within {timeout_s:g} s" if result.outcome == "timeout"
-                        else f"the step-through process ended without a result (exit code {exitcode})")
+        if exitcode is None or result.wall_s >= timeout_s:
+            verdicts.conclude(result, "timeout", f"no answer within {timeout_s:g} s")
+        else:
+            verdicts.conclude(result, "error",
+                              f"the step-through process ended without a result (exit code {exitcode})")
         return result
     if msg.get("bad_input"):
         raise PicklescopeError(*msg["bad_input"])
@@ -225,7 +228,8 @@ def stepthrough(
     result.baseline_bytes, result.peak_bytes = msg.get("baseline_bytes"), msg.get("peak_bytes")
     result.target = msg.get("target") or result.target
     if msg.get("error"):
-        result.outcome, result.error, result.traceback = "error", msg["error"], msg.get("traceback")
+        verdicts.conclude(result, "error", msg["error"])
+        result.traceback = msg.get("traceback")
     return result
 
 

@@ -170,7 +170,7 @@ def run_cell(code: str, *, imports: list[str] | tuple[str, ...] = (), variables:
 
         if not session.follow({SIDE: conn}, {SIDE: proc}, lambda _name, ev: fold.handle(ev), t0 + timeout_s,
                               decided):
-            result.outcome, result.error = "timeout", "the cell exceeded its wall-clock limit"
+            verdicts.time_out(result, "the cell")
     finally:
         session.stop()
         if proc is not None:
@@ -194,10 +194,9 @@ def run_cell(code: str, *, imports: list[str] | tuple[str, ...] = (), variables:
         last = fold.errors[-1]
         result.extra["traceback"] = last["traceback"]
         if result.outcome == "ok":
-            result.outcome, result.error = "error", f"{last['exc_type']}: {last['message']}"
+            verdicts.conclude(result, "error", f"{last['exc_type']}: {last['message']}")
     if not done and result.outcome == "ok":
-        result.outcome = "error"
-        result.error = f"the cell's process ended without a result (exit code {side.exit_code})"
+        verdicts.conclude(result, "error", f"the cell's process ended without a result (exit code {side.exit_code})")
     verdicts.decide(result, fold.errors, {SIDE: done}, guard.kills, result.enforcement, {})
     if result.outcome == "oom-killed" and side.peak_bytes is None:
         side.peak_bytes = result.memory_at_death_bytes  # no VmHWM reading survives a SIGKILL

@@ -362,8 +362,7 @@ def _drive(session: Session, state: RunFold, procs: dict[str, Any], conns: dict[
         return state.done["sender"] and state.done["receiver"]
 
     if not session.follow(conns, procs, lambda _name, ev: state.handle(ev), deadline, decided):
-        state.result.outcome = "timeout"
-        state.result.error = "the run exceeded its wall-clock limit"
+        verdicts.time_out(state.result)
 
 
 def _armed_budgets(result: RunResult, limits: Any) -> None:
@@ -398,15 +397,13 @@ def finish_run(state: RunFold) -> None:
         return
     if state.errors:
         first = state.errors[0]
-        r.outcome = "error"
-        r.error = f"{first['side']}: {first['exc_type']}: {first['message']}"
+        verdicts.conclude(r, "error", f"{first['side']}: {first['exc_type']}: {first['message']}")
         r.extra["traceback"] = first.get("traceback")
         return
     for name in ("sender", "receiver"):
         if not state.done[name]:
             side = r.sides[name]
-            r.outcome = "error"
-            r.error = f"{name} process ended without a result (exit code {side.exit_code})"
+            verdicts.conclude(r, "error", f"{name} process ended without a result (exit code {side.exit_code})")
             return
     if r.roundtrip.get("ok") is False:
-        r.outcome = "ok"  # the run itself worked; the mismatch is reported in roundtrip
+        verdicts.conclude(r, "ok")  # the run itself worked; the mismatch is reported in roundtrip

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import sysconfig
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from picklescope.core.result import RunResult, Side, Step
 from picklescope.core.units import fmt_bytes
@@ -186,7 +186,7 @@ def apply_kill(r: RunResult, kill: Any, enforcement: str) -> None:
         step = first_over(side, kill.budget_bytes)
     if step is None:
         step = step_at(side, kill.t_s) or innermost_open(side)
-    r.outcome = "oom-killed"
+    conclude(r, "oom-killed")
     r.killed_side = kill.side
     r.killed_in_step = step.name if step else None
     r.enforcement = enforcement
@@ -194,7 +194,7 @@ def apply_kill(r: RunResult, kill: Any, enforcement: str) -> None:
     r.stack_at_death = kill.stack
     frame = culprit(main_thread_frames(kill.stack)) if kill.stack else None
     r.killed_at_line = frame.line if frame else None
-    r.extra["killed_at"] = str(frame) if frame else None
+    r.killed_at = str(frame) if frame else None
     r.extra["kill"] = kill.to_dict()
     if step is not None and step.end_s is not None and step.end_s < kill.t_s:
         r.extra["stack_note"] = (f"the budget was crossed in step {step.name} (its exact peak), which had ended "
@@ -215,7 +215,7 @@ def apply_external_kill(r: RunResult, side_name: str, enforcement: str, counters
     side = r.sides[side_name]
     step = innermost_open(side)
     _trim_at_peak(side, step.start_s if step else None)
-    r.outcome = "oom-killed"
+    conclude(r, "oom-killed")
     r.killed_side = side_name
     r.killed_in_step = step.name if step else None
     r.enforcement = enforcement
@@ -272,16 +272,45 @@ def apply_memory_error(r: RunResult, err: dict[str, Any], explanation: str) -> N
     side = r.sides[err["side"]]
     step = innermost_failed(side)
     original = f"{err['exc_type']}: {err['message']}"
-    r.outcome = "memory-error"
+    conclude(r, "memory-error")
     r.killed_side = err["side"]
     r.killed_in_step = step.name if step else None
     r.original_error = original
     frame = culprit(traceback_frames(err.get("traceback") or ""))
     r.killed_at_line = frame.line if frame else None
-    r.extra["killed_at"] = str(frame) if frame else None
+    r.killed_at = str(frame) if frame else None
     r.memory_at_death_bytes = step.peak_bytes if step else None
     where = f" in step {r.killed_in_step}" if r.killed_in_step else ""
     r.error = f"{err['side']} ran out of memory{where}: {explanation}. Original error: {original}"
+
+
+OUTCOMES = ("ok", "error", "timeout", "interrupted", "oom-killed", "memory-error")
+_UNCHANGED: Any = object()
+
+
+class HasOutcome(Protocol):
+    """Any result with a verdict: a run, a measured cell, a node replay, a step-through."""
+
+    outcome: str
+    error: str | None
+
+
+def conclude(r: HasOutcome, outcome: str, error: str | None = _UNCHANGED) -> None:
+    """Set ``r``'s outcome, and its error when one is given: the one place any result's outcome is set.
+
+    Every kind of result goes through here (the runner, the cell magic, the Ray orchestration, the node
+    replay, the step-through and the kill verdicts below), so an outcome is always one of ``OUTCOMES``
+    and every view can word it (:func:`verdict`)."""
+    if outcome not in OUTCOMES:
+        raise ValueError(f"outcome {outcome!r} is not one of {', '.join(OUTCOMES)}")
+    r.outcome = outcome
+    if error is not _UNCHANGED:
+        r.error = error
+
+
+def time_out(r: HasOutcome, what: str = "the run") -> None:
+    """``r`` ran past its wall-clock limit."""
+    conclude(r, "timeout", f"{what} exceeded its wall-clock limit")
 
 
 def decide(r: RunResult, errors: list[dict[str, Any]], done: dict[str, bool], kills: dict[str, Any],

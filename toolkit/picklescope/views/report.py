@@ -136,7 +136,7 @@ def _verdict_block(r: RunResult) -> str:
     out = [f"<h3>{e(_label(r))}: <span class='{e(r.outcome)}'>{e(r.outcome)}</span></h3>"]
     death = fmt_bytes(r.memory_at_death_bytes) if r.memory_at_death_bytes is not None else None
     rows = [("killed side", r.killed_side), ("step", r.killed_in_step),
-            ("line", _readable_path(r.extra.get("killed_at"))), ("memory at death (above baseline)", death),
+            ("line", _readable_path(r.killed_at)), ("memory at death (above baseline)", death),
             ("enforcement", r.enforcement), ("why this enforcement", r.enforcement_note)]
     if r.outcome in ("oom-killed", "memory-error"):
         out.append("<table>" + "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in rows) + "</table>")
@@ -153,7 +153,7 @@ def _verdict_block(r: RunResult) -> str:
 def _headroom_rows(results: list[RunResult]) -> list[dict[str, Any]]:
     rows = []
     for r in results:
-        h = r.extra.get("headroom_detail")
+        h = r.headroom_detail
         if not h:
             continue
         p = r.payload_bytes
@@ -236,23 +236,23 @@ def render(inv: Investigation) -> str:
     matrix = matrix_results(inv)
     budgeted = budgeted_results(inv)
     title = f"picklescope postmortem: {inv.workload} x{inv.scale:g}"
-    payload = inv.extra.get("payload_bytes") or (inv.results[0].payload_bytes if inv.results else None)
+    payload = inv.payload_bytes or (inv.results[0].payload_bytes if inv.results else None)
     parts = [f"<h1>{e(title)}</h1>",
              f"<p class='note'>Payload {e(fmt_bytes(payload))}; {len(inv.results)} runs; written "
              f"{e(time.strftime('%Y-%m-%d %H:%M:%S'))}.</p>",
-             f"<p class='headline'>{e(inv.extra.get('headline') or 'No headline was computed for these results.')}</p>"]
+             f"<p class='headline'>{e(inv.headline or 'No headline was computed for these results.')}</p>"]
 
     parts.append("<h2>Under a memory budget</h2>")
     if budgeted:
-        parts.append(f"<p>Sender budget {e(inv.extra.get('budget'))} payload "
-                     f"({e(fmt_bytes(inv.extra.get('budget_bytes')))}) over {e(inv.extra.get('budget_transport'))}"
-                     f"{' (given on the command line)' if inv.extra.get('budget_given') else ''}.</p>")
+        parts.append(f"<p>Sender budget {e(inv.budget)} payload "
+                     f"({e(fmt_bytes(inv.budget_bytes))}) over {e(inv.budget_transport)}"
+                     f"{' (given on the command line)' if inv.budget_given else ''}.</p>")
         for r in budgeted:
             parts.append(_verdict_block(r))
             parts.append(figs.block(figures.timeline_figure, r, caption=f"Timeline of {_label(r)}: RSS of both sides, "
                                     "step bands and the budget line; a killed side's curve ends at the kill."))
     else:
-        parts.append(f"<p class='note'>{e(inv.extra.get('budget_note') or 'No budgeted run in these results.')}</p>")
+        parts.append(f"<p class='note'>{e(inv.budget_note or 'No budgeted run in these results.')}</p>")
 
     parts.append("<h2>Comparison</h2>")
     parts.append(_table(table.comparison_rows(matrix)))
@@ -297,7 +297,7 @@ def render(inv: Investigation) -> str:
                      "attribute memory to steps.</p>")
 
     parts.append("<h2>What each tracker saw</h2>")
-    traced = [r for r in inv.results if r.extra.get("role") == "traced"]
+    traced = [r for r in inv.results if r.role == "traced"]
     for r in traced:
         rows, notes = _tracer_rows(r)
         parts.append(f"<p>{e(_label(r))}, unbudgeted, with every tracker attached. Each tracker's view of the "
@@ -314,9 +314,9 @@ def render(inv: Investigation) -> str:
                      "was attached to these runs.</p>")
 
     parts.append("<h2>Environment</h2>")
-    parts.append(_environment(inv.extra.get("environment") or {}))
+    parts.append(_environment(inv.environment or {}))
     parts.append("<h2>Reproduce</h2>")
-    cmd = inv.extra.get("command") or reproduce_command(inv)
+    cmd = inv.command or reproduce_command(inv)
     parts.append(f"<pre>{e(cmd)}</pre>")
 
     body = "\n".join(parts)
@@ -329,10 +329,10 @@ def reproduce_command(inv: Investigation) -> str:
     """The CLI command that repeats an investigation that was started from Python."""
     import shlex
 
-    workload = inv.extra.get("workload_source") or inv.workload
+    workload = inv.workload_source or inv.workload
     args = ["picklescope", "reproduce", "--workload", workload, "--scale", f"{inv.scale:g}"]
-    if inv.extra.get("budget_given") and inv.extra.get("budget"):
-        args += ["--budget", str(inv.extra["budget"])]
+    if inv.budget_given and inv.budget:
+        args += ["--budget", str(inv.budget)]
     return shlex.join(args)
 
 

@@ -84,8 +84,8 @@ def comparison_rows(results: Sequence[RunResult]) -> list[dict[str, Any]]:
                                            f"{_mult(r.memory_at_death_bytes, p)}"
         if r.killed_side == "sender" and (v is None or v.peak_bytes is None):
             row["receiver peak"] = "never started"
-        if "headroom" in r.extra:
-            h = r.extra["headroom"]
+        if r.headroom_detail is not None:  # a case whose headroom was searched
+            h = r.headroom_bytes
             row["sender headroom"] = "-" if h is None else f"{h / p:.2f}x"
         rows.append(row)
     return rows

@@ -105,13 +105,13 @@ def main(args: argparse.Namespace) -> int:
         bar.refresh()
     finally:
         bar.close()
-    payload = inv.extra.get("payload_bytes") or 0
+    payload = inv.payload_bytes or 0
     print(f"workload {inv.workload} x{inv.scale:g}: payload {fmt_bytes(payload)}")
     print(table.render(table.comparison_rows(matrix_results(inv))))
     for r in matrix_results(inv):
         if r.variation is not None and r.variation.varies:
             print(f"{r.codec} over {r.transport}: {table.variation_summary(r)}")
-    ray_error = (inv.extra.get("ray_cluster") or {}).get("error")
+    ray_error = (inv.ray_cluster or {}).get("error")
     if ray_error:
         print(f"ray rows: not measured, the local Ray cluster did not start ({ray_error})")
     if inv.nodes:
@@ -125,13 +125,12 @@ def main(args: argparse.Namespace) -> int:
     budgeted = budgeted_results(inv)
     if budgeted:
         print()
-        print(f"sender budget {inv.extra['budget']} ({fmt_bytes(inv.extra.get('budget_bytes'))}) over "
-              f"{inv.extra['budget_transport']}:")
+        print(f"sender budget {inv.budget} ({fmt_bytes(inv.budget_bytes)}) over {inv.budget_transport}:")
         print(table.render([{"codec": r.codec, "outcome": r.outcome, "side": r.killed_side or "-",
-                             "step": r.killed_in_step or "-", "line": r.extra.get("killed_at") or "-"}
+                             "step": r.killed_in_step or "-", "line": r.killed_at or "-"}
                             for r in budgeted]))
     print()
-    print(inv.extra["headline"])
+    print(inv.headline)
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(inv.to_dict(), f)
     path = write_report(inv, os.path.join(out, "report.html"))

@@ -38,8 +38,8 @@ def main(args: argparse.Namespace) -> int:
         return 0
     print(f"{r.codec} over {r.transport} on {r.workload} x{r.scale:g} (payload {fmt_bytes(r.payload_bytes)}): "
           + verdicts.verdict(r).sentence(r.outcome))
-    if r.extra.get("killed_at"):
-        print(f"died at {r.extra['killed_at']} with {fmt_bytes(r.memory_at_death_bytes)} above baseline "
+    if r.killed_at:
+        print(f"died at {r.killed_at} with {fmt_bytes(r.memory_at_death_bytes)} above baseline "
               f"(enforcement: {r.enforcement}); --json has the Python stack at death")
     print(table.render(table.steps_rows(r)))
     print()

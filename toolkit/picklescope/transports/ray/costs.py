@@ -55,7 +55,7 @@ def summarize(r: RunResult, shm: dict[str, dict[str, Any]], ray_path: str) -> No
             pages = max(0, rec["end"] - rec["baseline"])
             side.extra["store_pages_bytes"] = pages
             if side.peak_bytes is not None:
-                side.extra["private_peak_bytes"] = max(0, side.peak_bytes - pages)
+                side.private_peak_bytes = max(0, side.peak_bytes - pages)
     p = r.payload_bytes or 1
     ser, write = snd.step("ray.serialize"), snd.step("object-store write")
     r.extra["sender_cost"] = {
@@ -71,7 +71,7 @@ def summarize(r: RunResult, shm: dict[str, dict[str, Any]], ray_path: str) -> No
     work = next((st for st in rcv.steps if st.name in RECEIVER_WORK_STEPS), None)
     status = (r.extra.get("received") or {}).get("status")
     cost: dict[str, Any] = {"step": None if work is None else work.name, "received": status,
-                            "private_peak_bytes": rcv.extra.get("private_peak_bytes"),
+                            "private_peak_bytes": rcv.private_peak_bytes,
                             "store_pages_bytes": rcv.extra.get("store_pages_bytes")}
     if work is not None:
         private = _private(work, shared["receiver"])

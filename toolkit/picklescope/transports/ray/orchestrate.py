@@ -317,5 +317,4 @@ def _drive(run: RayRun, proc: Any, conn: Any, listener: _Listener, session: Sess
     take_actor()
     if not session.follow(conns, {"sender": proc}, lambda _name, ev: run.handle(ev, session), deadline, decided,
                           poll_s=0.2):
-        state.result.outcome = "timeout"
-        state.result.error = "the run exceeded its wall-clock limit"
+        verdicts.time_out(state.result)
