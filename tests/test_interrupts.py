@@ -225,6 +225,53 @@ def test_ctrl_c_during_a_ray_run_ends_the_cluster(files):
         kill_all(procs + ray_procs)
 
 
+@pytest.mark.skipif(not ray_available(), reason="ray is not installed (pip install 'picklescope[ray]')")
+def test_ctrl_c_while_reproduce_runs_its_two_lanes_ends_both(files):
+    """``reproduce`` runs the Ray rows and the node pair in a thread beside the in-process matrix. Ctrl-C
+    while both go (the local cluster is up, the matrix is measuring) ends the lane's runs too: exit 130
+    with one line, no process of either lane and no temporary left."""
+    from picklescope.core import leftovers
+
+    out = files / "out"
+    p = subprocess.Popen([sys.executable, "-m", "picklescope", "reproduce", "--workload", "tiny", "--scale", "1",
+                          "--no-headroom", "--no-trace", "--out", str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 300
+    raylet = None
+    while raylet is None and time.monotonic() < deadline and p.poll() is None:
+        for q in psutil.process_iter():
+            try:
+                if "raylet" in q.name() and any(f"psrayc-{p.pid}-" in a for a in q.cmdline()):
+                    raylet = q
+            except psutil.Error:
+                continue
+        time.sleep(0.1)
+    assert raylet is not None, p.communicate(timeout=60)
+    time.sleep(2)  # the cluster's other processes start, the matrix goes on
+    procs = descendants(p.pid)
+    cluster = [q for q in psutil.process_iter() if _sid(q.pid) == _sid(raylet.pid)]
+    assert any(q.pid != raylet.pid for q in cluster)
+    try:
+        os.kill(p.pid, signal.SIGINT)
+        stdout, stderr = p.communicate(timeout=180)
+        assert p.returncode == 130, (stdout[-2000:], stderr[-2000:])
+        assert stderr.strip().splitlines()[-1].split("\r")[-1].strip() == "picklescope: interrupted", stderr[-2000:]
+        assert alive(procs + cluster, wait_s=10) == []
+        assert _poll(lambda: [q for q in psutil.process_iter() if any("psray" in a and f"-{p.pid}-" in a
+                                                                      for a in _cmdline(q))], 5) == []
+        assert _poll(lambda: [e for root in leftovers.temp_roots() for e in os.listdir(root)
+                              if leftovers.creator_pid(os.path.join(root, e)) == p.pid], 5) == []
+    finally:
+        kill_all(procs + cluster)
+
+
+def _cmdline(q: psutil.Process) -> list[str]:
+    try:
+        return q.cmdline()
+    except psutil.Error:
+        return []
+
+
 def _sid(pid: int) -> int | None:
     try:
         return os.getsid(pid)

@@ -455,3 +455,8 @@ def test_a_series_of_verl_codecs_is_refused_in_one_line():
 
     with pytest.raises(PicklescopeError, match="run picklescope node once per verl codec"):
         node_series(("verl-0.9.0:numpy", "verl-0.9.1:numpy"), "tiny", 1.0, 2, 2)
+    for codecs in ("numpy-legacy,,numpy", "verl-0.9.0:numpy,numpy"):
+        p = subprocess.run([sys.executable, "-m", "picklescope", "node", "--codec", codecs], capture_output=True,
+                           text=True, timeout=120)
+        assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+        assert p.stderr.startswith("picklescope: error: ") and " use " in p.stderr, p.stderr

@@ -106,13 +106,15 @@ def _field(status: bytes, name: bytes) -> int | None:
 class Meter:
     """The kernel's counters a recorded call is measured with, opened once per process.
 
-    ``before()`` resets the process's high-water mark (``/proc/self/clear_refs``, 5) and reads it
-    back with the resident size; ``after()`` reads both again. That is the measurement the probe
-    exists to take and the only work a recorded call waits for besides a shallow copy of the batch's
-    containers (``benchmarks/capture_overhead.py`` times it apart from the rest). The high-water
-    mark is read with ``getrusage`` (no text to format or parse); where that reports a peak older
-    than the reset (``ru_maxrss`` above the resident size right after it), ``VmHWM`` from
-    ``/proc/self/status`` is read instead.
+    ``before()`` resets the process's high-water mark (``/proc/self/clear_refs``, 5) and reads it back:
+    right after a reset the mark is the resident size, so that one read is also the size before the
+    call. ``after()`` reads the mark and the resident size (``/proc/self/statm``) again. Four system
+    calls on the fds opened here, and nothing else, is what a recorded call waits for besides a shallow
+    copy of the batch's containers (``benchmarks/capture_overhead.py`` times them apart from the rest).
+    The mark is read with ``getrusage`` (no text to format or parse); where that reports a peak older
+    than the reset (checked once, when the meter is made), the resident size is read before the call
+    and ``VmHWM`` from ``/proc/self/status`` after it. Where ``clear_refs`` cannot be written, only the
+    resident sizes are read and the record says its peak is not exact.
     """
 
     def __init__(self) -> None:
@@ -124,18 +126,22 @@ class Meter:
         self.status = os.open("/proc/self/status", os.O_RDONLY)
         self.via_status = False
         if self.clear is not None:  # does getrusage follow the reset in this process?
-            m0, statm0 = self.before()
-            self.via_status = self.stale(m0, statm0)
-
-    def before(self) -> tuple[int | None, bytes]:
-        m0 = None
-        if self.clear is not None:
             os.write(self.clear, b"5")
             m0 = resource.getrusage(resource.RUSAGE_THREAD).ru_maxrss
-        return m0, os.pread(self.statm, 128, 0)
+            self.via_status = self.stale(m0, os.pread(self.statm, 128, 0))
 
-    def after(self, m0: int | None) -> tuple[int | None, bytes | None, bytes]:
-        if m0 is None:
+    def before(self) -> tuple[int | None, bytes | None]:
+        """(the mark in KiB right after the reset, None); or (None, statm) where that mark cannot be had."""
+        if self.clear is None:
+            return None, os.pread(self.statm, 128, 0)
+        os.write(self.clear, b"5")
+        if self.via_status:
+            return None, os.pread(self.statm, 128, 0)
+        return resource.getrusage(resource.RUSAGE_THREAD).ru_maxrss, None
+
+    def after(self) -> tuple[int | None, bytes | None, bytes]:
+        """(the mark in KiB, or None; ``/proc/self/status`` where the mark is read there, or None; statm)."""
+        if self.clear is None:
             return None, None, os.pread(self.statm, 128, 0)
         if self.via_status:
             return None, os.pread(self.status, 4096, 0), os.pread(self.statm, 128, 0)
@@ -285,18 +291,18 @@ class Probe:
             m0, statm0 = meter.before()  # type: ignore[union-attr]
         except Exception as exc:  # noqa: BLE001
             self._fail(f"reading memory before the call failed: {exc}")
-        c0, t0 = time.thread_time(), time.perf_counter()
+        t0 = time.perf_counter()
         try:
             result = original(*args, **kwargs)  # the trainer's own call: its exceptions are its own
         except BaseException:
             self._pending.append(n)  # nothing to record; the writer still puts the original back after the last
             raise
-        t1, c1 = time.perf_counter(), time.thread_time()
+        t1 = time.perf_counter()
         try:
-            m1, status1, statm1 = meter.after(m0)  # type: ignore[union-attr]
+            m1, status1, statm1 = meter.after()  # type: ignore[union-attr]
             # a deque append: no lock, no wake-up; the writer looks every POLL_S seconds
             self._pending.append((n, _snapshot(args[0]) if args else (None, None), m0, statm0, m1, status1, statm1,
-                                  t1 - t0, c1 - c0))
+                                  t1 - t0))
         except Exception as exc:  # noqa: BLE001 - never raise into the trainer
             self._fail(f"recording call {n} failed: {type(exc).__name__}: {exc}")
         return result
@@ -329,17 +335,14 @@ class Probe:
                 return  # the original is back: nothing more will come
 
     def _record(self, n: int, snap: tuple[Any, type | None], m0: int | None, statm0: bytes | None, m1: int | None,
-                status1: bytes | None, statm1: bytes, wall: float, cpu: float) -> None:
+                status1: bytes | None, statm1: bytes, wall: float) -> None:
         from picklescope.investigate.workload_from import describe_live, to_yaml
 
         c_start = time.thread_time()
         when = time.time()
-        before = int(statm0.split()[1]) * PAGE if statm0 else None
+        # right after the reset the mark is the resident size: that is the size before the call
+        before = m0 * 1024 if m0 is not None else (int(statm0.split()[1]) * PAGE if statm0 else None)
         after = int(statm1.split()[1]) * PAGE
-        if m1 is not None and Meter.stale(m0, statm0):  # type: ignore[arg-type]
-            m1 = None  # getrusage kept an older peak: this call's is unknown, later calls read VmHWM
-            if self._meter is not None:
-                self._meter.via_status = True
         if m1 is not None:
             hwm: int | None = m1 * 1024
         elif status1 is not None:
@@ -350,7 +353,7 @@ class Probe:
         pid = os.getpid()
         rec: dict[str, Any] = {
             "call": n, "pid": pid, "process": " ".join(sys.argv[:3])[:200], "target": self.target,
-            "mode": os.environ.get(MODE_ENV) or "torch (default)", "time": when, "wall_s": wall, "cpu_s": cpu,
+            "mode": os.environ.get(MODE_ENV) or "torch (default)", "time": when, "wall_s": wall,
             "rss_before_bytes": before, "rss_after_bytes": after,
             "held_bytes": (after - before) if before is not None else None,
             "peak_bytes": max(hwm - before, after - before, 0) if hwm is not None and before is not None else None,

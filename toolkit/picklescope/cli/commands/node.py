@@ -25,7 +25,9 @@ def _resources(text: str) -> dict[str, float]:
 
 def register(sub: Any) -> None:
     p = sub.add_parser("node", help="replay a verl node: a driver and N worker actors over K training steps")
-    p.add_argument("--codec", default="numpy", help="codec, including verl-<version>:<mode>; default numpy")
+    p.add_argument("--codec", default="numpy",
+                   help="codec, including verl-<version>:<mode>; default numpy. Several built-in ones joined by commas "
+                        "(numpy-legacy,numpy) replay one after the other on the same driver and workers")
     p.add_argument("--workload", default="flowgrpo", help="preset name or YAML path; default flowgrpo")
     p.add_argument("--scale", type=float, default=0.25, help="factor on the batch dimension; default 0.25")
     p.add_argument("--workers", type=int, default=4, help="worker actors; default 4")
@@ -47,19 +49,24 @@ def register(sub: Any) -> None:
                    help="Ray resources each worker needs, as JSON (pins workers to nodes that have them)")
     p.add_argument("--spread", action="store_true", help="spread the workers over the cluster's nodes")
     p.add_argument("--timeout", type=seconds, default=900.0, help="wall-clock limit in seconds; default 900")
-    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.add_argument("--json", action="store_true",
+                   help="print the result as one JSON object (a list of them for several codecs)")
     p.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
-    from picklescope.investigate.node import node
+    from picklescope.investigate.node import node_series
 
-    r = node(args.codec, args.workload, args.scale, args.workers, args.steps, returns=args.returns,
-             dispatch=args.dispatch, gc=args.gc, transport=args.transport, node_budget=args.node_budget,
-             ray_address=args.ray_address, worker_resources=args.worker_resources, spread=args.spread,
-             engine=args.engine, enforcement=args.enforcement, timeout_s=args.timeout)
+    codecs = [c.strip() for c in args.codec.split(",")]
+    if not all(codecs):
+        raise PicklescopeError(f"--codec {args.codec!r} has an empty name", "use e.g. --codec numpy-legacy,numpy")
+    results = node_series(codecs, args.workload, args.scale, args.workers, args.steps, returns=args.returns,
+                          dispatch=args.dispatch, gc=args.gc, transport=args.transport, node_budget=args.node_budget,
+                          ray_address=args.ray_address, worker_resources=args.worker_resources, spread=args.spread,
+                          engine=args.engine, enforcement=args.enforcement, timeout_s=args.timeout)
     if args.json:
-        print_json(r.to_json_dict())
+        docs = [r.to_json_dict() for r in results]
+        print_json(docs[0] if len(docs) == 1 else docs)
     else:
-        print(r.summary())
-    return 0 if r.outcome in ("ok", "oom-killed") else 1
+        print("\n\n".join(r.summary() for r in results))
+    return 0 if all(r.outcome in ("ok", "oom-killed") for r in results) else 1
