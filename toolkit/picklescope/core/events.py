@@ -394,8 +394,8 @@ class Next(TypedDict):
     series (``investigate/node.node_series``), on a clock that starts at ``t0`` (the parent's monotonic
     clock; ``t0_wall`` the same moment on the wall clock, for workers on another machine).
 
-    The driver switches its codec and every worker's, runs one unmeasured training step, takes new
-    baselines and sends :class:`Ready` again.
+    The driver switches its codec and every worker's, runs as many unmeasured training steps, takes
+    new baselines and sends :class:`Ready` again.
     """
 
     type: Literal["next"]

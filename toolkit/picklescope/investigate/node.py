@@ -397,11 +397,11 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
 
     Starting a node is most of its cost (each worker imports torch, tensordict and Ray), so comparing
     codecs on one set of processes (``reproduce``'s node pair) saves that start for every codec after the
-    first. So that every replay starts from the same state, each one is preceded by one unmeasured
-    training step with its own codec (the store pages and allocator arenas it leaves are part of every
-    replay's baseline, docs/node.md says what that means for the figures) and a full collection with the
-    freed heap given back; then its own baseline, its own clock (``t_s`` from its own start) and its
-    own session. A series needs codecs one process can switch between: the built-in ones. A replay that
+    first. So that every replay starts from the same state, each one is preceded by as many unmeasured
+    training steps with its own codec and collector (the store pages and allocator arenas they leave are
+    part of every replay's baseline, docs/node.md says what that means for the figures) and a full
+    collection with the freed heap given back; then its own baseline, its own clock (``t_s`` from its own
+    start) and its own session. A series needs codecs one process can switch between: the built-in ones. A replay that
     does not end ``ok`` ends the series; the replays after it say so. Every option applies to each replay.
     """
     from picklescope.workloads.spec import load_workload
@@ -442,7 +442,9 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
     room = sends * payload
     if gc == "off":  # room for the chunks uncollected cycles keep pinned, up to 16 steps' worth: a full
         # store makes Ray call gc.collect() in every process, which --gc off must not get by accident
-        room = max(room, (min(steps, 16) + 1) * payload * (workers if dispatch == "broadcast" else 1))
+        # (a series' unmeasured steps before each replay pin as many again until they are collected)
+        room = max(room, (min(steps, 16) * (2 if len(codecs) > 1 else 1) + 1) * payload
+                   * (workers if dispatch == "broadcast" else 1))
     store = object_store_bytes(payload, int(room + (returns or 0) * payload + 64 * 2**20))
     results = [NodeResult(codec, wl.name, scale, workers, steps, payload, dispatch, gc, transport, returns,
                           engine=engine, enforcement=enforcement, budget_bytes=budget) for codec in codecs]
@@ -452,7 +454,7 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
     cfg = {"codec": codecs[0], "workload": wl.source or wl.name, "scale": scale,
            "workers": workers, "steps": steps, "returns": returns, "dispatch": dispatch, "gc": gc,
            "transport": transport, "engine": engine, "ray_path": "arg", "ray_address": ray_address,
-           "ray_temp_dir": ray_tmp, "warm_up": "step" if len(codecs) > 1 else "row",
+           "ray_temp_dir": ray_tmp, "warm_up": "steps" if len(codecs) > 1 else "row",
            "object_store_bytes": store, "run_dir": run_dir, "t0": t0,
            "t0_wall": time.time() - (time.monotonic() - t0), "machine": machine_id(),
            "events_address": accepter.listener.address, "events_key": accepter.key.hex(),
@@ -1137,9 +1139,12 @@ def _replay(conn: Any, cfg: dict[str, Any], engine: Any, whole: Any) -> bool:
     """One measured replay of ``cfg["steps"]`` training steps; False if the parent went away before it began."""
     from picklescope.transports.ray import events
 
-    series = cfg.get("warm_up") == "step"
-    if series:  # every replay of a series starts after one unmeasured step of its own codec
-        engine.step(whole)
+    series = cfg.get("warm_up") == "steps"
+    if series:  # every replay of a series starts after as many unmeasured training steps of its own codec,
+        # under its own collector: the store pages and allocator arenas its pattern needs are in its baseline
+        _apply_gc(cfg["gc"])
+        for _ in range(cfg["steps"]):
+            engine.step(whole)
     engine.arm()
     gc.enable()
     gc.collect()
@@ -1162,9 +1167,8 @@ def _replay(conn: Any, cfg: dict[str, Any], engine: Any, whole: Any) -> bool:
                    "private_baseline_bytes": private_base, "full_collections": _full_collections[0]})
 
     def at_end() -> int:
-        full = _full_collections[0]
         engine.finish()  # the workers end their own measured phase
-        return full
+        return _full_collections[0]  # a collection Ray asked for meanwhile changes what is held: counted
 
     m = end_measure(conn, meter, None, read_at_end=at_end, trim=series)
     conn.send({"type": "done", "side": "driver", "peak_bytes": m.peak_bytes, "held_bytes": m.held_bytes,
@@ -1347,7 +1351,7 @@ class NodeWorker:
 
         gc.enable()
         gc.collect()
-        if self.cfg.get("warm_up") == "step":  # a series: what the warm-up step freed, given back (as the driver)
+        if self.cfg.get("warm_up") == "steps":  # a series: what the warm-up freed, given back (as the driver)
             procmem.trim_heap()
         _apply_gc(self.cfg["gc"])
         _count_full_collections()
@@ -1384,6 +1388,6 @@ class NodeWorker:
         if meter is None:
             return
         m = end_measure(self.conn, meter, None, read_at_end=lambda: _full_collections[0],
-                        trim=self.cfg.get("warm_up") == "step")
+                        trim=self.cfg.get("warm_up") == "steps")
         self.conn.send({"type": "done", "side": self.name, "peak_bytes": m.peak_bytes, "held_bytes": m.held_bytes,
                         "cycle_held_bytes": m.cycle_held_bytes, "t_s": meter.now(), "full_collections": m.at_end})

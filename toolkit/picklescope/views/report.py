@@ -214,7 +214,7 @@ def _node_section(inv: Investigation, figs: _Figures) -> str:
     out = ["<p>A driver splits each training step's batch into one chunk per worker actor and sends each chunk as "
            "a Ray call argument (the chunk's <code>__getstate__</code> runs in the driver); the workers answer with a "
            "small result that the driver joins back together. Both codecs replay on the same driver and workers, "
-           "each after one unmeasured training step of its own. Memory is above each process's own baseline, as a "
+           "each after as many unmeasured training steps of its own. Memory is above each process's own baseline, as a "
            "multiple of the whole batch's payload. The driver's <i>own</i> memory is what only it holds (the object "
            "store apart); a <i>driver peak</i> is the kernel's exact high-water mark, which also counts object-store "
            "pages the driver maps, and how many depends on where the store places each chunk. The figures stack "
