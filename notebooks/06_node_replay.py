@@ -103,8 +103,9 @@ def replay(codec: str, **kw) -> ps.NodeResult:
 # %% [markdown]
 # ## 2. Legacy and fixed, side by side (Python's default collector)
 # The table gives each run's outcome and peaks as multiples of the payload (the batch's tensor
-# bytes): *driver peak* is the kernel's exact high-water mark of the driver, *node peak* the highest
-# total of all processes plus the store. The figure stacks every process's memory above its
+# bytes): *driver peak* is the kernel's exact high-water mark of the driver (it also counts the object
+# store's pages the driver maps), *driver own peak* the highest sample of its private memory (the
+# store apart), *node peak* the highest total of all processes plus the store. The figure stacks every process's memory above its
 # baseline, plus the store: the top edge is the node's total. Shaded bands are training steps.
 
 # %%

@@ -115,8 +115,9 @@ def _signed_mult(n: int | None, payload: int) -> str:
 def node_rows(results: Sequence[Any]) -> list[dict[str, Any]]:
     """One row per node replay (a :class:`~picklescope.investigate.node.NodeResult`): what an engineer
     compares across codecs and collector settings. Multiples are of the batch's payload; the driver's
-    memory at each training step's end is above its baseline, its growth from the first step's end
-    to the last one's."""
+    peak is its exact one (object-store pages it maps included), its own peak the highest sample of its
+    private memory; its memory at each training step's end is above its baseline, its growth from the
+    first step's end to the last one's."""
     rows = []
     for r in results:
         p = r.payload_bytes
@@ -130,6 +131,7 @@ def node_rows(results: Sequence[Any]) -> list[dict[str, Any]]:
         driver = r.processes.get("driver")
         row = {"codec": r.codec, "gc": r.gc, "outcome": outcome,
                "driver peak": _mult(driver.peak_bytes if driver else None, p),
+               "driver own peak": _mult(r.own_peak_bytes("driver") if driver else None, p),
                "node peak": _mult(r.node_peak_bytes, p)}
         if r.budget_bytes:
             row["node budget"] = _mult(r.budget_bytes, p)
