@@ -31,6 +31,7 @@ LEGACY, FIXED = "numpy-legacy", "numpy"
 BUDGET_TRANSPORT = "pickle5-oob"  # what Ray does: the transport of the production failure
 NODE_WORKERS, NODE_STEPS = 4, 4  # the node pair: a driver and 4 worker actors over 4 training steps
 RAY_LANE = "picklescope-ray"  # the name of the thread that runs the Ray rows and the node pair
+IN_PROCESS_DONE = "in-process runs done"  # the progress label once only the Ray lane is left (not a run)
 REPEAT = 2  # runs of each unbudgeted case: enough to flag a peak that takes two values, see docs/varying_peaks.md
 
 
@@ -254,6 +255,8 @@ def investigate(
             inv.budget_note = (f"no budget separates {FIXED} from {LEGACY} here (one of them is missing or "
                                         "failed, or the legacy codec did not need more); pass --budget to choose one")
         if lane is not None:
+            if progress and lane.thread.is_alive():
+                progress(IN_PROCESS_DONE)  # what is left is the lane's: the last in-process label is no longer true
             lane.join()
         interrupted = False
     finally:
