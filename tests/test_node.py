@@ -393,6 +393,15 @@ def test_node_figure_stacks_processes_over_the_store_and_marks_the_kill():
     assert "killed worker-3" in fig.data[-1].text[0]
     ungrouped = figures.node_figure(doc, group_workers=False)
     assert [t.name for t in ungrouped.data][:3] == ["driver", "worker-0", "worker-1"]
+    # the curves end at the kill: the cluster being stopped afterwards is not the node's story
+    doc["killed"]["t_s"] = 0.002
+    assert max(figures.node_figure(doc).data[0].x) == 0.002
+    # a run that was not killed: a band after the last step, where the final gc.collect() frees what it frees
+    doc["killed"], doc["outcome"] = None, "ok"
+    doc["training_steps"][1]["end_s"] = 0.0025
+    fig = figures.node_figure(doc)
+    bands = [a.text for a in fig.layout.annotations]
+    assert "after the steps: held, then gc.collect()" in bands and max(fig.data[0].x) == 0.003, bands
 
 
 def test_reproduce_replays_the_node_pair_on_one_node_of_its_ray_cluster_and_its_report_shows_it(cluster):

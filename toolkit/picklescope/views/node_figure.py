@@ -3,8 +3,12 @@
 Each layer is a process's private resident memory above its own baseline (the store's pages are one
 layer of their own, counted once), so the top of the stack is the node's total above its baseline,
 the figure a node budget is compared with. Training steps are shaded bands, the budget is a line,
-and a kill is a marker at the moment and height of the crossing. With many workers the workers are
-drawn as one layer (their sum), so the driver's growth stays readable.
+and a kill is a marker at the moment and height of the crossing, where the curves end (what the
+other processes did while the cluster was being stopped is not the node's story). After the last
+training step of a run that was not killed, a grey band marks what is still held and then freed by
+the final ``gc.collect()``: the legacy codec's copies fall there, the memory only the cyclic
+collector frees. With many workers the workers are drawn as one layer (their sum), so the driver's
+growth stays readable.
 """
 
 from __future__ import annotations
@@ -25,10 +29,11 @@ def _mib(v: float) -> float:
 
 
 def _layers(doc: dict[str, Any], group: bool) -> list[tuple[str, list[float], list[float]]]:
-    """(name, t_s, bytes above baseline) per layer, samples from the node baseline on."""
+    """(name, t_s, bytes above baseline) per layer, samples from the node baseline on (up to a kill)."""
     node = doc["node"]
     t0 = node.get("baseline_s") or 0.0
-    ticks = [t for t in node["timeline"]["t_s"] if t >= t0]
+    end = (doc.get("killed") or {}).get("t_s")
+    ticks = [t for t in node["timeline"]["t_s"] if t >= t0 and (end is None or t <= end)]
     layers: list[tuple[str, list[float], list[float]]] = []
 
     def above(series: dict[str, Any], base: int | None) -> dict[float, float]:
@@ -69,11 +74,14 @@ def node_figure(result: Any, *, group_workers: bool | None = None, title: str | 
         fig.add_trace(go.Scatter(x=ts, y=[_mib(v) for v in vals], name=name, mode="lines", stackgroup="node",
                                  line={"width": 0.5, "color": color},
                                  hovertemplate=f"{name}: %{{y:.1f}} MiB at %{{x:.3f}} s<extra></extra>"))
-    for s in doc.get("training_steps", []):
-        if s.get("end_s") is None:
-            continue
+    ended = [s for s in doc.get("training_steps", []) if s.get("end_s") is not None]
+    for s in ended:
         fig.add_vrect(x0=s["start_s"], x1=s["end_s"], fillcolor="#ffbf00" if s["index"] % 2 else "#ffe08a",
                       opacity=0.15, line_width=0, annotation_text=f"step {s['index']}", annotation_position="top left")
+    ticks = doc["node"]["timeline"]["t_s"]
+    if ended and not doc.get("killed") and ticks and ticks[-1] > ended[-1]["end_s"]:
+        fig.add_vrect(x0=ended[-1]["end_s"], x1=ticks[-1], fillcolor="#bbbbbb", opacity=0.15, line_width=0,
+                      annotation_text="after the steps: held, then gc.collect()", annotation_position="top right")
     node = doc["node"]
     budget = node.get("budget_bytes")
     if budget:

@@ -224,7 +224,8 @@ def _node_section(inv: Investigation, figs: _Figures) -> str:
     out.append(_table(table.node_rows(inv.nodes)))
     for r in inv.nodes:
         out.append(figs.block(figures.node_figure, r, caption=f"{r.codec}: the node's memory by process, stacked, "
-                              "with the object store and one band per training step."))
+                              "with the object store and one band per training step; the grey band after the "
+                              "steps is what stayed held until the final gc.collect()."))
     return "\n".join(out)
 
 
