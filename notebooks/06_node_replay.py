@@ -14,7 +14,7 @@
 # %% [markdown]
 # # 06 · Would my node have survived?
 #
-# *Short on time?* [The answer](#The-answer), in one sentence with the number this run measured, is
+# *Short on time?* [The answer](#The-answer), in three sentences with the numbers this run measured, is
 # the last section.
 #
 # New words are defined where they first appear; all of them are in the
@@ -73,6 +73,7 @@ from IPython.display import display
 
 import picklescope as ps
 from picklescope.core.units import fmt_bytes
+from picklescope.investigate.node import compare_drivers
 from picklescope.transports.ray.local_cluster import LocalCluster
 from picklescope.views import figures, table
 from picklescope.views.richtext import sentence
@@ -110,9 +111,7 @@ def replay(codec: str, **kw) -> ps.NodeResult:
 
 # %%
 runs = {codec: replay(codec) for codec in (legacy, fixed)}
-diff = runs[legacy].driver.peak_bytes - runs[fixed].driver.peak_bytes
-display(sentence(f"The driver's exact peak with {legacy} was {diff / payload:.2f}x the payload "
-                 f"({fmt_bytes(diff)}) above {fixed}'s.", strong=True))
+display(sentence(compare_drivers(runs[legacy], runs[fixed]), strong=True))
 display(table.Table(table.node_rows(runs.values()), caption="Python's default collector"))
 for r in runs.values():
     display(figures.node_figure(r))
@@ -165,17 +164,17 @@ display(fig)
 # growth: the driver's memory at the end of the last training step minus at the end of the first
 grew = {codec: None if off[codec].driver_growth_bytes is None else off[codec].driver_growth_bytes / payload
         for codec in (legacy, fixed)}
-answer = f"With {legacy}, the driver's exact peak was {diff / payload:.2f}x the payload above {fixed}'s"
+answer = compare_drivers(runs[legacy], runs[fixed])
 if None not in grew.values():
-    answer += (f"; with the collector off it grew {grew[legacy]:.2f}x the payload from the end of training step 1 "
-               f"to the end of step {steps} ({fixed}: {grew[fixed]:+.2f}x)")
+    answer += (f" With the collector off, the {legacy} driver grew {grew[legacy]:.2f}x the payload from the end of "
+               f"training step 1 to the end of step {steps} ({fixed}: {grew[fixed]:+.2f}x).")
 k = capped[legacy].killed
 ended = {c: "completed every step" if r.outcome == "ok" else f"ended {r.outcome}" for c, r in capped.items()}
 if k is not None:
-    answer += (f". Under a node budget of {fmt_bytes(budget)}, {legacy} was killed ({k.process}, training step "
-               f"{k.training_step}, during {k.step}) while {fixed} {ended[fixed]}.")
+    answer += (f" Under a node budget of {fmt_bytes(budget)}, {legacy} was killed ({k.process}, training step "
+               f"{k.training_step}, {k.during()}) while {fixed} {ended[fixed]}.")
 else:
-    answer += f". Under a node budget of {fmt_bytes(budget)}, {legacy} {ended[legacy]} and {fixed} {ended[fixed]}."
+    answer += f" Under a node budget of {fmt_bytes(budget)}, {legacy} {ended[legacy]} and {fixed} {ended[fixed]}."
 display(sentence(answer, strong=True))
 
 # %%

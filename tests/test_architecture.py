@@ -97,7 +97,7 @@ def test_old_module_names_still_import_for_one_release():
 
 
 def test_one_place_sets_an_outcome():
-    """Every result's outcome is set by ``measure.verdicts.conclude`` (issue 13: one place sets the outcome).
+    """Every result's outcome is set by ``measure.verdicts.conclude`` (docs/architecture.md, step 11 of a run's life).
 
     The scan reads the source as code (ast): an assignment to an ``outcome`` attribute anywhere else fails,
     except the explorer's live snapshot, which is labelled "running" while its run goes on and is no result."""

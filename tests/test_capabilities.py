@@ -150,11 +150,10 @@ REPLICA_OF = {"verl-0.9.1:numpy": "numpy", "verl-0.9.1:torch": "torch",
 
 
 @pytest.mark.parametrize("version", ["0.9.1", "0.9.0"])
-def test_replica_declarations_match_what_real_verl_fails_on(version) -> None:
+def test_replica_declarations_match_what_real_verl_fails_on(version, verl_envs) -> None:
     """Real verl declares nothing; its failed cells must be exactly the replica's "no" cells."""
     codecs = [f"verl-{version}:numpy", f"verl-{version}:torch"]
-    if not all(c in CODECS for c in codecs):
-        pytest.skip(f"verl {version} is not installed (picklescope verl install {version})")
+    assert all(c in CODECS for c in codecs), (codecs, CODECS.names())
     args = [a for c in codecs for a in ("--codec", c)]
     # one verl per process: a child, so this process never imports verl
     proc = subprocess.run([sys.executable, "-m", "picklescope", "capabilities", "--json", *args],

@@ -36,16 +36,6 @@ print(json.dumps({"error": probe.error, "active": probe.active, "calls": probe.c
 WORKLOAD, SCALE = "seed-6400x20480", 0.125  # 62.5 MiB of payload
 
 
-@pytest.fixture(scope="module")
-def verl_sites():
-    p = subprocess.run([sys.executable, "-m", "picklescope", "verl", "install", "0.9.0", "0.9.1"],
-                       capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stderr
-    from picklescope.verl import envs
-
-    return {e.label: str(e.site) for e in envs.installed() if e.label in ("0.9.0", "0.9.1")}
-
-
 def _trainer(site: str, folder, tmp_path, calls: int = 4) -> tuple[dict, list[dict]]:
     script = tmp_path / "trainer.py"
     script.write_text(TRAINER)
@@ -59,11 +49,11 @@ def _trainer(site: str, folder, tmp_path, calls: int = 4) -> tuple[dict, list[di
 
 
 @pytest.fixture(scope="module")
-def captured(verl_sites, tmp_path_factory):
+def captured(verl_envs, tmp_path_factory):
     out = {}
     for label in ("0.9.0", "0.9.1"):
         tmp = tmp_path_factory.mktemp(f"trainer-{label}")
-        out[label] = (tmp / "batch-capture", *_trainer(verl_sites[label], tmp / "batch-capture", tmp))
+        out[label] = (tmp / "batch-capture", *_trainer(str(verl_envs[label].site), tmp / "batch-capture", tmp))
     return out
 
 

@@ -81,8 +81,16 @@ def test_legacy_driver_peak_is_at_least_a_payload_above_numpy(runs):
     old, new = runs("numpy-legacy"), runs("numpy")
     assert old.outcome == new.outcome == "ok", (old.error, new.error)
     assert set(old.processes) == {"driver"} | {f"worker-{i}" for i in range(WORKERS)}
-    diff = old.driver.peak_bytes - new.driver.peak_bytes
-    assert diff >= 0.9 * old.payload_bytes, diff / old.payload_bytes
+    payload = old.payload_bytes
+    # The discarded copies are the driver's own (private) memory: at least a payload more with the legacy
+    # codec, and next to nothing with the fixed one.
+    own = {r.codec: r.own_peak_bytes() / payload for r in (old, new)}
+    assert own["numpy-legacy"] - own["numpy"] >= 0.9 and own["numpy"] < 0.1, own
+    # The exact peak (VmHWM) also counts the object store's pages the driver maps, and how many depends on
+    # where the store put each chunk (docs/node.md, "What one training step does"), so the difference of
+    # two replays' exact peaks is no steady figure; it can never read below what the samples saw.
+    for r in (old, new):
+        assert r.driver.peak_bytes >= r.own_peak_bytes() - 0.05 * payload, (r.codec, r.driver.peak_bytes, own)
     # the driver's steps are named, nested and carry the training step they ran in
     names = {s.name for s in old.driver.steps}
     assert {"chunk", "argument serialization", "ray.serialize", "__getstate__", "consolidate", "ray.get",
@@ -128,8 +136,11 @@ def test_json_has_the_documented_keys(runs):
             "training_steps"} <= set(doc)
     assert {"peak_bytes", "budget_bytes", "store_peak_bytes", "timeline"} <= set(doc["node"])
     for p in doc["processes"].values():
-        assert {"peak_bytes", "held_bytes", "cycle_held_bytes", "node_id", "sampled", "steps", "timeline"} <= set(p)
+        assert {"peak_bytes", "own_peak_bytes", "held_bytes", "cycle_held_bytes", "node_id", "sampled", "steps",
+                "timeline"} <= set(p)
         assert p["sampled"] and p["node_id"]
+        assert p["own_peak_bytes"] == max(p["timeline"]["bytes"][i] for i, t in enumerate(p["timeline"]["t_s"])
+                                          if t >= doc["node"]["baseline_s"]) - p["baseline_bytes"]
     assert [s["index"] for s in doc["training_steps"]] == list(range(1, STEPS + 1))
     for s in doc["training_steps"]:
         assert {"index", "start_s", "end_s", "node_bytes", "driver_bytes"} <= set(s)
@@ -149,6 +160,16 @@ def test_node_budget_kills_legacy_at_the_highest_oom_score_and_numpy_completes(r
     assert killed.outcome == "oom-killed", (killed.error, killed.node_peak_bytes, budget)
     k = killed.killed
     assert k.process in killed.processes and k.training_step in range(1, STEPS + 1) and k.step
+    # the step named is the killed process's own, or the driver's when the killed worker was between steps
+    own = [s.name for s in killed.processes[k.process].steps]
+    assert k.step_of in (k.process, "driver") and (k.step_of == "driver" or k.step in own), (k.step_of, k.step)
+    from picklescope.views.table import node_rows
+
+    row = next(r for r in node_rows([killed]))["outcome"]
+    assert row == f"killed {k.process} in training step {k.training_step}, {k.during()}", row
+    if k.step_of != k.process:
+        assert row.endswith(f"while the driver was in {k.step}"), row
+    assert NodeResult.from_json_dict(json.loads(json.dumps(killed.to_json_dict()))).killed.during() == k.during()
     assert k.oom_scores[k.process] == max(k.oom_scores.values())
     assert set(k.memory_bytes) >= set(killed.processes) | {"store"}
     assert k.node_bytes > budget
@@ -176,6 +197,18 @@ def test_node_takes_a_workload_path(runs, tmp_path, monkeypatch):
     assert r.outcome == "ok" and r.workload == "my-name", (r.outcome, r.error)
     assert sorted(r.processes) == ["driver", "worker-0", "worker-1"]
     assert all(p.peak_bytes is not None for p in r.processes.values())
+
+
+def test_a_kill_says_whose_step_it_landed_in():
+    """A worker killed between its own steps is named with the driver's open step, as the driver's."""
+    from picklescope.measure.session import KillRecord
+
+    def kill(step, step_of):
+        return KillRecord("worker-0", 1, 0.5, 0, 0, 2, step, step_of=step_of).during()
+
+    assert kill("consolidate", "driver") == "while the driver was in consolidate"
+    assert kill("compute", "worker-0") == "during compute"
+    assert kill(None, None) == "between steps"
 
 
 def test_bad_input_is_one_line_before_anything_runs():
@@ -272,23 +305,21 @@ def test_interrupted_or_killed_parent_leaves_no_process_or_file(how):
 # -- real verl: the same verdict with verl's own DataProto (chunk, concat, __getstate__) ----------------
 
 
-@pytest.fixture(scope="module")
-def verl_installed():
-    """verl 0.9.0 and 0.9.1 from PyPI through the CLI (a no-op when already in the cache)."""
-    p = subprocess.run(CLI + ["verl", "install", "0.9.0", "0.9.1"], capture_output=True, text=True, timeout=900)
-    assert p.returncode == 0, p.stderr
-
-
 @pytest.mark.slow
-def test_real_verl_0_9_0_grows_and_0_9_1_does_not(runs, verl_installed):
+def test_real_verl_0_9_0_grows_and_0_9_1_does_not(runs, verl_envs):
     # production collector: the peak alone (each chunk's consolidate copy, verl PR #5874's shape)
     old, new = runs("verl-0.9.0:numpy"), runs("verl-0.9.1:numpy")
     assert old.outcome == new.outcome == "ok", (old.error, new.error)
     payload = old.payload_bytes
-    # Under Python's own collector a young-generation collection can free a chunk's discarded copy
-    # before the next chunk is serialized (0.78x and 1.32x payload in two runs on one machine), so only
-    # one chunk's copy is certain here; the full payload per step is asserted with the collector off below.
-    assert old.driver.peak_bytes - new.driver.peak_bytes >= 0.9 * payload / WORKERS
+    # The driver's own (private) memory holds the discarded copies: at least a payload more for 0.9.0.
+    own = {r.codec: r.own_peak_bytes() / payload for r in (old, new)}
+    assert own["verl-0.9.0:numpy"] - own["verl-0.9.1:numpy"] >= 0.9, own
+    assert own["verl-0.9.1:numpy"] < 0.1, own
+    # Its exact peak also counts the object store's pages it maps, and how many depends on where the
+    # store put each chunk (docs/node.md, "What one training step does"): both codecs pay them, but
+    # not the same amount in every run, so the exact peaks are checked against the samples only.
+    for r in (old, new):
+        assert r.driver.peak_bytes >= r.own_peak_bytes() - 0.05 * payload, (r.codec, r.driver.peak_bytes, own)
     # the split and the join were verl's own DataProto.chunk / concat, inside the replica's steps
     for r in (old, new):
         assert r.engine_info["chunk"] == "verl.protocol.DataProto.chunk", r.engine_info
@@ -302,7 +333,7 @@ def test_real_verl_0_9_0_grows_and_0_9_1_does_not(runs, verl_installed):
             assert all(any(o.start_s <= s.start_s and s.end_s <= o.end_s for o in outers) for s in inner), marker
     old, new = runs("verl-0.9.0:numpy", "off"), runs("verl-0.9.1:numpy", "off")
     assert old.outcome == new.outcome == "ok", (old.error, new.error)
-    assert old.driver.peak_bytes - new.driver.peak_bytes >= 0.9 * payload
+    assert old.own_peak_bytes() - new.own_peak_bytes() >= 0.9 * payload
     grew = {r.codec: (r.training_steps[-1].driver_bytes - r.training_steps[0].driver_bytes) / payload
             for r in (old, new)}
     assert grew["verl-0.9.0:numpy"] >= 2.5 and grew["verl-0.9.1:numpy"] < 0.1, grew
@@ -311,7 +342,7 @@ def test_real_verl_0_9_0_grows_and_0_9_1_does_not(runs, verl_installed):
     assert not any(s.name == "consolidate" for s in new.driver.steps)
 
 
-def test_verl_engine_drives_verls_worker_group_with_dp_compute_proto(verl_installed):
+def test_verl_engine_drives_verls_worker_group_with_dp_compute_proto(verl_envs):
     """--engine verl: verl's RayWorkerGroup over a CPU RayResourcePool, DP_COMPUTE_PROTO dispatch and collect."""
     r = node("verl-0.9.0:numpy", scale=0.0625, workers=2, steps=2, engine="verl", gc="off")
     assert r.outcome == "ok", (r.error, r.notes)
@@ -390,7 +421,14 @@ def test_node_figure_stacks_processes_over_the_store_and_marks_the_kill():
     assert names == ["driver", "workers (8)", "store", "kill"]  # 8 workers are one layer
     assert [round(v * 2**20) for v in fig.data[1].y] == [0, 8, 16, 24]  # their sum above their baselines
     assert len(fig.layout.shapes) == 2  # one finished step band and the budget line
-    assert "killed worker-3" in fig.data[-1].text[0]
+    def kill_label(f):
+        return next(a.text for a in f.layout.annotations if a.text.startswith("killed "))
+
+    assert kill_label(fig) == fig.data[-1].hovertext[0] == "killed worker-3 (training step 2, during frombuffer)"
+    doc["killed"] = {**doc["killed"], "step": "consolidate", "step_of": "driver"}  # a worker between its steps
+    assert kill_label(figures.node_figure(doc)) == \
+        "killed worker-3 (training step 2, while the driver was in consolidate)"
+    doc["killed"] = {**doc["killed"], "step": "frombuffer", "step_of": "worker-3"}
     ungrouped = figures.node_figure(doc, group_workers=False)
     assert [t.name for t in ungrouped.data][:3] == ["driver", "worker-0", "worker-1"]
     # the curves end at the kill: the cluster being stopped afterwards is not the node's story
@@ -407,7 +445,7 @@ def test_node_figure_stacks_processes_over_the_store_and_marks_the_kill():
 def test_reproduce_replays_the_node_pair_on_one_node_of_its_ray_cluster_and_its_report_shows_it(cluster):
     """``picklescope reproduce`` replays the legacy, then the fixed codec on the same driver and worker
     actors (``node_series``) of the Ray rows' cluster; the pair survives results.json and the report
-    draws it (issue 15, point 6)."""
+    draws it (docs/node.md, "Several codecs on one node: `node_series`")."""
     from picklescope.investigate.reproduce import FIXED, LEGACY, NODE_STEPS, NODE_WORKERS, Investigation, investigate
     from picklescope.views.report import render
 

@@ -122,8 +122,10 @@ def test_notebook_executes_headless(stem, executed):
         assert "numpy-legacy" in legacy_row and "killed " in legacy_row and " in training step " in legacy_row
         assert "numpy" in fixed_row and ">ok<" in fixed_row, fixed_row
         assert "cluster stopped, left: []" in out
-        answer = _shown(nb)  # the last answer quotes the measured peak, growth and the kill
-        assert "exact peak was" in answer and "was killed (" in answer and "completed every step" in answer
+        answer = _shown(nb)  # the last answer quotes the driver's own and exact peaks, the growth and the kill
+        assert "the driver's own memory (the object store apart) peaked at" in answer, answer
+        assert "its exact peak, object-store pages included, was" in answer and "driver grew" in answer
+        assert "was killed (" in answer and "completed every step" in answer
     elif stem == "04_switch_codecs_confirm_fix":
         shown = _shown(nb)  # the answers are paragraphs (text/html), plain text beside them
         assert "round trip was exact" in shown and "1.00x the payload lower than numpy-legacy" in shown
@@ -283,3 +285,31 @@ def test_lab_settings_turn_off_the_news_popup():
     allowed = [c["const"] for c in schema["properties"]["fetchNews"]["oneOf"]]
     assert news["fetchNews"] in allowed and news["fetchNews"] == "false"
     assert news["checkForUpdates"] is False
+
+
+KILLED_KERNEL = '''# %%
+import os, signal
+import picklescope as ps
+from picklescope.measure import launcher
+
+launcher.warm_up()  # the kernel's forkserver and its picklescope-mp-<kernel pid> folder
+open(os.environ["PICKLESCOPE_TEST_PID_FILE"], "w").write(str(os.getpid()))
+# %%
+os.killpg(os.getpgid(0), signal.SIGKILL)  # what jupyter_client does to a kernel that is slow to shut down
+'''
+
+
+def test_a_kernel_killed_with_its_forkserver_leaves_no_temporaries(tmp_path, monkeypatch):
+    """SIGKILL to the kernel's process group gives neither the kernel nor its forkserver a chance to
+    remove the kernel's multiprocessing folder; ``nbrun.execute`` sweeps it when the kernel is gone."""
+    import glob
+    import tempfile
+
+    src = tmp_path / "killed.py"
+    src.write_text(KILLED_KERNEL)
+    pid_file = tmp_path / "kernel.pid"
+    monkeypatch.setenv("PICKLESCOPE_TEST_PID_FILE", str(pid_file))
+    with pytest.raises(RuntimeError, match="Kernel died"):  # nbclient.exceptions.DeadKernelError
+        nbrun.execute(src, tmp_path / "killed.ipynb")
+    pid = int(pid_file.read_text())
+    assert glob.glob(os.path.join(tempfile.gettempdir(), f"picklescope-*-{pid}-*")) == []

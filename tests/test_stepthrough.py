@@ -179,13 +179,9 @@ def test_ranked_puts_costly_lines_first_and_keeps_the_rest_in_order(legacy):
     assert [r["order"] for r in legacy.to_dict()["rows"]] == [r.order for r in costly + quiet]
 
 
-def test_real_verl_getstate_puts_protocols_consolidate_line_first():
+def test_real_verl_getstate_puts_protocols_consolidate_line_first(verl_envs):
     """verl 0.9.0's own DataProto.__getstate__ (downloaded from PyPI into the cache) in numpy mode."""
-    from picklescope.verl import envs
-
-    env = next((e for e in envs.installed() if e.label == "0.9.0"), None)
-    if env is None:
-        pytest.skip("verl 0.9.0 is not in the cache (picklescope verl install 0.9.0)")
+    env = verl_envs["0.9.0"]
     st = stepthrough(function="verl.protocol:DataProto.__getstate__", workload="flowgrpo", scale=0.1,
                      sys_path=[str(env.site)], env={"VERL_DATAPROTO_SERIALIZATION_METHOD": "numpy"})
     assert st.outcome == "ok", st.error

@@ -65,16 +65,6 @@ def cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def verl_envs():
-    """verl 0.9.0 and 0.9.1 from PyPI through the CLI (a no-op when already in the cache)."""
-    p = cli("verl", "install", "0.9.0", "0.9.1")
-    assert p.returncode == 0, p.stderr
-    from picklescope.verl import envs
-
-    return {e.label: e for e in envs.installed() if e.label in ("0.9.0", "0.9.1")}
-
-
-@pytest.fixture(scope="module")
 def numpy_first(tmp_path_factory):
     path = tmp_path_factory.mktemp("candidate") / "numpy_first.py"
     path.write_text(NUMPY_FIRST)

@@ -79,10 +79,8 @@ def _same_structure(derived, spec, views_kept: bool) -> None:
 
 
 @pytest.fixture(scope="module")
-def verl_090_blobs(schema, tmp_path_factory):
+def verl_090_blobs(schema, tmp_path_factory, verl_envs):
     """Real verl 0.9.0 save_to_disk of the made-up schema, once in numpy mode and once in torch mode."""
-    p = cli("verl", "install", "0.9.0")
-    assert p.returncode == 0, p.stderr
     from picklescope.verl import childcall
 
     out = tmp_path_factory.mktemp("verl-blobs")
@@ -254,10 +252,8 @@ def __getstate__(self):
 
 
 @pytest.mark.slow
-def test_confirm_with_a_workload_path_steps_through(tmp_path):
+def test_confirm_with_a_workload_path_steps_through(tmp_path, verl_envs):
     """The step-through children get the file, not the name inside it (which no preset has)."""
-    p = cli("verl", "install", "0.9.0")
-    assert p.returncode == 0, p.stderr
     wl = tmp_path / "sub" / "my.yaml"
     wl.parent.mkdir()
     wl.write_text((WORKLOAD_DIR / "tiny.yaml").read_text().replace("name: tiny", "name: my-name"))

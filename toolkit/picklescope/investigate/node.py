@@ -125,15 +125,17 @@ class NodeResult:
         killed = None
         if self.killed is not None:
             k = self.killed
-            killed = {"process": k.process, "training_step": k.training_step, "step": k.step, "t_s": k.t_s,
+            killed = {"process": k.process, "training_step": k.training_step, "step": k.step, "step_of": k.step_of,
+                      "t_s": k.t_s,
                       "node_bytes": k.node_bytes, "memory_bytes": k.memory_bytes, "oom_scores": k.oom_scores,
                       "stack": k.stack}
         procs = {}
         for name, p in self.processes.items():
             procs[name] = {
-                "peak_bytes": p.peak_bytes, "held_bytes": p.held_bytes, "cycle_held_bytes": p.cycle_held_bytes,
-                "node_id": p.node_id, "sampled": p.sampled, "pid": p.pid, "role": p.role,
-                "baseline_bytes": p.baseline_bytes, "error": p.error,
+                "peak_bytes": p.peak_bytes, "own_peak_bytes": self.own_peak_bytes(name),
+                "held_bytes": p.held_bytes, "cycle_held_bytes": p.cycle_held_bytes, "node_id": p.node_id,
+                "sampled": p.sampled, "pid": p.pid, "role": p.role, "baseline_bytes": p.baseline_bytes,
+                "error": p.error,
                 "steps": [asdict(s) for s in p.steps],
                 "timeline": {"t_s": list(p.timeline.t_s), "bytes": list(p.timeline.bytes)},
             }
@@ -186,7 +188,7 @@ class NodeResult:
             k = doc["killed"]
             r.killed = KillRecord(k["process"], 0, k["t_s"], k["node_bytes"], n.get("budget_bytes") or 0,
                                   k["training_step"], k["step"], k.get("oom_scores") or {}, k.get("memory_bytes") or {},
-                                  k.get("stack"))
+                                  k.get("stack"), step_of=k.get("step_of"))
         for name, p in doc["processes"].items():
             r.processes[name] = ProcessRecord(
                 name, p["pid"], p["role"], p["node_id"], p["sampled"], p["baseline_bytes"], None, p["peak_bytes"],
@@ -294,9 +296,32 @@ class NodeResult:
         if self.killed is not None:
             k = self.killed
             out.append(f"killed {k.process} (highest oom_score {k.oom_scores.get(k.process)}) in training step "
-                       f"{k.training_step}, step {k.step!r}, node {fmt_bytes(k.node_bytes)} above baseline")
+                       f"{k.training_step}, {k.during()}, node {fmt_bytes(k.node_bytes)} above baseline")
         out += self.step_lines()
         return "\n".join(out)
+
+
+def compare_drivers(old: NodeResult, new: NodeResult) -> str:
+    """Two replays' drivers in one sentence: the driver's own memory with each codec (its peak, and where
+    it stood at the last training step's end when that differs), then how much higher its exact peak
+    was with ``old``.
+
+    The driver's own (private) memory leads because it is the codec's alone; its exact peak also counts
+    the object store's pages it maps, and how many depends on where the store put each chunk, so two
+    standalone replays' exact peaks differ by more than their codecs do (docs/node.md)."""
+    p = old.payload_bytes
+    own = [r.own_peak_bytes() for r in (old, new)]
+    exact = [r.driver.peak_bytes if "driver" in r.processes else None for r in (old, new)]
+    if None in own or None in exact or not p:
+        return f"{old.codec} vs {new.codec}: a driver's peak is missing (a replay that did not end ok has none)"
+    text = (f"On a node of a driver and {old.workers} workers over {old.steps} training steps, the driver's own "
+            f"memory (the object store apart) peaked at {own[0] / p:.2f}x payload with {old.codec} and "
+            f"{own[1] / p:.2f}x with {new.codec}")
+    ends = [r.training_steps[-1].driver_bytes if r.training_steps else None for r in (old, new)]
+    if None not in ends and any(f"{e / p:.2f}" != f"{o / p:.2f}" for e, o in zip(ends, own)):
+        text += f" ({ends[0] / p:.2f}x and {ends[1] / p:.2f}x at the last step's end)"
+    return (text + f"; its exact peak, object-store pages included, was {fmt_bytes(exact[0] - exact[1])} "
+            f"({(exact[0] - exact[1]) / p:.2f}x payload) higher with {old.codec}.")
 
 
 def _above(value: int | None) -> str:
@@ -618,7 +643,8 @@ def _check_cgroup_kill(session: Session, result: NodeResult, tracking: dict[str,
     victim = dead[0]
     rec = session.processes.get(victim)
     driver = session.processes.get("driver")
-    open_in = (rec.open_steps if rec is not None and rec.open_steps else None) or (driver.open_steps if driver else [])
+    own = rec is not None and bool(rec.open_steps)
+    open_in = (rec.open_steps if own else None) or (driver.open_steps if driver else [])
     # what the node held on the victim's last sample (once it is gone, its memory is gone from the total)
     last = rec.timeline.t_s[-1] if rec is not None and rec.timeline.t_s else (session.node.t_s or [t])[-1]
     memory = {}
@@ -628,7 +654,8 @@ def _check_cgroup_kill(session: Session, result: NodeResult, tracking: dict[str,
     memory["store"] = session.value_at(session.store, last) or 0
     node_now = (session.value_at(session.node, last) or 0) - (session.node_baseline or 0)
     session.kill = KillRecord(victim, named[victim], t, node_now, int(tracking.get("budget") or 0),
-                              session.current_training_step(), open_in[-1].name if open_in else None, {}, memory)
+                              session.current_training_step(), open_in[-1].name if open_in else None, {}, memory,
+                              step_of=(victim if own else "driver") if open_in else None)
     result.cgroup["killed_by"] = "the kernel's OOM killer in the run's memory cgroup"
     if len(dead) > 1:
         result.notes.append(f"also gone when the cgroup's OOM killer fired: {', '.join(dead[1:])}")

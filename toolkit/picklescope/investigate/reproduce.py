@@ -16,7 +16,7 @@ from picklescope.core.procmem import machine_memory
 from picklescope.core.result import RunResult
 from picklescope.core.units import Size, fmt_bytes, parse_size
 from picklescope.errors import PicklescopeError
-from picklescope.investigate.node import NodeResult, node_series
+from picklescope.investigate.node import NodeResult, compare_drivers, node_series
 from picklescope.measure import launcher, verdicts
 from picklescope.measure.budget import plan as plan_limits
 from picklescope.measure.runner import check_repeat, fresh_forkserver, run, worst_of
@@ -366,12 +366,8 @@ def _node_pair(lane: _RayLane, workload: str, scale: float, codecs: tuple[str, .
 
 
 def node_pair_sentence(inv: Investigation) -> str | None:
-    """The node pair's verdict in one sentence: the driver's own memory with the legacy and the fixed
-    codec (its peak and where it stood at the last training step's end), then how much higher its exact
-    peak was with the legacy codec.
-
-    The driver's own (private) memory leads because it is the codec's alone; its exact peak also counts
-    object-store pages it maps, which depend on where the store places each chunk (docs/node.md)."""
+    """The node pair's verdict in one sentence (:func:`~picklescope.investigate.node.compare_drivers`), or
+    why there is none: the pair did not run, or one of its replays did not end ``ok``."""
     by = {r.codec: r for r in inv.nodes}
     if LEGACY not in by or FIXED not in by:
         return inv.node_note
@@ -379,19 +375,7 @@ def node_pair_sentence(inv: Investigation) -> str | None:
     if leg.outcome != "ok" or fix.outcome != "ok":
         bad = leg if leg.outcome != "ok" else fix
         return f"node pair: {bad.codec} ended {bad.outcome} ({bad.error or 'no detail'})"
-    p = leg.payload_bytes
-    own = [r.own_peak_bytes() for r in (leg, fix)]
-    exact = [r.driver.peak_bytes for r in (leg, fix)]
-    if None in own or None in exact or not p:
-        return "node pair: a driver's peak is missing"
-    text = (f"On a node of a driver and {leg.workers} workers over {leg.steps} training steps, the driver's own "
-            f"memory (the object store apart) peaked at {own[0] / p:.2f}x payload with {LEGACY} and {own[1] / p:.2f}x "
-            f"with {FIXED}")
-    ends = [r.training_steps[-1].driver_bytes if r.training_steps else None for r in (leg, fix)]
-    if None not in ends and any(f"{e / p:.2f}" != f"{o / p:.2f}" for e, o in zip(ends, own)):
-        text += f" ({ends[0] / p:.2f}x and {ends[1] / p:.2f}x at the last step's end)"
-    return (text + f"; its exact peak, object-store pages included, was {fmt_bytes(exact[0] - exact[1])} "
-            f"({(exact[0] - exact[1]) / p:.2f}x payload) higher with {LEGACY}.")
+    return compare_drivers(leg, fix)
 
 
 def matrix_results(inv: Investigation) -> list[RunResult]:

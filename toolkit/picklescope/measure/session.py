@@ -129,6 +129,22 @@ class KillRecord:
     memory_bytes: dict[str, int] = field(default_factory=dict)  # per process (private) and "store", absolute
     stack: str | None = None
     sigkill_t_s: float | None = None
+    step_of: str | None = None  # whose step ``step`` is: the killed process's, or "driver" (a worker between steps)
+
+    def during(self) -> str:
+        """Where the kill landed, in words (:func:`kill_during`)."""
+        return kill_during(self.process, self.step, self.step_of)
+
+
+def kill_during(process: str, step: str | None, step_of: str | None) -> str:
+    """Where a kill landed, in words that never put the driver's step in a worker's mouth: ``during
+    consolidate`` for the killed process's own step, ``while the driver was in consolidate`` for a
+    worker killed between its steps. Takes plain values, so a saved result's document words it too."""
+    if step is None:
+        return "between steps"
+    if step_of in (None, process):
+        return f"during {step}"
+    return f"while the {step_of} was in {step}"
 
 
 @dataclass
@@ -365,11 +381,13 @@ class Session:
             return
         victim = max(scores, key=lambda n: (scores[n], self._last.get(n, 0)))
         rec = self.processes[victim]
+        step_of = victim if rec.open_steps else "driver"
         open_in = rec.open_steps or (self.processes["driver"].open_steps if "driver" in self.processes else [])
         memory = {n: v for n, v in self._last.items()}
         memory["store"] = self._last_store
         kill = KillRecord(victim, rec.pid, t, over, int(self.budget_bytes or 0), self.current_training_step(),
-                          open_in[-1].name if open_in else None, scores, memory)
+                          open_in[-1].name if open_in else None, scores, memory,
+                          step_of=step_of if open_in else None)
         self.kill = kill
         dump_stack_then_kill(rec.pid, os.path.join(self.run_dir, f"{victim}.stack"), self.t0, kill)
 

@@ -12,12 +12,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from picklescope.core.leftovers import temp_name
+from picklescope.core.leftovers import sweep_orphans, temp_name
 from picklescope.core.paths import project_folder
 from picklescope.errors import PicklescopeError
 
 NOTEBOOK_DIR = project_folder("notebooks")
 KERNEL_NAME = "python3"
+KERNEL_SHUTDOWN_S = 30.0
 
 
 def _kernel_manager_class() -> type:
@@ -25,7 +26,15 @@ def _kernel_manager_class() -> type:
     from jupyter_client.manager import AsyncKernelManager
 
     class ThisPythonKernelManager(AsyncKernelManager):
-        """An ipykernel on ``sys.executable``, whatever kernelspecs the machine has."""
+        """An ipykernel on ``sys.executable``, whatever kernelspecs the machine has.
+
+        It gets 30 s to shut down instead of jupyter_client's 5: after half of that the whole process
+        group gets SIGTERM, and a kernel that is still ending its forkserver and Ray session on a busy
+        machine would die without removing its temporaries."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("shutdown_wait_time", KERNEL_SHUTDOWN_S)
+            super().__init__(*args, **kwargs)
 
         @property
         def kernel_spec(self) -> KernelSpec:
@@ -76,8 +85,11 @@ def execute(source: str | Path, out_ipynb: str | Path, parameters: dict[str, Any
         src = Path(source)
         if src.suffix != ".ipynb":
             src = to_ipynb(src, Path(tmp) / (src.stem + ".ipynb"))
-        return papermill.execute_notebook(
-            str(src), str(out), parameters=parameters or {}, kernel_name=KERNEL_NAME, language="python",
-            cwd=str(cwd or out.parent), progress_bar=False, execution_timeout=timeout_s,
-            kernel_manager_class=_kernel_manager_class(),
-        )
+        try:
+            return papermill.execute_notebook(
+                str(src), str(out), parameters=parameters or {}, kernel_name=KERNEL_NAME, language="python",
+                cwd=str(cwd or out.parent), progress_bar=False, execution_timeout=timeout_s,
+                kernel_manager_class=_kernel_manager_class(),
+            )
+        finally:  # a kernel killed at shutdown (or by a failing cell) could not remove its own temporaries
+            sweep_orphans()

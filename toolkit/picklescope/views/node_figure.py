@@ -18,6 +18,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from picklescope.core.units import fmt_bytes
+from picklescope.measure.session import kill_during
 
 GROUP_WORKERS_ABOVE = 6
 COLORS = {"driver": "#d62728", "store": "#7f7f7f", "workers": "#1f77b4"}
@@ -89,10 +90,15 @@ def node_figure(result: Any, *, group_workers: bool | None = None, title: str | 
                       annotation_text=f"node budget {fmt_bytes(budget)}", annotation_position="top right")
     killed = doc.get("killed")
     if killed:
-        fig.add_trace(go.Scatter(
-            x=[killed["t_s"]], y=[_mib(killed["node_bytes"])], mode="markers+text", name="kill",
-            marker={"symbol": "x", "size": 14, "color": "black"}, textposition="top center",
-            text=[f"killed {killed['process']} (step {killed['training_step']}, {killed['step']})"]))
+        label = (f"killed {killed['process']} (training step {killed['training_step']}, "
+                 f"{kill_during(killed['process'], killed['step'], killed.get('step_of'))})")
+        fig.add_trace(go.Scatter(x=[killed["t_s"]], y=[_mib(killed["node_bytes"])], mode="markers", name="kill",
+                                 marker={"symbol": "x", "size": 14, "color": "black"}, hovertext=[label],
+                                 hoverinfo="text"))
+        # the curves end at the kill, so the mark sits at their right end, at the budget line: the label
+        # goes below and to its left, on a white box, clear of the step labels and the budget's own
+        fig.add_annotation(x=killed["t_s"], y=_mib(killed["node_bytes"]), text=label, showarrow=True, ax=-30, ay=40,
+                           xanchor="right", bgcolor="rgba(255,255,255,0.9)", bordercolor="black", borderwidth=1)
     payload = doc.get("payload_bytes")
     fig.update_layout(
         title=title or (f"{doc['codec']}: {doc['workers']} workers, {doc['steps']} steps, payload "

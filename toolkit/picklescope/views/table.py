@@ -125,7 +125,7 @@ def node_rows(results: Sequence[Any]) -> list[dict[str, Any]]:
         outcome = r.outcome
         if r.killed is not None:
             k = r.killed
-            outcome = f"killed {k.process} in training step {k.training_step}, during {k.step}"
+            outcome = f"killed {k.process} in training step {k.training_step}, {k.during()}"
         elif r.outcome != "ok" and r.error:  # a failed run says why, in its own row
             outcome = f"{r.outcome}: {r.error.splitlines()[0][:160]}"
         driver = r.processes.get("driver")
