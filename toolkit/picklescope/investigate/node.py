@@ -642,9 +642,7 @@ def _check_cgroup_kill(session: Session, result: NodeResult, tracking: dict[str,
         return
     victim = dead[0]
     rec = session.processes.get(victim)
-    driver = session.processes.get("driver")
-    own = rec is not None and bool(rec.open_steps)
-    open_in = (rec.open_steps if own else None) or (driver.open_steps if driver else [])
+    step, step_of = session.step_at_kill(victim)
     # what the node held on the victim's last sample (once it is gone, its memory is gone from the total)
     last = rec.timeline.t_s[-1] if rec is not None and rec.timeline.t_s else (session.node.t_s or [t])[-1]
     memory = {}
@@ -654,8 +652,7 @@ def _check_cgroup_kill(session: Session, result: NodeResult, tracking: dict[str,
     memory["store"] = session.value_at(session.store, last) or 0
     node_now = (session.value_at(session.node, last) or 0) - (session.node_baseline or 0)
     session.kill = KillRecord(victim, named[victim], t, node_now, int(tracking.get("budget") or 0),
-                              session.current_training_step(), open_in[-1].name if open_in else None, {}, memory,
-                              step_of=(victim if own else "driver") if open_in else None)
+                              session.current_training_step(), step, {}, memory, step_of=step_of)
     result.cgroup["killed_by"] = "the kernel's OOM killer in the run's memory cgroup"
     if len(dead) > 1:
         result.notes.append(f"also gone when the cgroup's OOM killer fired: {', '.join(dead[1:])}")

@@ -381,15 +381,24 @@ class Session:
             return
         victim = max(scores, key=lambda n: (scores[n], self._last.get(n, 0)))
         rec = self.processes[victim]
-        step_of = victim if rec.open_steps else "driver"
-        open_in = rec.open_steps or (self.processes["driver"].open_steps if "driver" in self.processes else [])
+        step, step_of = self.step_at_kill(victim)
         memory = {n: v for n, v in self._last.items()}
         memory["store"] = self._last_store
         kill = KillRecord(victim, rec.pid, t, over, int(self.budget_bytes or 0), self.current_training_step(),
-                          open_in[-1].name if open_in else None, scores, memory,
-                          step_of=step_of if open_in else None)
+                          step, scores, memory, step_of=step_of)
         self.kill = kill
         dump_stack_then_kill(rec.pid, os.path.join(self.run_dir, f"{victim}.stack"), self.t0, kill)
+
+    def step_at_kill(self, victim: str) -> tuple[str | None, str | None]:
+        """The innermost step open in ``victim`` and whose it is: its own, else the driver's (a worker
+        between its steps, or a process the session does not follow); (None, None) when neither has one."""
+        rec = self.processes.get(victim)
+        if rec is not None and rec.open_steps:
+            return rec.open_steps[-1].name, victim
+        driver = self.processes.get("driver")
+        if driver is not None and driver.open_steps:
+            return driver.open_steps[-1].name, "driver"
+        return None, None
 
     # -- events ---------------------------------------------------------------------------------------
     def current_training_step(self, at: float | None = None) -> int | None:
