@@ -10,8 +10,9 @@ from __future__ import annotations
 import re
 
 # C0 and C1 control characters, DEL, and the Unicode line/paragraph separators and bidi overrides:
-# anything that moves the cursor, changes the terminal's colours or title, or starts a new line.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+# anything that moves the cursor, changes the terminal's colours or title, or starts a new line; and lone
+# surrogates (a name from undecodable bytes, or a YAML "\ud800"), which no UTF-8 terminal can be sent.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 
 
 def _escape(m: re.Match[str]) -> str:
@@ -21,7 +22,8 @@ def _escape(m: re.Match[str]) -> str:
 
 
 def safe_text(text: object, limit: int | None = None) -> str:
-    """``text`` with control characters escaped (``\\x1b``, ``\\n``), for printing names that came from the user.
+    """``text`` with control characters and lone surrogates escaped (``\\x1b``, ``\\n``, ``\\udc80``), for names
+    that came from the user.
 
     A workload name holding an escape sequence would otherwise recolour the terminal or set its
     title, and a newline in a key would split an error into several lines (one of which could

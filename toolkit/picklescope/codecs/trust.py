@@ -18,10 +18,13 @@ Identifying a file (``picklescope inspect`` without ``--as``) never unpickles it
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
+import pickle
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from picklescope.errors import PicklescopeError
 from picklescope.workloads.spec import DATA_DIR
@@ -96,3 +99,61 @@ def check_trusted(path: str | Path, trust: bool = False, what: str = "blob") -> 
         "without asking",
         "pass --trust (Python: trust=True) if you know who wrote it; 'picklescope inspect FILE' identifies it "
         "without loading it")
+
+
+# -- the one unpickler a trusted `workload from` may use ---------------------------------------------------
+def _torch_dtypes() -> set[str]:
+    names = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
+             "complex64", "complex128", "float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64")
+    return {f"torch.{n}" for n in names}
+
+
+# Every global a trusted load may resolve: what pickling a tensor, a TensorDict, a numpy array or a dict
+# of them names (read off real pickles with pickletools; torch 2.13, tensordict 0.10 / 0.15, numpy 2).
+# Nothing here runs code chosen by the file: each is a constructor of plain data, and a tensor's storage
+# (``torch.storage._load_from_bytes``, a torch.save archive in the pickle) is loaded by torch.load with
+# weights_only=True. verl's DataProto is not on the list: its own __setstate__ loads torch mode with
+# weights_only=False, and picklescope reads both of its modes without loading them anyway.
+LOADABLE_GLOBALS: frozenset[str] = frozenset({
+    "builtins.set", "builtins.frozenset", "builtins.slice", "builtins.complex", "collections.OrderedDict",
+    "numpy._core.multiarray._reconstruct", "numpy.core.multiarray._reconstruct", "numpy.ndarray", "numpy.dtype",
+    "numpy._core.multiarray.scalar", "numpy.core.multiarray.scalar", "numpy._core.numeric._frombuffer",
+    "numpy.core.numeric._frombuffer",
+    "torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_tensor_v3", "torch._utils._rebuild_parameter",
+    "torch.Size", "torch.device", "torch.storage._load_from_bytes",
+    "tensordict._reductions._make_td", "tensordict._reductions._rebuild_tensordict_files_consolidated",
+    "tensordict._td.TensorDict",
+} | _torch_dtypes())
+
+
+def _storage_from_bytes(data: bytes) -> Any:
+    """``torch.storage._load_from_bytes`` with ``weights_only=True``: a storage, or a refusal."""
+    import torch
+
+    return torch.load(io.BytesIO(data), weights_only=True)
+
+
+class AllowListUnpickler(pickle.Unpickler):
+    """An unpickler that resolves only :data:`LOADABLE_GLOBALS` and refuses every other name.
+
+    Persistent ids (a torch.save archive's storages) are refused too: archives are read, never loaded.
+    """
+
+    def find_class(self, module: str, name: str) -> Any:
+        full = f"{module}.{name}"
+        if full not in LOADABLE_GLOBALS:
+            raise PicklescopeError(f"the stream names {full}, which is not on the allow-list of a trusted load",
+                                   "save the batch with DataProto.save_to_disk, torch.save or numpy.savez "
+                                   "(docs/safe_loading.md)")
+        if full == "torch.storage._load_from_bytes":
+            return _storage_from_bytes
+        return super().find_class(module, name)
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise PicklescopeError("the stream refers to a persistent object (a torch.save archive's storage)",
+                               "give the torch.save file itself: it is read without loading")
+
+
+def load_allowed(f: Any) -> Any:
+    """Unpickle ``f`` through :class:`AllowListUnpickler` (for a trusted load, in a child process)."""
+    return AllowListUnpickler(f).load()

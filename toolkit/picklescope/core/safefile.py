@@ -14,9 +14,11 @@ says otherwise.
 
 from __future__ import annotations
 
+import io
 import os
 import stat
 from pathlib import Path
+from typing import Any, BinaryIO
 
 from picklescope.errors import PicklescopeError, safe_text
 
@@ -123,3 +125,83 @@ def read_text(path: str | os.PathLike, what: str, limit: int, way_out: str = "ch
 def resolved(path: str | os.PathLike) -> Path:
     """``path`` with ``~`` expanded (for messages and checks that need an absolute path)."""
     return Path(os.fspath(path)).expanduser()
+
+
+# -- reading a saved batch: bounded by what the file is, not by what it claims --------------------------
+READER_MEMORY_BOUND = 256 * 1024**2  # what describing any file up to 4 GiB may add to the reader's memory
+READ_LIMIT = 64 * 1024**2  # one read of a stream (a pickle frame, an opcode's argument, a zip's data.pkl)
+LINE_LIMIT = 1024**2  # one line of a protocol-0 pickle opcode
+
+
+class BoundedFile(io.RawIOBase):
+    """A read-only view of a binary file that ends where the file ended when it was opened.
+
+    A file that another process keeps appending to reads as the file it was when it was opened, so
+    nothing can make the reader go on without end. Single reads are capped at ``max_read`` bytes and
+    lines at :data:`LINE_LIMIT`: an opcode or a header that asks for more is refused with one line
+    naming the size, instead of allocating it. ``seek`` past the end stops at the end, so a length
+    that points past the data is noticed (``tell`` differs) rather than silently accepted.
+    """
+
+    def __init__(self, f: BinaryIO, size: int, where: str, max_read: int = READ_LIMIT, owned: bool = False) -> None:
+        super().__init__()
+        self._f, self.size, self.where, self.max_read, self._owned = f, size, where, max_read, owned
+        self._pos = f.tell()
+
+    def close(self) -> None:
+        if self._owned and not self.closed:
+            self._f.close()
+        super().close()
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        target = {0: pos, 1: self._pos + pos, 2: self.size + pos}[whence]
+        self._pos = min(max(0, target), self.size)
+        self._f.seek(self._pos)
+        return self._pos
+
+    def _room(self, n: int | None) -> int:
+        left = self.size - self._pos
+        if n is None or n < 0:
+            n = left
+        if min(n, left) > self.max_read:
+            from picklescope.core.units import fmt_bytes
+
+            raise PicklescopeError(f"{self.where}: one read at byte {self._pos} asks for {fmt_bytes(min(n, left))}, "
+                                   f"over the {fmt_bytes(self.max_read)} a reader of batch structure takes at once",
+                                   "the file is damaged or not a saved batch; copy it again")
+        return max(0, min(n, left))
+
+    def read(self, n: int | None = -1) -> bytes:
+        data = self._f.read(self._room(n))
+        self._pos += len(data)
+        return data
+
+    def readinto(self, b: Any) -> int:
+        data = self.read(len(b))
+        b[:len(data)] = data
+        return len(data)
+
+    def readline(self, size: int | None = -1) -> bytes:
+        cap = min(self.size - self._pos, LINE_LIMIT + 1 if size is None or size < 0 else size)
+        line = self._f.readline(cap)
+        self._pos += len(line)
+        if len(line) > LINE_LIMIT and not line.endswith(b"\n"):
+            raise PicklescopeError(f"{self.where}: a line at byte {self._pos - len(line)} runs over "
+                                   f"{LINE_LIMIT} bytes without ending", "the file is damaged or not a saved batch")
+        return line
+
+
+def open_bounded(path: str | os.PathLike, where: str | None = None) -> BoundedFile:
+    """``path`` opened for reading as a :class:`BoundedFile` of the size it has now (one ``fstat``)."""
+    f = open(os.fspath(path), "rb")  # noqa: SIM115 - closed with the BoundedFile
+    size = os.fstat(f.fileno()).st_size
+    return BoundedFile(f, size, where or _describe(os.fspath(path)), owned=True)

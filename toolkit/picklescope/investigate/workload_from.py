@@ -37,13 +37,15 @@ import pickle
 import statistics
 import struct
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from picklescope.core.safefile import BLOB_LIMIT_ENV, blob_limit, check_file
+from picklescope.codecs.trust import LOADABLE_GLOBALS
+from picklescope.core.safefile import BLOB_LIMIT_ENV, READ_LIMIT, BoundedFile, blob_limit, check_file, open_bounded
 from picklescope.core.units import fmt_bytes
-from picklescope.errors import PicklescopeError
+from picklescope.errors import PicklescopeError, safe_text
 from picklescope.verl.blobinfo import ZIP_MAGIC
 from picklescope.workloads.spec import _ITEMSIZE, parse_workload
 
@@ -64,7 +66,16 @@ _STORAGE_DTYPE = {
 # structure is read by seeking past the data, so a saved batch may be far larger than a blob `inspect`
 # loads; the bound only stops a mistaken path (a disk image, a sparse file) from being walked
 SAVED_BATCH_LIMIT = 256 << 30
+# what one stream may make the reader hold (see _Unpickler); with READ_LIMIT on any single read these keep
+# describing any file up to 4 GiB within READER_MEMORY_BOUND of the reader's memory before it started
+MAX_DICT_KEYS = 65_536  # a batch has at most 4096 leaves; a row's dict a few keys
+MAX_LIST_ITEMS = 1_000_000  # rows of one object array
+MAX_ITEMS = 2_000_000  # container entries of the whole stream
+MAX_STACK = 1_000_000  # values piled on the unpickler's stack
+MAX_MEMO = 2_000_000  # values the stream memoizes
+MAX_ZIP_ENTRIES = 65_536  # members of a torch.save archive (one per storage) or of an .npz (one per key)
 _INLINE = 1 << 16  # byte strings up to this size are read (dtype codes, small strings); larger ones are skipped
+_DESCRIBE_BLOB_LIMIT = 64 << 20  # a file that does not parse is worded by blobinfo from at most this many bytes
 
 
 class Refused(PicklescopeError):
@@ -231,15 +242,19 @@ def _storage_type(name: str) -> type:
     return type(name, (), {"dtype": dtype, "storage_name": name})
 
 
-def _rebuild_tensor_v2(storage: Any, offset: int, size: Any, stride: Any, *rest: Any) -> _Tensor:
+def _rebuild_tensor_v2(storage: Any, offset: int, size: Any, stride: Any, *rest: Any) -> Any:
+    if isinstance(storage, _Opaque):  # a plain pickle's tensor: its storage is a torch.save blob to load
+        return _opaque_type("torch._utils", "_rebuild_tensor_v2")()
     if not isinstance(storage, _Storage):
         raise Refused("a tensor in the archive has no storage record", "save it with torch.save")
     return _Tensor(storage.dtype, tuple(size), tuple(stride), storage=storage, offset=int(offset))
 
 
 def _rebuild_tensor_v3(storage: Any, offset: int, size: Any, stride: Any, requires_grad: Any, hooks: Any,
-                       dtype: Any, *rest: Any) -> _Tensor:
+                       dtype: Any, *rest: Any) -> Any:
     """Newer dtypes (uint16, ...) are saved on an untyped storage with the dtype beside it."""
+    if isinstance(storage, _Opaque):
+        return _opaque_type("torch._utils", "_rebuild_tensor_v3")()
     if not isinstance(storage, _Storage):
         raise Refused("a tensor in the archive has no storage record", "save it with torch.save")
     name = dtype.name if isinstance(dtype, _TorchDType) else str(dtype)
@@ -386,11 +401,39 @@ _KNOWN: dict[tuple[str, str], Any] = {
 }
 
 
+class _Text:
+    """A long string of the stream, skipped: only its length is kept (a non-tensor column's typical length)."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+
+class _Counting(dict):  # type: ignore[type-arg]
+    """The opcode table, counting lookups: every 65,536 opcodes the unpickler checks what it holds."""
+
+    def __init__(self, table: dict[int, Any], unpickler: _Unpickler) -> None:
+        super().__init__(table)
+        self.unpickler, self.ops = unpickler, 0
+
+    def __getitem__(self, key: int) -> Any:
+        self.ops += 1
+        if not self.ops & 0xFFFF:
+            self.unpickler._check_held()
+        return dict.__getitem__(self, key)
+
+
 class _Unpickler(pickle._Unpickler):  # type: ignore[name-defined]
     """The standard library's pickle machine with every global replaced by an inert stand-in.
 
     Byte strings longer than ``_INLINE`` are skipped by seeking (when outside a frame, which is where
-    pickle writes large ones), so reading a 500 MiB blob costs no memory for its data.
+    pickle writes large ones), so reading a 500 MiB blob costs no memory for its data; long strings
+    likewise keep only their length. What the stream makes the reader hold is bounded: a dict of more
+    than :data:`MAX_DICT_KEYS` keys, a list of more than :data:`MAX_LIST_ITEMS` items, more than
+    :data:`MAX_ITEMS` container entries in all, or a stack or memo past its bound is refused at once,
+    with the count reached, before the rest of the stream is read.
     """
 
     dispatch = dict(pickle._Unpickler.dispatch)  # type: ignore[attr-defined]
@@ -400,8 +443,73 @@ class _Unpickler(pickle._Unpickler):  # type: ignore[name-defined]
         self._f = f
         self._archive = archive
         self.unknown: list[str] = []
+        self.named: list[str] = []  # every global the stream names, known or not
+        self.items = 0
+        self.dispatch = _Counting(type(self).dispatch, self)  # type: ignore[misc]
+
+    def _where(self) -> str:
+        return getattr(self._f, "where", "the stream")
+
+    def _too_many(self, what: str, count: int, limit: int) -> Refused:
+        return Refused(f"{self._where()}: {what} holds {count:,} entries by byte {self._f.tell():,}, over the "
+                       f"{limit:,} a batch's structure needs; refused before reading the rest",
+                       "save the batch as a DataProto, a TensorDict or a dict of tensors; rows of data belong in "
+                       "tensors or numpy arrays, not in millions of Python objects")
+
+    def _check_held(self) -> None:
+        stacked = len(self.stack) + sum(len(s) for s in self.metastack)
+        if stacked > MAX_STACK:
+            raise self._too_many("the unpickler's stack", stacked, MAX_STACK)
+        if len(self.memo) > MAX_MEMO:
+            raise self._too_many("the unpickler's memo", len(self.memo), MAX_MEMO)
+
+    def _grew(self, target: Any, added: int) -> None:
+        self.items += added
+        size = len(target.items) if isinstance(target, _Opaque) else len(target) if hasattr(target, "__len__") else 0
+        if isinstance(target, dict) and size > MAX_DICT_KEYS:
+            raise self._too_many("a dict", size, MAX_DICT_KEYS)
+        if size > MAX_LIST_ITEMS:
+            raise self._too_many(f"a {_type_name(target)}", size, MAX_LIST_ITEMS)
+        if self.items > MAX_ITEMS:
+            raise self._too_many("the stream's containers together", self.items, MAX_ITEMS)
+
+    def load_setitems(self) -> None:
+        items = self.pop_mark()
+        target = self.stack[-1]
+        for i in range(0, len(items) - 1, 2):
+            target[items[i]] = items[i + 1]
+        self._grew(target, len(items) // 2)
+
+    def load_setitem(self) -> None:
+        super().load_setitem()
+        self._grew(self.stack[-1], 1)
+
+    def load_appends(self) -> None:
+        items = self.pop_mark()
+        target = self.stack[-1]
+        if hasattr(target, "extend"):
+            target.extend(items)
+        else:
+            for x in items:
+                target.append(x)
+        self._grew(target, len(items))
+
+    def load_append(self) -> None:
+        super().load_append()
+        self._grew(self.stack[-1], 1)
+
+    def load_additems(self) -> None:
+        items = self.pop_mark()
+        target = self.stack[-1]
+        if not isinstance(target, set):
+            raise Refused(f"{self._where()}: ADDITEMS on a {_type_name(target)}", "the file is not a saved batch")
+        target.update(items)
+        self._grew(target, len(items))
 
     def find_class(self, module: str, name: str) -> Any:
+        full = f"{module}.{name}"
+        if full not in self.named:
+            self.named.append(full)
         if (module, name) in _KNOWN:
             return _KNOWN[(module, name)]
         if module in ("torch", "torch.storage") and name.endswith("Storage"):
@@ -410,7 +518,6 @@ class _Unpickler(pickle._Unpickler):  # type: ignore[name-defined]
             return _TorchDType(name)
         if (module, name) == ("torch", "Tensor"):
             return _opaque_type(module, name)
-        full = f"{module}.{name}"
         if full not in self.unknown:
             self.unknown.append(full)
         return _opaque_type(module, name)
@@ -428,13 +535,11 @@ class _Unpickler(pickle._Unpickler):  # type: ignore[name-defined]
         raise Refused("the stream refers to a persistent object that is not a torch storage",
                       "save the batch with torch.save or DataProto.save_to_disk")
 
-    def _bytes(self, n: int) -> _Bytes:
+    def _skip(self, n: int) -> _Bytes | None:
+        """Seek past ``n`` bytes outside a frame (None: read them, they are small or framed)."""
         frame = getattr(self._unframer, "current_frame", None)
         if n <= _INLINE or frame is not None:
-            data = self.read(n)
-            if len(data) != n:
-                raise pickle.UnpicklingError("data ran out")
-            return _Bytes(-1, n, data[:4], data)
+            return None
         at = self._f.tell()
         head = self._f.read(4)
         self._f.seek(at + n)
@@ -442,10 +547,29 @@ class _Unpickler(pickle._Unpickler):  # type: ignore[name-defined]
             raise pickle.UnpicklingError("data ran out")
         return _Bytes(at, n, head)
 
+    def _bytes(self, n: int) -> _Bytes:
+        skipped = self._skip(n)
+        if skipped is not None:
+            return skipped
+        data = self.read(n)
+        if len(data) != n:
+            raise pickle.UnpicklingError("data ran out")
+        return _Bytes(-1, n, data[:4], data)
+
     def _push_bytes(self, fmt: str, size: int) -> None:
         (n,) = struct.unpack(fmt, self.read(size))
         b = self._bytes(n)
         self.append(b.data if b.data is not None else b)
+
+    def _push_text(self, fmt: str, size: int) -> None:
+        (n,) = struct.unpack(fmt, self.read(size))
+        if self._skip(n) is not None:
+            self.append(_Text(n))
+            return
+        data = self.read(n)
+        if len(data) != n:
+            raise pickle.UnpicklingError("data ran out")
+        self.append(str(data, "utf-8", "surrogatepass"))
 
     def load_binbytes(self) -> None:
         self._push_bytes("<I", 4)
@@ -459,17 +583,43 @@ class _Unpickler(pickle._Unpickler):  # type: ignore[name-defined]
     def load_bytearray8(self) -> None:
         self._push_bytes("<Q", 8)
 
+    def load_binunicode(self) -> None:
+        self._push_text("<I", 4)
+
+    def load_binunicode8(self) -> None:
+        self._push_text("<Q", 8)
+
     def load_next_buffer(self) -> None:
         self.append(_Bytes(-1, 0))
+
+    def load_long4(self) -> None:
+        (n,) = struct.unpack("<i", self.read(4))
+        if n > _INLINE:
+            raise Refused(f"{self._where()}: an integer of {n:,} bytes at byte {self._f.tell():,}",
+                          "the file is damaged or not a saved batch")
+        self.append(pickle.decode_long(self.read(n)))
 
     dispatch[pickle.BINBYTES[0]] = load_binbytes
     dispatch[pickle.SHORT_BINBYTES[0]] = load_short_binbytes
     dispatch[pickle.BINBYTES8[0]] = load_binbytes8
     dispatch[pickle.BYTEARRAY8[0]] = load_bytearray8
+    dispatch[pickle.BINUNICODE[0]] = load_binunicode
+    dispatch[pickle.BINUNICODE8[0]] = load_binunicode8
     dispatch[pickle.NEXT_BUFFER[0]] = load_next_buffer
+    dispatch[pickle.LONG4[0]] = load_long4
+    dispatch[pickle.SETITEMS[0]] = load_setitems
+    dispatch[pickle.SETITEM[0]] = load_setitem
+    dispatch[pickle.APPENDS[0]] = load_appends
+    dispatch[pickle.APPEND[0]] = load_append
+    dispatch[pickle.ADDITEMS[0]] = load_additems
 
 
 def _read_stream(f: BinaryIO, archive: Any = None) -> tuple[Any, list[str]]:
+    obj, u = _read(f, archive)
+    return obj, u.unknown
+
+
+def _read(f: BinaryIO, archive: Any = None) -> tuple[Any, _Unpickler]:
     u = _Unpickler(f, archive)
     try:
         obj = u.load()
@@ -477,13 +627,27 @@ def _read_stream(f: BinaryIO, archive: Any = None) -> tuple[Any, list[str]]:
         raise
     except RecursionError:
         raise Refused("the stream nests too deeply to read", "save a flatter batch") from None
+    except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
+        raise _Damaged(f"{type(exc).__name__}: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - a stream the machine cannot read: the caller words it
-        raise _Unreadable(f"{type(exc).__name__}: {exc}") from None
-    return obj, u.unknown
+        raise _Unreadable(f"{type(exc).__name__}: {exc}", _ran_out(exc)) from None
+    return obj, u
+
+
+def _ran_out(exc: Exception) -> bool:
+    text = str(exc)
+    return isinstance(exc, EOFError) or any(w in text for w in ("data ran out", "truncated", "ran out of input",
+                                                                 "pickle exhausted", "not enough data"))
+
+
+class _Damaged(Exception):
+    """A zip member that fails its own check (CRC, deflate stream) while it is read."""
 
 
 class _Unreadable(Exception):
-    pass
+    def __init__(self, text: str, ran_out: bool = False) -> None:
+        super().__init__(text)
+        self.ran_out = ran_out
 
 
 # -- zip archives (torch.save, npz) -----------------------------------------------------------------------
@@ -519,15 +683,78 @@ class _Window(io.RawIOBase):
         return len(data)
 
 
-class _Archive:
-    """A ``torch.save`` zip: its ``data.pkl`` and the sizes of its storage records, nothing else read."""
+_EOCD = b"PK\x05\x06"
+_EOCD64_LOCATOR = b"PK\x06\x07"
 
-    def __init__(self, f: BinaryIO, where: str) -> None:
-        try:
-            self.zip = zipfile.ZipFile(f)
-        except (zipfile.BadZipFile, OSError, ValueError) as exc:
-            raise PicklescopeError(f"{where} is not a readable zip archive ({exc})",
-                                   "copy it again; a torch.save file is a zip archive") from None
+
+def _zip_directory(f: BinaryIO, size: int, where: str) -> None:
+    """Check what the end of a zip declares before ``zipfile`` acts on it: the member count and the size of
+    the central directory (zip64 included) must fit the file and :data:`MAX_ZIP_ENTRIES`; zipfile would
+    otherwise build one record per declared member."""
+    tail = min(size, 22 + 65535 + 20)
+    f.seek(size - tail)
+    data = f.read(tail)
+    at = data.rfind(_EOCD)
+    if at < 0 or len(data) - at < 22:
+        return  # no directory: zipfile words that itself
+    entries, cd_size = struct.unpack("<HI", data[at + 10:at + 16])  # total members, directory bytes
+    loc = at - 20
+    if loc >= 0 and data[loc:loc + 4] == _EOCD64_LOCATOR:
+        (offset64,) = struct.unpack("<Q", data[loc + 8:loc + 16])
+        if offset64 + 56 > size:
+            raise PicklescopeError(f"{where}: its zip64 directory record is declared at byte {offset64:,}, past the "
+                                   f"end of the {size:,}-byte archive", "the archive is damaged; copy it again")
+        f.seek(offset64)
+        rec = f.read(56)
+        if rec[:4] == b"PK\x06\x06" and len(rec) == 56:
+            entries, cd_size = struct.unpack("<Q", rec[32:40])[0], struct.unpack("<Q", rec[40:48])[0]
+    if entries > MAX_ZIP_ENTRIES:
+        raise PicklescopeError(f"{where}: its zip directory declares {entries:,} members, over the "
+                               f"{MAX_ZIP_ENTRIES:,} a saved batch has (one per storage or key)",
+                               "the archive is damaged or not a saved batch")
+    if cd_size > size:
+        raise PicklescopeError(f"{where}: its zip directory declares {fmt_bytes(cd_size)} of records in an archive "
+                               f"of {fmt_bytes(size)}", "the archive is damaged; copy it again")
+    f.seek(0)
+
+
+def _open_zip(f: BinaryIO, where: str, size: int) -> zipfile.ZipFile:
+    """``zipfile.ZipFile`` on ``f`` (of ``size`` bytes), after :func:`_zip_directory`; failures are one line."""
+    _zip_directory(f, size, where)
+    try:
+        return zipfile.ZipFile(f)
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, struct.error, NotImplementedError) as exc:
+        raise PicklescopeError(f"{where} is not a readable zip archive ({exc})",
+                               "copy it again; a torch.save file is a zip archive") from None
+
+
+def _check_member(info: zipfile.ZipInfo, size: int, where: str, limit: int | None) -> None:
+    """A member's declared sizes against the archive's real size and, for what is read, ``limit``."""
+    name = safe_text(info.filename, 120)
+    if info.compress_size > size or info.header_offset + info.compress_size > size:
+        raise PicklescopeError(f"{where}: member {name} declares {fmt_bytes(info.compress_size)} of data at byte "
+                               f"{info.header_offset:,}, past the end of the {fmt_bytes(size)} archive",
+                               "the archive is truncated or damaged; copy it again")
+    if info.compress_type == zipfile.ZIP_STORED and info.file_size != info.compress_size:
+        raise PicklescopeError(f"{where}: member {name} is stored uncompressed but declares {info.file_size:,} bytes "
+                               f"in {info.compress_size:,}", "the archive is damaged; copy it again")
+    if limit is not None and info.file_size > limit:
+        raise PicklescopeError(f"{where}: member {name} declares {fmt_bytes(info.file_size)} uncompressed "
+                               f"({fmt_bytes(info.compress_size)} in the file), over the {fmt_bytes(limit)} limit for "
+                               "the structure of a batch (tensor data lives in other members)",
+                               "the archive is damaged or built to exhaust memory; copy the original again")
+
+
+class _Archive:
+    """A ``torch.save`` zip: its ``data.pkl`` and the sizes of its storage records, nothing else read.
+
+    Every declared size is checked against the archive's real size before it is acted on; ``data.pkl``
+    is read as a stream (never whole) up to its declared size, and at most :data:`READ_LIMIT` of it.
+    """
+
+    def __init__(self, f: BinaryIO, where: str, size: int) -> None:
+        self.zip = _open_zip(f, where, size)
+        self.size = size
         names = self.zip.namelist()
         pkl = next((n for n in names if n.endswith("/data.pkl") or n == "data.pkl"), None)
         if pkl is None:
@@ -536,34 +763,42 @@ class _Archive:
         self.pkl = pkl
         self.prefix = pkl[: -len("data.pkl")]
         self.where = where
-
-    def record_size(self, key: str) -> int | None:
-        try:
-            return self.zip.getinfo(f"{self.prefix}data/{key}").file_size
-        except KeyError:
-            return None
+        _check_member(self.zip.getinfo(pkl), size, where, READ_LIMIT)
 
     def read_range(self, key: str, start: int, n: int) -> bytes:
         try:
-            with self.zip.open(f"{self.prefix}data/{key}") as m:
-                m.seek(start)
-                data = m.read(n)
+            info = self.zip.getinfo(f"{self.prefix}data/{key}")
         except KeyError:
             raise PicklescopeError(f"{self.where}: storage record {key!r} is missing",
                                    "copy the file again; the archive is incomplete") from None
+        _check_member(info, self.size, self.where, None)
+        if n < 0 or start < 0 or start + n > info.file_size or n > READ_LIMIT:
+            raise PicklescopeError(f"{self.where}: storage record {key!r} is shorter than its tensor "
+                                   f"({n:,} bytes at {start:,} asked of {info.file_size:,})",
+                                   "copy the file again; the archive is truncated")
+        try:
+            with self.zip.open(info) as m:
+                m.seek(start)
+                data = m.read(n)
+        except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
+            raise PicklescopeError(f"{self.where}: storage record {key!r} is damaged ({exc})",
+                                   "copy the file again") from None
         if len(data) != n:
             raise PicklescopeError(f"{self.where}: storage record {key!r} is shorter than its tensor",
                                    "copy the file again; the archive is truncated")
         return data
 
-    def root(self) -> tuple[Any, list[str]]:
-        with self.zip.open(self.pkl) as m:
-            data = m.read()
+    def root(self) -> tuple[Any, _Unpickler]:
+        info = self.zip.getinfo(self.pkl)
         try:
-            return _read_stream(io.BytesIO(data), self)
+            with self.zip.open(info) as m:
+                return _read(BoundedFile(m, info.file_size, f"{self.where}: data.pkl"), self)
         except _Unreadable as exc:
             raise PicklescopeError(f"{self.where}: its data.pkl is not a readable pickle ({exc})",
                                    "copy the file again") from None
+        except (_Damaged, zipfile.BadZipFile, zlib.error, EOFError) as exc:
+            raise PicklescopeError(f"{self.where}: its data.pkl is damaged ({safe_text(exc, 200)})",
+                                   "copy the file again; the archive fails its own checksum") from None
 
 
 # -- the description --------------------------------------------------------------------------------------
@@ -767,6 +1002,10 @@ def _td_leaves(td: dict[str, Any]) -> dict[str, _Tensor]:
             out[k] = v
         elif isinstance(v, dict) and v.get("__tensordict__"):
             raise _refuse_leaf(k, "a nested sub-TensorDict", "flatten it (td.flatten_keys()) and save again")
+        elif isinstance(v, _Opaque):
+            raise NeedsCode(f"leaf {safe_text(repr(k), 80)} is built by {v.name}, which picklescope does not read "
+                            "without running it", "pass --trust to load it in a child process, only if you know who "
+                            "wrote it (docs/safe_loading.md)", [v.name])
         else:
             raise _refuse_leaf(k, f"a TensorDict entry of type {_type_name(v)}")
     if td.get("non_tensor_in_td"):
@@ -796,8 +1035,8 @@ def _from_dataproto(path: str, state: Any, f: BinaryIO, container: str, batch_di
             raise Refused(f"{path}: the {container}'s batch bytes are not a torch.save archive",
                           "save it with DataProto.save_to_disk")
         src: BinaryIO = _Window(f, b.offset, b.length) if b.data is None else io.BytesIO(b.data)  # type: ignore
-        root, unknown = _Archive(src, f"{path} (its torch archive)").root()
-        _no_unknown(path, unknown, root)
+        root, u = _Archive(src, f"{path} (its torch archive)", b.length).root()
+        _no_unknown(path, u.unknown, root)
         if root is None:
             n, tensors = None, {}
         elif isinstance(root, dict) and root.get("__tensordict__"):
@@ -830,26 +1069,61 @@ def _no_unknown(path: str, unknown: list[str], root: Any) -> None:
                       "save the batch as a TensorDict or a dict of tensors (torch.save(td, path))")
 
 
-def _from_pickle(path: str, f: BinaryIO, batch_dim: int | None) -> Described:
+def _from_pickle(path: str, f: BoundedFile, batch_dim: int | None) -> Described:
     try:
-        root, unknown = _read_stream(f)
-    except _Unreadable:
+        root, u = _read(f)
+    except _Unreadable as exc:
+        if exc.ran_out and f.size > _DESCRIBE_BLOB_LIMIT:
+            raise PicklescopeError(f"{path} is truncated: the pickle stream ends at byte {f.size:,} (its size when "
+                                   "it was opened) before its STOP opcode (an interrupted copy, or a file still "
+                                   "being written?)", "wait until the writer has finished, or copy it again") from None
         from picklescope.verl.blobinfo import describe_blob, require_pickle
 
-        require_pickle(describe_blob(path))  # the same one-line words as 'picklescope inspect'
-        raise PicklescopeError(f"{path} is not a pickle stream picklescope can read",
+        f.seek(0)
+        # the same one-line words as 'picklescope inspect', from the bytes seen at open only
+        require_pickle(describe_blob(path, data=f.read(min(f.size, _DESCRIBE_BLOB_LIMIT))))
+        raise PicklescopeError(f"{path} is not a pickle stream picklescope can read ({exc})",
                                "give a DataProto.save_to_disk pickle, a torch.save file or a .npz") from None
+    end = f.tell()
+    if end < f.size:
+        _refuse_trailing(path, f, end)
     if isinstance(root, _Opaque) and root._g in (("verl.protocol", "DataProto"), ("picklescope.batch", "Batch")):
         container = "verl DataProto" if root._g[0] == "verl.protocol" else "picklescope Batch"
         return _from_dataproto(path, root.state, f, container, batch_dim)
-    if isinstance(root, _Opaque):
-        raise NeedsCode(f"{path}: a pickle whose top object is built by {root.name}, which picklescope does not read "
-                        "without running it", "pass --trust to load it in a child process, only if you know who "
-                        "wrote it (docs/safe_loading.md)", unknown)
-    if isinstance(root, dict):
-        return _from_mapping(path, "pickle of a dict", root, batch_dim)
+    try:
+        if isinstance(root, _Opaque):
+            raise NeedsCode(f"{path}: a pickle whose top object is built by {root.name}, which picklescope does not "
+                            "read without running it", "pass --trust to load it in a child process, only if you know "
+                            "who wrote it (docs/safe_loading.md)", u.named)
+        if isinstance(root, dict) and root.get("__tensordict__"):
+            n = root["batch_size"][0] if root.get("batch_size") else None
+            return _build(path, "pickle of a TensorDict", n, _td_leaves(root), {}, None, batch_dim, [])
+        if isinstance(root, dict):
+            return _from_mapping(path, "pickle of a dict", root, batch_dim)
+    except NeedsCode as exc:
+        exc.names = list(u.named)  # the trusted load is judged on every global the stream names
+        raise
     raise Refused(f"{path}: a pickle of a {_type_name(root)}, not a DataProto, TensorDict or dict of tensors",
                   "give a DataProto.save_to_disk pickle, a torch.save file or a .npz")
+
+
+def _refuse_trailing(path: str, f: BoundedFile, end: int) -> None:
+    """Bytes after the pickle's STOP: a file that is a pickle and something else is refused, --trust or not."""
+    f.seek(end)
+    rest = f.read(min(f.size - end, 1 << 16))
+    zipped = ZIP_MAGIC in rest
+    if not zipped:
+        f.seek(end)
+        try:
+            zipped = zipfile.is_zipfile(_Window(f, end, f.size - end))  # type: ignore[arg-type]
+        except Exception:  # noqa: BLE001 - only to word the refusal
+            zipped = False
+    what = "a zip archive (the file is both a pickle and a zip: a polyglot, which a zip reader such as torch.load " \
+        "would take for a .pt archive)" if zipped else "other data"
+    raise PicklescopeError(f"{path}: the pickle stream stops at byte {end:,} and {fmt_bytes(f.size - end)} of {what} "
+                           "follow; such a file is refused with or without --trust",
+                           "save the batch on its own (DataProto.save_to_disk, torch.save or numpy.savez) and give "
+                           "that file")
 
 
 def _from_mapping(path: str, fmt: str, root: dict[Any, Any], batch_dim: int | None) -> Described:
@@ -863,23 +1137,28 @@ def _from_mapping(path: str, fmt: str, root: dict[Any, Any], batch_dim: int | No
         elif isinstance(v, _NDArray) and v.dtype in _NUMPY_TO_TORCH:
             tensors[str(k)] = _Tensor(_NUMPY_TO_TORCH[v.dtype], v.shape)
         elif isinstance(v, _Opaque):
-            raise NeedsCode(f"{path}: key {k!r} is built by {v.name}, which picklescope does not read without "
-                            "running it", "pass --trust to load it in a child process, only if you know who wrote it",
-                            [v.name])
+            raise NeedsCode(f"{path}: key {safe_text(repr(k), 80)} is built by {v.name}, which picklescope does not "
+                            "read without running it", "pass --trust to load it in a child process, only if you know "
+                            "who wrote it (docs/safe_loading.md)", [v.name])
         else:
             raise _refuse_leaf(str(k), f"a value of type {_type_name(v)}")
     return _build(path, fmt, None, tensors, non_tensor, None, batch_dim, [])
 
 
-def _from_torch_zip(path: str, f: BinaryIO, batch_dim: int | None) -> Described:
-    root, unknown = _Archive(f, path).root()
-    _no_unknown(path, unknown, root)
-    if isinstance(root, dict) and root.get("__tensordict__"):
-        tensors = _td_leaves(root)
-        n = root["batch_size"][0] if root.get("batch_size") else None
-        return _build(path, "torch.save TensorDict", n, tensors, {}, None, batch_dim, [])
-    if isinstance(root, dict):
-        return _from_mapping(path, "torch.save dict", root, batch_dim)
+def _from_torch_zip(path: str, f: BoundedFile, batch_dim: int | None) -> Described:
+    root, u = _Archive(f, path, f.size).root()
+    _no_unknown(path, u.unknown, root)
+    try:
+        if isinstance(root, dict) and root.get("__tensordict__"):
+            tensors = _td_leaves(root)
+            n = root["batch_size"][0] if root.get("batch_size") else None
+            return _build(path, "torch.save TensorDict", n, tensors, {}, None, batch_dim, [])
+        if isinstance(root, dict):
+            return _from_mapping(path, "torch.save dict", root, batch_dim)
+    except NeedsCode as exc:  # a torch archive is never unpickled by anything but this reader
+        raise Refused(f"{exc.problem.split(', which ')[0]}, which picklescope does not run: a torch.save archive is "
+                      "only ever read, never loaded, --trust or not (docs/safe_loading.md)",
+                      "save tensors, TensorDicts or numpy arrays only (keep other objects out of the file)") from None
     if isinstance(root, _Tensor):
         raise Refused(f"{path}: a torch.save of one tensor, not of a batch",
                       "save a dict of tensors or a TensorDict, e.g. torch.save({'x': x}, path)")
@@ -887,20 +1166,19 @@ def _from_torch_zip(path: str, f: BinaryIO, batch_dim: int | None) -> Described:
                   "save a dict of tensors or a TensorDict")
 
 
-def _from_npz(path: str, f: BinaryIO, batch_dim: int | None) -> Described:
+def _from_npz(path: str, f: BoundedFile, batch_dim: int | None) -> Described:
     from numpy.lib import format as npformat
 
-    try:
-        z = zipfile.ZipFile(f)
-    except (zipfile.BadZipFile, OSError) as exc:
-        raise PicklescopeError(f"{path} is not a readable zip archive ({exc})", "copy it again") from None
+    z = _open_zip(f, path, f.size)
     tensors: dict[str, _Tensor] = {}
     non_tensor: dict[str, Any] = {}
     for info in z.infolist():
         if not info.filename.endswith(".npy"):
             continue
         key = info.filename[:-4]
-        with z.open(info) as m:
+        _check_member(info, f.size, path, None)
+        with z.open(info) as raw:
+            m = BoundedFile(raw, info.file_size, f"{path}: {safe_text(info.filename, 120)}")
             try:
                 version = npformat.read_magic(m)
                 reader = npformat.read_array_header_1_0 if version == (1, 0) else npformat.read_array_header_2_0
@@ -935,19 +1213,20 @@ def _from_npz(path: str, f: BinaryIO, batch_dim: int | None) -> Described:
 
 
 class _StrArray(_NDArray):
-    """A fixed-width numpy string array of an npz: kind strings, its width as the length."""
+    """A fixed-width numpy string array of an npz: kind strings, its width as the length (no rows are made)."""
 
     def __init__(self, shape: tuple[int, ...], width: int) -> None:
         super().__init__("str", shape)
-        self.items = ["x" * width] * (shape[0] if shape else 0)
+        self.width = width
 
 
 def describe_file(path: str | os.PathLike, *, batch_dim: int | None = None, trust: bool = False) -> Described:
     """Describe FILE's batch without running anything in it (see the module docstring).
 
-    ``trust=True`` loads the file in a child process only when reading cannot describe it because its
-    batch is built by code (see docs/safe_loading.md); every other file is read the same way with or
-    without it.
+    ``trust=True`` loads a plain pickle in a child process only when reading cannot describe it because
+    its batch is built by code, and only when every global the stream names is on the allow-list of
+    :data:`picklescope.codecs.trust.LOADABLE_GLOBALS` (see docs/safe_loading.md); every other file is read
+    the same way with or without it, and anything naming other code is refused either way.
     """
     p = Path(path).expanduser()
     if p.is_dir():
@@ -960,50 +1239,75 @@ def describe_file(path: str | os.PathLike, *, batch_dim: int | None = None, trus
     if batch_dim is not None and (isinstance(batch_dim, bool) or not isinstance(batch_dim, int) or batch_dim <= 0):
         raise PicklescopeError(f"--batch-dim {batch_dim!r} must be a positive integer (the batch size)",
                                "use e.g. --batch-dim 128")
+    shown = safe_text(str(p), 300)
     try:
-        with open(p, "rb") as f:
-            head = f.read(4)
-            f.seek(0)
-            if not head:
-                raise PicklescopeError(f"{p} is empty (0 bytes)", "copy or download it again")
-            if head == ZIP_MAGIC:
-                try:
-                    names = zipfile.ZipFile(f).namelist()
-                except zipfile.BadZipFile as exc:
-                    raise PicklescopeError(f"{p} is not a readable zip archive ({exc})", "copy it again") from None
-                f.seek(0)
-                if any(n.endswith(".npy") for n in names) and not any(n.endswith("data.pkl") for n in names):
-                    return _from_npz(str(p), f, batch_dim)
-                return _from_torch_zip(str(p), f, batch_dim)
-            return _from_pickle(str(p), f, batch_dim)
-    except NeedsCode:
+        with open_bounded(p, shown) as f:  # reads stop at the size the file has now, whoever appends to it
+            return _describe_open(shown, f, batch_dim)
+    except NeedsCode as exc:
+        outside = [n for n in exc.names if n not in LOADABLE_GLOBALS]
+        if outside:  # code no load may run: the same refusal with or without --trust
+            shown_names = ", ".join(outside[:6]) + (f" and {len(outside) - 6} more" if len(outside) > 6 else "")
+            raise Refused(f"{shown}: {exc.problem.split(': ', 1)[-1].split(', which ')[0]}; the file names "
+                          f"{shown_names}, outside the globals any load may resolve (tensors, TensorDicts, numpy "
+                          "arrays): refused with or without --trust, and nothing in it is run",
+                          "save the batch with DataProto.save_to_disk, torch.save or numpy.savez "
+                          "(docs/safe_loading.md)") from None
         if not trust:
             raise
         return _trusted_load(p, batch_dim)
+    except (_Damaged, zipfile.BadZipFile, zlib.error, EOFError) as exc:
+        raise PicklescopeError(f"{shown} is damaged: {safe_text(exc, 200)}",
+                               "copy it again; a zip member fails its own checksum or ends too soon") from None
+    except _Unreadable as exc:
+        raise PicklescopeError(f"{shown}: a stream inside it cannot be read ({safe_text(exc, 200)})",
+                               "copy it again, or save the batch again") from None
 
 
-# -- --trust: load in a child, describe the live objects -------------------------------------------------
+def _describe_open(path: str, f: BoundedFile, batch_dim: int | None) -> Described:
+    head = f.read(4)
+    f.seek(0)
+    if not head:
+        raise PicklescopeError(f"{path} is empty (0 bytes)", "copy or download it again")
+    if head == ZIP_MAGIC:
+        names = _open_zip(f, path, f.size).namelist()
+        f.seek(0)
+        if any(n.endswith(".npy") for n in names) and not any(n.endswith("data.pkl") for n in names):
+            return _from_npz(path, f, batch_dim)
+        return _from_torch_zip(path, f, batch_dim)
+    return _from_pickle(path, f, batch_dim)
+
+
+# -- --trust: load in a child through the allow-list, describe the live objects ---------------------------
 def _trusted_load(p: Path, batch_dim: int | None) -> Described:
+    """Only for a plain pickle whose every global is on the allow-list (checked by the caller)."""
     from picklescope.verl import childcall
 
     try:
         d = childcall.call("picklescope.investigate.workload_from.load_in_child",
-                           path=str(p.resolve()), batch_dim=batch_dim,
+                           path=str(p.resolve()), batch_dim=batch_dim, size=p.stat().st_size,
                            timeout_s=600.0)
     except childcall.ChildError as exc:
         first = str(exc).split("\n", 1)[0].split(" raised ", 1)[-1]
-        raise PicklescopeError(f"loading {p} with --trust failed in the child process: {first}",
-                               "run it where the classes the file names are importable (--debug shows the "
-                               "child's traceback)") from exc
+        raise PicklescopeError(f"loading {safe_text(str(p), 300)} with --trust failed in the child process: "
+                               f"{safe_text(first, 300)}", "--debug shows the child's traceback") from exc
     out = Described(**{k: v for k, v in d.items() if k != "summary"})
     out.loaded = True
     return out
 
 
-def load_in_child(path: str, batch_dim: int | None) -> dict[str, Any]:
-    """Child side of a trusted load (a plain pickle only): unpickle and describe the live batch."""
-    with open(path, "rb") as f:
-        obj = pickle.load(f)  # the caller passed --trust for exactly this file, and reading could not describe it
+def load_in_child(path: str, batch_dim: int | None, size: int | None = None) -> dict[str, Any]:
+    """Child side of a trusted load (a plain pickle only): unpickle through the allow-list, describe the batch.
+
+    Reads at most ``size`` bytes (the size the parent saw), and only through
+    :class:`picklescope.codecs.trust.AllowListUnpickler`, never a bare ``pickle.load``.
+    """
+    from picklescope.codecs.trust import load_allowed
+
+    with open_bounded(path) as f:
+        if size is not None and size < f.size:
+            f.size = size
+        f.max_read = f.size  # a trusted load reads tensor data too; still no further than the size seen
+        obj = load_allowed(f)
     d = describe_live(obj, path=path, batch_dim=batch_dim)
     return {k: getattr(d, k) for k in ("path", "format", "batch_size", "tensors", "non_tensor", "meta_info",
                                        "file_payload_bytes", "notes")}

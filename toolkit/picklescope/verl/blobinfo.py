@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import pickletools
 import re
 import zipfile
@@ -103,21 +104,30 @@ def _classify(info: BlobInfo, data: bytes, at: int, msg: str) -> None:
         f"a truncated pickle stream ({info.problem_detail})"
 
 
-def describe_blob(path: str | Path) -> BlobInfo:
+def describe_blob(path: str | Path, data: bytes | None = None) -> BlobInfo:
     """Identify the writer of ``path`` from its bytes alone (safe on any file).
 
     A file that is not a whole pickle stream comes back with ``problem`` set (see
-    :func:`require_pickle`); a path that cannot be read raises :class:`PicklescopeError`.
+    :func:`require_pickle`); a path that cannot be read raises :class:`PicklescopeError`. The file is
+    read once, up to the size it had when it was opened (a file another process keeps appending to is
+    judged by what it held then); ``data`` gives those bytes instead, when the caller read them already.
     """
     p = Path(path)
+    if data is not None:
+        return _describe_bytes(p, data)
     if p.is_dir():
         raise PicklescopeError(f"{p} is a directory, not a blob", "give the path of a file inside it")
     try:
-        data = p.read_bytes()
+        with open(p, "rb") as f:
+            data = f.read(os.fstat(f.fileno()).st_size)
     except FileNotFoundError:
         raise PicklescopeError(f"blob {p} does not exist", "check the path") from None
     except OSError as exc:
         raise PicklescopeError(f"cannot read blob {p}: {exc.strerror}", "check the path and its permissions") from None
+    return _describe_bytes(p, data)
+
+
+def _describe_bytes(p: Path, data: bytes) -> BlobInfo:
     info = BlobInfo(str(p), len(data), hashlib.sha256(data).hexdigest(), "unknown")
     if data.startswith(ZIP_MAGIC):
         info.kind = "torch-zip" if _is_torch_archive(data) else "zip"
