@@ -204,19 +204,36 @@ def test_a_pickle_that_runs_code_is_refused_and_never_run(tmp_path, verl_090_blo
     evil_top = tmp_path / "top.pkl"
     evil_top.write_bytes(pickle.dumps(_Creates(str(target))))
     for path in (evil, evil_top):
-        p = cli("workload", "from", str(path), "--out", str(tmp_path / "w.yaml"))
-        assert p.returncode == 2, p.stdout
-        assert "open, which picklescope does not read" in p.stderr and "--trust" in p.stderr
-        assert len(p.stderr.strip().splitlines()) == 1
-        assert not target.exists()
+        for trust in ([], ["--trust"]):  # open is on no allow-list: --trust changes nothing
+            p = cli("workload", "from", str(path), *trust, "--out", str(tmp_path / "w.yaml"))
+            assert p.returncode == 2, p.stdout
+            assert "builtins.open" in p.stderr and "refused with or without --trust" in p.stderr, p.stderr
+            assert len(p.stderr.strip().splitlines()) == 1
+            assert not target.exists()
     assert not (tmp_path / "w.yaml").exists()
-    # --trust: this format needs code to run, so it is loaded (in a child) - and the file appears
-    p = cli("workload", "from", str(evil_top), "--trust", "--out", str(tmp_path / "w.yaml"))
-    assert target.exists()
-    assert p.returncode == 2 and "not a DataProto, TensorDict or dict of tensors" in p.stderr
     # a format the reader understands is never loaded, --trust or not
     p = cli("workload", "from", str(verl_090_blobs["numpy"]), "--trust", "--json", "--out", str(tmp_path / "v.yaml"))
     assert p.returncode == 0 and json.loads(p.stdout)["loaded"] is False
+
+
+def test_trust_loads_a_plain_pickle_of_tensors_through_the_allow_list(tmp_path):
+    """pickle.dumps of a TensorDict or a dict of tensors carries each storage as a torch.save blob, which the
+    reader does not open: without --trust it says so; with it a child loads the file through the allow-list
+    unpickler (storages with torch.load(weights_only=True)) and describes it."""
+    import torch
+    from tensordict import TensorDict
+
+    from picklescope.investigate.workload_from import describe_file
+
+    files = {"td.pkl": TensorDict({"a": torch.ones(4, 3), "b": torch.zeros(4, dtype=torch.int64)}, [4]),
+             "dict.pkl": {"a": torch.ones(4, 3), "b": torch.zeros(4, dtype=torch.int64)}}
+    for name, obj in files.items():
+        (tmp_path / name).write_bytes(pickle.dumps(obj))
+        with pytest.raises(PicklescopeError, match="pass --trust"):
+            describe_file(tmp_path / name)
+        d = describe_file(tmp_path / name, trust=True)
+        assert d.loaded and d.batch_size == 4, name
+        assert d.tensors == {"a": {"shape": ["N", 3], "dtype": "float32"}, "b": {"shape": ["N"], "dtype": "int64"}}
 
 
 def test_truncated_and_foreign_files_are_one_line(tmp_path, verl_090_blobs):
@@ -339,3 +356,218 @@ def test_headroom_and_reproduce_take_a_workload_path(my_workload):
                       ray=False, repeat=1)
     assert [r.outcome for r in inv.results] == ["ok"], [r.error for r in inv.results]
     assert inv.workload == "my-name" and [r.workload for r in inv.results] == ["my-name"]
+
+
+# -- hostile files: built here, refused or bounded, never run ---------------------------------------------
+# Each calls code when unpickled: protocol-0 streams, so the test holds the exact bytes a hostile writer would.
+def _calls(marker: Path) -> dict[str, bytes]:
+    m = str(marker)
+    return {
+        "os.system": f"cos\nsystem\n(S'touch {m}'\ntR.".encode(),
+        "builtins.exec": f"cbuiltins\nexec\n(S'open(\"{m}\", \"w\").close()'\ntR.".encode(),
+        "subprocess.Popen": f"csubprocess\nPopen\n((S'touch'\nS'{m}'\nltR.".encode(),
+    }
+
+
+def _zip(members: dict[str, bytes]) -> bytes:
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    return buf.getvalue()
+
+
+def _torch_zip_bytes() -> bytes:
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.save({"x": torch.zeros(4, 2)}, buf)
+    return buf.getvalue()
+
+
+@pytest.fixture
+def hostile(tmp_path):
+    """The polyglot and .pt zips whose data.pkl calls code (top level and inside a dict), plus the marker
+    each would create."""
+    marker = tmp_path / "marker-created-by-the-file"
+    calls = _calls(marker)
+    files = {"polyglot.pt": calls["os.system"] + _torch_zip_bytes()}
+    for name, call in calls.items():
+        short = name.split(".")[-1].lower()
+        files[f"{short}.pt"] = _zip({"archive/data.pkl": call, "archive/version": b"3\n"})
+        files[f"{short}-in-dict.pt"] = _zip({"archive/data.pkl": b"(dp0\nS'x'\n" + call[:-1] + b"s.",
+                                             "archive/version": b"3\n"})
+        files[f"{short}.pkl"] = b"(dp0\nS'x'\n" + call[:-1] + b"s."
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    return tmp_path, marker, calls
+
+
+def test_the_hostile_payloads_do_run_when_unpickled(hostile, tmp_path):
+    """The test's own check that its payloads are live: a plain pickle.loads of each (with another marker,
+    in a throwaway process) creates the file. The refusals below mean something only because of this."""
+    for name, call in _calls(tmp_path / "control").items():
+        (tmp_path / "control").unlink(missing_ok=True)
+        p = subprocess.run([sys.executable, "-c", "import pickle, sys, time; pickle.loads(sys.stdin.buffer.read()); "
+                            "time.sleep(0.5)"], input=call, capture_output=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        assert (tmp_path / "control").exists(), name
+
+
+def test_polyglot_and_code_calling_archives_are_refused_with_and_without_trust(hostile, capsys):
+    """Through the command's own entry point (``cli.main``, in this process: had anything run, the marker
+    would be here too); one real CLI process checks the polyglot end to end."""
+    from picklescope.cli import main
+
+    folder, marker, _ = hostile
+    names = sorted(p.name for p in folder.iterdir() if p.suffix in (".pt", ".pkl"))
+    assert len(names) == 10
+    for name in names:
+        for trust in ([], ["--trust"]):
+            code = main(["workload", "from", str(folder / name), *trust, "--out", str(folder / "w.yaml")])
+            line = capsys.readouterr().err.strip()
+            assert code == 2 and len(line.splitlines()) == 1 and "Traceback" not in line, (name, trust, line)
+            assert "--trust" in line and ("refused with or without --trust" in line or "--trust or not" in line), line
+            if name == "polyglot.pt":
+                assert "polyglot" in line and "zip" in line, line
+            assert not marker.exists(), (name, trust)
+            assert not (folder / "w.yaml").exists()
+    p = cli("workload", "from", str(folder / "polyglot.pt"), "--trust", "--out", str(folder / "w.yaml"))
+    assert p.returncode == 2 and "polyglot" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert not marker.exists()
+
+
+_PEAK = """
+import json, sys
+from picklescope.cli import main
+code = main(sys.argv[2:])
+with open("/proc/self/status") as f:
+    hwm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+with open(sys.argv[1], "w") as f:
+    json.dump({"code": code, "hwm": hwm}, f)
+sys.exit(code)
+"""
+
+
+def cli_peak(report: Path, *args: str, timeout: float = 300) -> tuple[subprocess.CompletedProcess, int, float]:
+    """The CLI in its own process: its result, its peak resident memory (VmHWM) and how long it took."""
+    import time
+
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-c", _PEAK, str(report), *args], capture_output=True, text=True,
+                       timeout=timeout)
+    took = time.monotonic() - t0
+    return p, json.loads(report.read_text())["hwm"], took
+
+
+def _assert_one_line_and_small(p, hwm: int, took: float, *needles: str) -> None:
+    line = p.stderr.strip()
+    print(f"peak {hwm / 2**20:.0f} MiB in {took:.1f} s: {line}")
+    assert len(line.splitlines()) == 1, p.stderr[-2000:]
+    assert p.returncode == 2 and "Traceback" not in line, p.stderr[-2000:]
+    for n in needles:
+        assert n in line, line
+    assert hwm < 1 << 30, f"the CLI's peak resident memory was {hwm / 2**20:.0f} MiB"
+
+
+def _expansion(path: Path, size: int) -> None:
+    """A .pt whose deflated data.pkl is a whole pickle followed by zeros up to ``size`` bytes."""
+    import zipfile
+
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as z:
+        z.writestr("archive/version", b"3\n")
+        with z.open("archive/data.pkl", "w", force_zip64=True) as m:
+            head = pickle.dumps({}, protocol=2)
+            m.write(head)
+            chunk, left = bytes(64 << 20), size - len(head)
+            while left > 0:
+                m.write(chunk[:left] if left < len(chunk) else chunk)
+                left -= len(chunk)
+
+
+@pytest.mark.parametrize("size", [512 << 20, pytest.param(3 << 30, marks=pytest.mark.slow)],
+                         ids=["512MiB", "3GiB"])
+def test_a_deflate_expansion_is_refused_by_its_declared_size(tmp_path, size):
+    pt = tmp_path / "expands.pt"
+    _expansion(pt, size)
+    assert pt.stat().st_size < size // 100  # a small file that claims a big member
+    p, hwm, took = cli_peak(tmp_path / "peak.json", "workload", "from", str(pt), "--out", str(tmp_path / "w.yaml"))
+    _assert_one_line_and_small(p, hwm, took, "data.pkl declares", "over the 64.0 MiB limit")
+
+
+def test_a_growing_file_is_read_only_as_far_as_it_was_at_open(tmp_path):
+    """A truncated batch pickle that another process keeps appending zeros to: the CLI reads what the file
+    held at open, says it is truncated, and ends while the file is still growing."""
+    import threading
+
+    from picklescope.batch import set_active_codec
+
+    b = load_workload(WORKLOAD_DIR / "flowgrpo.yaml").build(0.1)
+    set_active_codec("numpy")
+    try:
+        data = pickle.dumps(b, protocol=4)
+    finally:
+        set_active_codec(None)
+    grow = tmp_path / "growing.pkl"
+    grow.write_bytes(data[: len(data) // 2])
+    stop = threading.Event()
+    appended = [0]
+
+    cap = 2 << 30  # about 100 s of appending: far longer than the CLI needs, even on a loaded machine
+
+    def append() -> None:
+        chunk = bytes(1 << 20)
+        with open(grow, "ab") as f:
+            while not stop.is_set() and appended[0] < cap:
+                f.write(chunk)
+                f.flush()
+                appended[0] += len(chunk)
+                stop.wait(0.05)
+
+    writer = threading.Thread(target=append, daemon=True)
+    writer.start()
+    try:
+        while appended[0] == 0:
+            stop.wait(0.01)
+        p, hwm, took = cli_peak(tmp_path / "peak.json", "workload", "from", str(grow), "--out",
+                                str(tmp_path / "w.yaml"))
+        still_growing = appended[0] < cap
+    finally:
+        stop.set()
+        writer.join()
+    # what the file held at open: the pickle cut short, then the first zeros another process appended
+    _assert_one_line_and_small(p, hwm, took, str(grow))
+    assert "truncated" in p.stderr or "is not a pickle stream" in p.stderr, p.stderr
+    assert still_growing, "the writer had stopped before the CLI ended: the test proves nothing"
+    print(f"{appended[0] >> 20} MiB appended while the CLI ran")
+
+
+def _many_keys(path: Path, count: int, batch: int | None) -> None:
+    """A pickle of one dict of ``count`` int keys, written opcode by opcode (building the dict would cost
+    gigabytes here): SETITEMS every ``batch`` pairs as pickle writes them, or all under one MARK."""
+    import numpy as np
+
+    pairs = np.zeros(count, dtype=[("op", "u1"), ("key", "<i4"), ("op2", "u1"), ("val", "u1")])
+    pairs["op"], pairs["key"], pairs["op2"] = ord("J"), np.arange(count, dtype="<i4"), ord("K")
+    raw = pairs.view(np.uint8)
+    with open(path, "wb") as f:
+        f.write(b"\x80\x02}q\x00")
+        step = batch or count
+        for start in range(0, count, step):
+            f.write(b"(" + raw[start * 7:(start + step) * 7].tobytes() + b"u")
+        f.write(b".")
+
+
+@pytest.mark.parametrize("batch", [1000, None], ids=["setitems-of-1000", "one-mark"])
+def test_ten_million_keys_are_refused_early_with_the_count(tmp_path, batch):
+    big = tmp_path / "keys.pkl"
+    _many_keys(big, 10_000_000, batch)
+    assert big.stat().st_size > 60 << 20
+    p, hwm, took = cli_peak(tmp_path / "peak.json", "workload", "from", str(big), "--out", str(tmp_path / "w.yaml"))
+    _assert_one_line_and_small(p, hwm, took, "entries by byte", "refused before reading the rest")
+    assert ("a dict holds 6" if batch else "stack holds 1,") in p.stderr, p.stderr

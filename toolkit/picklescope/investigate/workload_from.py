@@ -47,7 +47,7 @@ from picklescope.core.safefile import BLOB_LIMIT_ENV, READ_LIMIT, BoundedFile, b
 from picklescope.core.units import fmt_bytes
 from picklescope.errors import PicklescopeError, safe_text
 from picklescope.verl.blobinfo import ZIP_MAGIC
-from picklescope.workloads.spec import _ITEMSIZE, parse_workload
+from picklescope.workloads.spec import _ITEMSIZE, check_name, parse_workload
 
 __all__ = ["Described", "describe_file", "to_yaml", "write_workload", "describe_live"]
 
@@ -731,6 +731,11 @@ def _open_zip(f: BinaryIO, where: str, size: int) -> zipfile.ZipFile:
 def _check_member(info: zipfile.ZipInfo, size: int, where: str, limit: int | None) -> None:
     """A member's declared sizes against the archive's real size and, for what is read, ``limit``."""
     name = safe_text(info.filename, 120)
+    if limit is not None and info.file_size > limit:
+        raise PicklescopeError(f"{where}: member {name} declares {fmt_bytes(info.file_size)} uncompressed "
+                               f"({fmt_bytes(info.compress_size)} in the file), over the {fmt_bytes(limit)} limit for "
+                               "the structure of a batch (tensor data lives in other members)",
+                               "the archive is damaged or built to exhaust memory; copy the original again")
     if info.compress_size > size or info.header_offset + info.compress_size > size:
         raise PicklescopeError(f"{where}: member {name} declares {fmt_bytes(info.compress_size)} of data at byte "
                                f"{info.header_offset:,}, past the end of the {fmt_bytes(size)} archive",
@@ -738,11 +743,6 @@ def _check_member(info: zipfile.ZipInfo, size: int, where: str, limit: int | Non
     if info.compress_type == zipfile.ZIP_STORED and info.file_size != info.compress_size:
         raise PicklescopeError(f"{where}: member {name} is stored uncompressed but declares {info.file_size:,} bytes "
                                f"in {info.compress_size:,}", "the archive is damaged; copy it again")
-    if limit is not None and info.file_size > limit:
-        raise PicklescopeError(f"{where}: member {name} declares {fmt_bytes(info.file_size)} uncompressed "
-                               f"({fmt_bytes(info.compress_size)} in the file), over the {fmt_bytes(limit)} limit for "
-                               "the structure of a batch (tensor data lives in other members)",
-                               "the archive is damaged or built to exhaust memory; copy the original again")
 
 
 class _Archive:
@@ -906,7 +906,7 @@ def _non_tensor_spec(key: str, arr: Any, n: int) -> dict[str, Any]:
 
 
 def _elem_kind(x: Any) -> str | None:
-    if isinstance(x, str):
+    if isinstance(x, (str, _Text)):
         return "strings"
     if isinstance(x, dict):
         return "dicts"
@@ -933,12 +933,16 @@ def _meta(meta: Any) -> dict[str, Any]:
         raise Refused(f"meta_info is a {_type_name(meta)}, not a dict", "save a DataProto with a dict meta_info")
     out: dict[str, Any] = {}
     for k, v in meta.items():
-        if isinstance(v, (bool, int, float, str)) or v is None:
-            out[str(k)] = v if not isinstance(v, str) or len(v) <= 200 else f"<str of {len(v)} characters>"
+        k = safe_text(k, 200)
+        if isinstance(v, _Text):
+            out[k] = f"<str of {len(v)} characters>"
+        elif isinstance(v, (bool, int, float, str)) or v is None:
+            out[k] = safe_text(v) if isinstance(v, str) and len(v) <= 200 else \
+                v if not isinstance(v, str) else f"<str of {len(v)} characters>"
         elif isinstance(v, (list, tuple)) and len(v) <= 16 and all(isinstance(x, (bool, int, float)) for x in v):
-            out[str(k)] = list(v)
+            out[k] = list(v)
         else:
-            out[str(k)] = f"<{_type_name(v)}>"
+            out[k] = f"<{_type_name(v)}>"
     return out
 
 
@@ -946,8 +950,13 @@ def _payload(tensors: dict[str, _Tensor]) -> int:
     return sum(t.nbytes for t in tensors.values())
 
 
+_CLI_HINTS = ("give --batch-dim N (the batch size)", "save a batch with at least one row")
+
+
 def _build(path: str, fmt: str, n: int | None, tensors: dict[str, _Tensor], non_tensor: dict[str, Any],
-           meta: Any, batch_dim: int | None, notes: list[str]) -> Described:
+           meta: Any, batch_dim: int | None, notes: list[str],
+           hints: tuple[str, str] = _CLI_HINTS) -> Described:
+    tensors, non_tensor = _safe_keys(tensors, notes), _safe_keys(non_tensor, notes)
     if batch_dim is not None:
         n = batch_dim
     if n is None:
@@ -957,10 +966,10 @@ def _build(path: str, fmt: str, n: int | None, tensors: dict[str, _Tensor], non_
         firsts.discard(None)
         if len(firsts) != 1:
             raise Refused(f"{path}: the leaves do not share one first dimension ({sorted(firsts)}) and the file "
-                          "does not say its batch size", "give --batch-dim N (the batch size)")
+                          "does not say its batch size", hints[0])
         n = firsts.pop()
     if not n or n <= 0:
-        raise Refused(f"{path}: a batch of size {n} has nothing to describe", "save a batch with at least one row")
+        raise Refused(f"{path}: a batch of size {n} has nothing to describe", hints[1])
     d = Described(path, fmt, int(n), notes=notes)
     for k, t in tensors.items():
         d.tensors[str(k)] = _tensor_spec(str(k), t, n)
@@ -969,6 +978,34 @@ def _build(path: str, fmt: str, n: int | None, tensors: dict[str, _Tensor], non_
     d.meta_info = _meta(meta)
     d.file_payload_bytes = _payload(tensors)
     return d
+
+
+_UNPRINTABLE = __import__("re").compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def _safe_keys(d: dict[Any, Any], notes: list[str]) -> dict[str, Any]:
+    """Keys as workload names: control characters and lone surrogates escaped (``\\x1b``), with a note."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(k, _Text) or len(str(k)) > 200:
+            raise _refuse_leaf(f"<a key of {len(k) if isinstance(k, _Text) else len(str(k)):,} characters>",
+                               "a key longer than the 200 characters a workload key may have",
+                               "rename the key before saving")
+        key = str(k)
+        if _UNPRINTABLE.search(key):
+            new = safe_text(key)
+            notes.append(f"a key holds control characters or lone surrogates: it is written escaped, as {new}")
+            key = new
+        if key in out:
+            raise _refuse_leaf(safe_text(key), "two keys that read the same once escaped", "rename one of them")
+        out[key] = v
+    return out
+
+
+def workload_name(stem: str) -> str:
+    """A workload name from a file name: unprintable characters become ``_``, at most 200 characters."""
+    name = _UNPRINTABLE.sub("_", stem)[:200].strip()
+    return name or "my-batch"
 
 
 def _verl_numpy_batch(state: Any) -> tuple[int | None, dict[str, _Tensor]]:
@@ -1354,7 +1391,12 @@ def describe_live(obj: Any, *, path: str = "<object>", batch_dim: int | None = N
                                               tuple(s // v.itemsize for s in v.strides))
             else:
                 raise _refuse_leaf(str(k), f"a value of type {type(v).__name__}")
-    return _build(path, fmt, n, tensors, non_tensor, meta, batch_dim, [])
+    return _build(path, fmt, n, tensors, non_tensor, meta, batch_dim, [], _LIVE_HINTS)
+
+
+# a trainer cannot pass a command-line flag: the live description advises the Python keyword
+_LIVE_HINTS = ("pass batch_dim=N (the batch size) to describe_live",
+               "an empty batch (0 rows) has nothing to describe: describe a call whose batch has rows")
 
 
 def _live_tensor(key: str, v: Any) -> _Tensor:
@@ -1421,8 +1463,12 @@ def to_yaml(d: Described, name: str | None = None, seed: int = 0, validate: bool
     The capture probe passes ``validate=False``: parsing YAML costs milliseconds, more than the call
     it watches; the text comes from the same writer either way.
     """
-    name = name or (Path(d.path).stem or "my-batch")
-    lines = [f"# Written by 'picklescope workload from' from {Path(d.path).name} ({d.format}).",
+    if name is not None:
+        check_name(name, "--name", "choose another with --name (1 to 200 printable characters)")
+    else:
+        name = workload_name(Path(d.path).stem)
+    lines = [f"# Written by 'picklescope workload from' from {safe_text(Path(d.path).name, 200)} "
+             f"({safe_text(d.format, 200)}).",
              "# Structure only: every value is regenerated from the seed.",
              f"# The file's own tensor payload: {d.file_payload_bytes} bytes ({fmt_bytes(d.file_payload_bytes)}) "
              f"at batch {d.batch_size}."]

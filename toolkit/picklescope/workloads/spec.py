@@ -261,6 +261,35 @@ class WorkloadLoader(yaml.SafeLoader):
         return node
 
 
+_DECIMAL_INT = re.compile(r"^[-+]?(0|[1-9][0-9_]*)$")
+_BASE60 = re.compile(r"^[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?$")
+
+
+def _yaml11_int(loader: WorkloadLoader, node: Any) -> int:
+    """Integers in decimal only: YAML 1.1 reads ``1:30`` as 90 (base 60), ``0x10`` as 16, ``010`` as 8."""
+    value = yaml.SafeLoader.construct_yaml_int(loader, node)
+    text = str(node.value)
+    if not _DECIMAL_INT.match(text):
+        kind = ("base 60" if ":" in text else "hexadecimal" if "x" in text.lower() else
+                "binary" if "b" in text.lower() else "octal")
+        raise ValueError(f"{text} is {kind} in YAML 1.1, i.e. {value}; write {value}, or quote \"{text}\" for a string")
+    return value
+
+
+def _yaml11_float(loader: WorkloadLoader, node: Any) -> float:
+    """Floats: YAML 1.1 reads ``1:30.5`` as 90.5 (base 60)."""
+    value = yaml.SafeLoader.construct_yaml_float(loader, node)
+    text = str(node.value)
+    if _BASE60.match(text):
+        raise ValueError(f"{text} is base 60 in YAML 1.1, i.e. {value}; write {value}, or quote \"{text}\" for a "
+                         "string")
+    return value
+
+
+WorkloadLoader.add_constructor("tag:yaml.org,2002:int", _yaml11_int)
+WorkloadLoader.add_constructor("tag:yaml.org,2002:float", _yaml11_float)
+
+
 def _fail(where: str, node: Any, msg: str) -> PicklescopeError:
     line = f" (line {node.start_mark.line + 1})" if node is not None and hasattr(node, "start_mark") else ""
     return PicklescopeError(f"workload {where}{line}: {msg}", _FORMAT)
@@ -313,7 +342,39 @@ def _name(value: str, node: Any, where: str) -> str:
     if not value or len(value) > MAX_NAME or _CONTROL_IN_NAME.search(value):
         raise _fail(where, node, f"{_shown(value)} must be 1 to {MAX_NAME} characters without control characters "
                     "(they would be printed to the terminal)")
+    _encodable(value, node, where)
     return value
+
+
+def _encodable(value: Any, node: Any, where: str) -> None:
+    """Strings must be writable as UTF-8 (a YAML escape such as "\\ud800" makes a lone surrogate, which no
+    terminal, JSON file or report can be sent); containers are checked through."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise _fail(where, node, f"{_shown(value)} holds the lone surrogate \\u{ord(value[exc.start]):04x}, "
+                        "which cannot be written as UTF-8") from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _encodable(k, node, where)
+            _encodable(v, node, where)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _encodable(v, node, where)
+
+
+def check_name(name: str, what: str = "name", way_out: str = _FORMAT) -> str:
+    """``name`` if it may name a workload (1 to 200 characters, printable, UTF-8); else one line naming ``what``."""
+    if not isinstance(name, str) or not name or len(name) > MAX_NAME or _CONTROL_IN_NAME.search(name):
+        raise PicklescopeError(f"{what} {_shown(name)} must be 1 to {MAX_NAME} characters without control characters",
+                               way_out)
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise PicklescopeError(f"{what} {_shown(name)} holds a lone surrogate, which cannot be written as UTF-8",
+                               way_out) from None
+    return name
 
 
 def parse_workload(text: str, source: str = "<string>") -> Workload:
@@ -368,6 +429,7 @@ def _parse(root: Any, value_of: _Values, source: str) -> Workload:
                     f"must be a positive integer up to {MAX_ROWS:,}, got {_shown(n)}")
     seed = _scalar(value_of, top.get("seed"), f"{source}: seed", int, required=False, default=0, low=0, high=MAX_SEED)
     desc = _scalar(value_of, top.get("description"), f"{source}: description", str, required=False, default="")
+    _encodable(desc, top.get("description"), f"{source}: description")
     tensors = []
     tensor_nodes = _mapping(top.get("tensors") or yaml.MappingNode("", []), f"{source}: tensors")
     nt_nodes = _mapping(top.get("non_tensor") or yaml.MappingNode("", []), f"{source}: non_tensor")
@@ -397,6 +459,7 @@ def _parse(root: Any, value_of: _Values, source: str) -> Workload:
     meta = value_of(meta_node, f"{source}: meta_info") if meta_node is not None else {}
     if not isinstance(meta, dict):
         raise _fail(f"{source}: meta_info", meta_node, "must be a mapping")
+    _encodable(meta, meta_node, f"{source}: meta_info")
     return Workload(name, desc, n, seed, tuple(tensors), tuple(non_tensor), meta, source)
 
 

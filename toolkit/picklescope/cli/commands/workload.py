@@ -47,14 +47,21 @@ def register(sub: Any) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from picklescope.core.units import fmt_bytes
-    from picklescope.errors import PicklescopeError
-    from picklescope.investigate.workload_from import describe_file, write_workload
-    from picklescope.workloads.spec import load_workload
+    from picklescope.errors import PicklescopeError, safe_text
+    from picklescope.investigate.workload_from import describe_file, workload_name, write_workload
+    from picklescope.workloads.spec import check_name, load_workload
 
+    if args.name is not None:  # before reading FILE: a name no workload may have is refused at once
+        check_name(args.name, "--name", "choose another with --name (1 to 200 printable characters)")
     d = describe_file(args.file, batch_dim=args.batch_dim, trust=args.trust)
-    out = Path(args.out) if args.out else Path(Path(args.file).stem + ".yaml")
+    stem = Path(args.file).stem
+    if args.name is None and workload_name(stem) != stem:
+        d.notes.append(f"the file's name {safe_text(stem, 80)!r} holds characters a workload name may not have: "
+                       f"the workload is named {workload_name(stem)!r}; choose another with --name")
+    out = Path(args.out) if args.out else Path(workload_name(stem) + ".yaml")
     if out.exists() and not args.force:
-        raise PicklescopeError(f"--out {out} exists already", "pass --force to overwrite it, or another --out")
+        raise PicklescopeError(f"--out {safe_text(out)} exists already",
+                               "pass --force to overwrite it, or another --out")
     # written under a temporary name and checked the way every command will load it, then renamed: a
     # description the workload loader refuses (a declared shape no machine holds) leaves no file behind
     tmp = out.with_name(f".{out.stem}.{os.getpid()}.tmp.yaml") if out.suffix in (".yaml", ".yml") else out
@@ -80,7 +87,7 @@ def main(args: argparse.Namespace) -> int:
                     "loaded": d.loaded, "notes": d.notes, "summary": d.summary()})
         return 0
     how = "loaded in a child process (--trust)" if d.loaded else "read without running anything in it"
-    print(f"{args.file}: {d.format}, {how}")
+    print(f"{safe_text(args.file)}: {d.format}, {how}")
     print(d.summary())
     if predicted is not None:
         print(f"payload: {fmt_bytes(d.file_payload_bytes)} in the file; the workload regenerates "
@@ -88,6 +95,6 @@ def main(args: argparse.Namespace) -> int:
               + ("" if predicted == d.file_payload_bytes else " (nested lengths are redrawn from the seed)"))
     for note in d.notes:
         print(f"note: {note}")
-    print(f"wrote {path}")
-    print(f"next: picklescope run --workload {path} --scale 1")
+    print(f"wrote {safe_text(path)}")
+    print(f"next: picklescope run --workload {safe_text(path)} --scale 1")
     return 0
