@@ -98,6 +98,53 @@ OBJECT_NPZ = _zip_bytes({"uid.npy": _npy("|O", (2,), b"\x80\x02cfractions\nFract
 HUGE_SHAPE_NPZ = _zip_bytes({"obs.npy": _npy("<f4", (10**12, 10**6), bytes(64))})
 
 
+def _bad_crc_blob() -> bytes:
+    """verl 0.9.0's torch-mode blob with the CRC-32 its carried zip records for data.pkl changed."""
+    data = bytearray((BLOBS / "verl-0.9.0-torch.pkl").read_bytes())
+    at = data.find(b"PK\x01\x02")
+    while at >= 0 and not data[at + 46:at + 46 + int.from_bytes(data[at + 28:at + 30], "little")].endswith(b"data.pkl"):
+        at = data.find(b"PK\x01\x02", at + 1)
+    data[at + 16:at + 20] = bytes(b ^ 0xFF for b in data[at + 16:at + 20])
+    return bytes(data)
+
+
+def _zip_declaring(name: str, body: bytes, declared: int, entries: int | None = None) -> bytes:
+    """A one-member stored zip whose zip64 directory says the member holds ``declared`` bytes (and, with
+    ``entries``, that the archive has that many members), written field by field."""
+    import struct
+    import zlib
+
+    fname = name.encode()
+    crc = zlib.crc32(body)
+    local = struct.pack("<IHHHHHIIIHH", 0x04034B50, 45, 0, 0, 0, 0, crc, len(body), len(body), len(fname), 0)
+    extra = struct.pack("<HHQ", 1, 8, declared)
+    central = struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 45, 45, 0, 0, 0, 0, crc, len(body), 0xFFFFFFFF,
+                          len(fname), len(extra), 0, 0, 0, 0, 0) + fname + extra
+    cd_at = len(local) + len(fname) + len(body)
+    n = entries or 1
+    eocd64_at = cd_at + len(central)
+    eocd64 = struct.pack("<IQHHIIQQQQ", 0x06064B50, 44, 45, 45, 0, 0, n, n, len(central), cd_at)
+    locator = struct.pack("<IIQI", 0x07064B50, 0, eocd64_at, 1)
+    eocd = struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0)
+    return local + fname + body + central + eocd64 + locator + eocd
+
+
+_SYSTEM = b"cos\nsystem\n(S'touch pwned-by-pickle'\ntR."
+_EXEC = b"cbuiltins\nexec\n(S'open(\"pwned-by-pickle\", \"w\").close()'\ntR."
+_POPEN = b"csubprocess\nPopen\n((S'touch'\nS'pwned-by-pickle'\nltR."
+_VERSION = b"3\n"
+PT_SYSTEM = _zip_bytes({"archive/data.pkl": _SYSTEM, "archive/version": _VERSION})
+PT_EXEC = _zip_bytes({"archive/data.pkl": b"(dp0\nS'x'\n" + _EXEC[:-1] + b"s.", "archive/version": _VERSION})
+PT_POPEN = _zip_bytes({"archive/data.pkl": _POPEN, "archive/version": _VERSION})
+POLYGLOT = _SYSTEM + _zip_bytes({"archive/data.pkl": b"\x80\x02}q\x00.", "archive/version": _VERSION,
+                                 "archive/data/0": bytes(64)})
+ZIP64_100G = _zip_declaring("archive/data.pkl", b"\x80\x02}q\x00.", 100 << 30)
+ZIP_MILLION = _zip_declaring("archive/data.pkl", b"\x80\x02}q\x00.", 6, entries=1_000_000)
+TRAILING = b"\x80\x02}q\x00." + b"left over after the pickle\n"
+LONG_LINE = b"S'" + b"x" * (2 << 20)  # a protocol-0 string that never ends its line
+HUGE_LONG4 = b"\x80\x02\x8b" + (1 << 30).to_bytes(4, "little") + bytes(64)
+
+
 def _api_run(**kw: Any) -> Callable[[Path], Any]:
     def go(tmp: Path) -> Any:
         from picklescope import run
@@ -241,6 +288,34 @@ CASES: list[Case] = [
     Case("workload-bidi-key", "workload YAML with a right-to-left override in a key", ("\\u202e",),
          ("fix that field",), argv=("run", "--workload", "{tmp}/w.yaml"),
          files={"w.yaml": W + 'tensors:\n  "evil\\u202etxt": {shape: [N], dtype: int8}\n'}),
+    Case("workload-surrogate-name", 'workload YAML with name: "w\\ud800" (a lone surrogate)',
+         ("name", "lone surrogate \\ud800", "cannot be written as UTF-8"), ("fix that field",),
+         argv=("run", "--workload", "{tmp}/w.yaml"), files={"w.yaml": 'name: "w\\ud800"\nbatch_size: 8\n' + OBS}),
+    Case("workload-surrogate-key", 'workload YAML with a tensor key "x\\udc80"', ("tensors.x\\udc80", "lone surrogate"),
+         ("fix that field",), argv=("run", "--workload", "{tmp}/w.yaml"),
+         files={"w.yaml": W + 'tensors:\n  "x\\udc80": {shape: [N], dtype: int8}\n'}),
+    Case("workload-surrogate-meta", 'workload YAML with meta_info note: "\\ud83d" (half an emoji)',
+         ("meta_info", "lone surrogate"), ("fix that field",), argv=("run", "--workload", "{tmp}/w.yaml"),
+         files={"w.yaml": W + OBS + 'meta_info:\n  note: "\\ud83d"\n'}),
+    Case("workload-surrogate-description", 'workload YAML with description: "\\udfff"',
+         ("description", "lone surrogate"), ("fix that field",), argv=("run", "--workload", "{tmp}/w.yaml"),
+         files={"w.yaml": W + 'description: "\\udfff"\n' + OBS}),
+    Case("workload-yaml11-base60", "workload YAML with batch_size: 1:30 (YAML 1.1 reads 90)",
+         ("batch_size", "1:30 is base 60 in YAML 1.1, i.e. 90"), ("write 90", "quote"),
+         argv=("run", "--workload", "{tmp}/w.yaml"), files={"w.yaml": "name: w\nbatch_size: 1:30\n" + OBS}),
+    Case("workload-yaml11-hex", "workload YAML with shape [N, 0x10] (YAML 1.1 reads 16)",
+         ("tensors.obs.shape", "0x10 is hexadecimal in YAML 1.1, i.e. 16"), ("write 16",),
+         argv=("run", "--workload", "{tmp}/w.yaml"),
+         files={"w.yaml": W + "tensors:\n  obs: {shape: [N, 0x10], dtype: float32}\n"}),
+    Case("workload-yaml11-octal", "workload YAML with seed: 010 (YAML 1.1 reads 8)",
+         ("seed", "010 is octal in YAML 1.1, i.e. 8"), ("write 8",), argv=("run", "--workload", "{tmp}/w.yaml"),
+         files={"w.yaml": W + "seed: 010\n" + OBS}),
+    Case("workload-yaml11-binary", "workload YAML with high: 0b101 (YAML 1.1 reads 5)",
+         ("high", "0b101 is binary in YAML 1.1, i.e. 5"), ("write 5",), argv=("run", "--workload", "{tmp}/w.yaml"),
+         files={"w.yaml": W + "tensors:\n  ids: {shape: [N, 4], dtype: int32, high: 0b101}\n"}),
+    Case("workload-yaml11-base60-float", "workload YAML with meta_info lr: 1:30.5 (YAML 1.1 reads 90.5)",
+         ("meta_info", "1:30.5 is base 60 in YAML 1.1, i.e. 90.5"), ("write 90.5",),
+         argv=("run", "--workload", "{tmp}/w.yaml"), files={"w.yaml": W + OBS + "meta_info:\n  lr: 1:30.5\n"}),
     Case("workload-empty-name", "workload YAML with name: ''", ("name", "1 to 200 characters"), ("fix that field",),
          argv=("run", "--workload", "{tmp}/w.yaml"), files={"w.yaml": "name: ''\nbatch_size: 8\n"}),
     Case("workload-long-name", "workload YAML with a 500-character name", ("1 to 200 characters",),
@@ -397,7 +472,7 @@ CASES: list[Case] = [
          ("half.pt", "not a readable zip archive"), ("copy it again",),
          argv=("workload", "from", "{tmp}/half.pt", "--out", "{tmp}/w.yaml"), files={"half.pt": HALF_ZIP}),
     Case("workload-from-runs-code", "workload from evil.pkl (a pickle whose top object is os.system(...))",
-         ("built by os.system", "does not read without running it"), ("--trust", "docs/safe_loading.md"),
+         ("built by os.system", "refused with or without --trust"), ("docs/safe_loading.md",),
          argv=("workload", "from", "{tmp}/evil.pkl", "--out", "{tmp}/w.yaml"), files={"evil.pkl": RUNS_CODE_PKL}),
     Case("workload-from-npz-object", "workload from an .npz whose object array holds fractions.Fraction",
          ("leaf 'uid'", "object array built by fractions.Fraction", "never loaded with allow_pickle"),
@@ -418,6 +493,54 @@ CASES: list[Case] = [
          ("big.pkl", "over the 256.00 GiB limit for a saved batch"), ("PICKLESCOPE_MAX_BLOB_BYTES",),
          argv=("workload", "from", "{tmp}/big.pkl", "--out", "{tmp}/w.yaml"),
          files={"big.pkl": "@sparse:322122547200"}),
+    Case("workload-from-polyglot", "workload from poly.pt (a pickle calling os.system, then a valid torch.save zip)",
+         ("poly.pt", "polyglot", "refused with or without --trust"), ("save the batch on its own",),
+         argv=("workload", "from", "{tmp}/poly.pt", "--out", "{tmp}/w.yaml"), files={"poly.pt": POLYGLOT}),
+    Case("workload-from-polyglot-trust", "workload from poly.pt --trust (the same polyglot)",
+         ("poly.pt", "polyglot", "refused with or without --trust"), ("save the batch on its own",),
+         argv=("workload", "from", "{tmp}/poly.pt", "--trust", "--out", "{tmp}/w.yaml"), files={"poly.pt": POLYGLOT}),
+    Case("workload-from-pt-system", "workload from sys.pt (a .pt whose data.pkl calls os.system)",
+         ("sys.pt", "built by os.system", "--trust or not"), ("save tensors, TensorDicts or numpy arrays",),
+         argv=("workload", "from", "{tmp}/sys.pt", "--out", "{tmp}/w.yaml"), files={"sys.pt": PT_SYSTEM}),
+    Case("workload-from-pt-system-trust", "workload from sys.pt --trust (data.pkl calls os.system)",
+         ("sys.pt", "built by os.system", "--trust or not"), ("save tensors, TensorDicts or numpy arrays",),
+         argv=("workload", "from", "{tmp}/sys.pt", "--trust", "--out", "{tmp}/w.yaml"), files={"sys.pt": PT_SYSTEM}),
+    Case("workload-from-pt-exec-trust", "workload from exec.pt --trust (data.pkl is a dict holding builtins.exec(...))",
+         ("exec.pt", "builtins.exec", "--trust or not"), ("save tensors, TensorDicts or numpy arrays",),
+         argv=("workload", "from", "{tmp}/exec.pt", "--trust", "--out", "{tmp}/w.yaml"), files={"exec.pt": PT_EXEC}),
+    Case("workload-from-pt-popen-trust", "workload from popen.pt --trust (data.pkl calls subprocess.Popen)",
+         ("popen.pt", "subprocess.Popen", "--trust or not"), ("save tensors, TensorDicts or numpy arrays",),
+         argv=("workload", "from", "{tmp}/popen.pt", "--trust", "--out", "{tmp}/w.yaml"), files={"popen.pt": PT_POPEN}),
+    Case("workload-from-runs-code-trust", "workload from evil.pkl --trust (its top object is os.system(...))",
+         ("built by os.system", "outside the globals any load may resolve", "refused with or without --trust"),
+         ("docs/safe_loading.md",), argv=("workload", "from", "{tmp}/evil.pkl", "--trust", "--out", "{tmp}/w.yaml"),
+         files={"evil.pkl": RUNS_CODE_PKL}),
+    Case("workload-from-zip64-100g", "workload from big.pt (its zip64 directory declares data.pkl as 100 GiB)",
+         ("big.pt", "data.pkl declares 100.00 GiB", "over the 64.0 MiB limit"), ("copy the original again",),
+         argv=("workload", "from", "{tmp}/big.pt", "--out", "{tmp}/w.yaml"), files={"big.pt": ZIP64_100G}),
+    Case("workload-from-zip-million-members", "workload from many.pt (its zip64 directory declares 1,000,000 members)",
+         ("many.pt", "declares 1,000,000 members", "over the 65,536"), ("not a saved batch",),
+         argv=("workload", "from", "{tmp}/many.pt", "--out", "{tmp}/w.yaml"), files={"many.pt": ZIP_MILLION}),
+    Case("workload-from-bad-crc", "workload from crc.pkl (a torch-mode DataProto whose carried zip fails its CRC)",
+         ("crc.pkl", "data.pkl is damaged", "Bad CRC-32"), ("copy the file again",),
+         argv=("workload", "from", "{tmp}/crc.pkl", "--out", "{tmp}/w.yaml"), files={"crc.pkl": _bad_crc_blob()}),
+    Case("workload-from-trailing", "workload from t.pkl (a pickle followed by other bytes)",
+         ("t.pkl", "the pickle stream stops at byte 6", "of other data follow"), ("save the batch on its own",),
+         argv=("workload", "from", "{tmp}/t.pkl", "--out", "{tmp}/w.yaml"), files={"t.pkl": TRAILING}),
+    Case("workload-from-long-line", "workload from line.pkl (a protocol-0 string of 2 MiB without a newline)",
+         ("line.pkl", "runs over 1048576 bytes without ending"), ("not a saved batch",),
+         argv=("workload", "from", "{tmp}/line.pkl", "--out", "{tmp}/w.yaml"), files={"line.pkl": LONG_LINE}),
+    Case("workload-from-huge-int", "workload from int.pkl (a LONG4 opcode declaring a 1 GiB integer)",
+         ("int.pkl", "an integer of 1,073,741,824 bytes"), ("not a saved batch",),
+         argv=("workload", "from", "{tmp}/int.pkl", "--out", "{tmp}/w.yaml"), files={"int.pkl": HUGE_LONG4}),
+    Case("workload-from-bad-name", "workload from sys.pt --name 'a<ESC>' (a control character in --name)",
+         ("--name", "without control characters"), ("choose another with --name",),
+         argv=("workload", "from", "{tmp}/sys.pt", "--name", "a\x1b", "--out", "{tmp}/w.yaml"),
+         files={"sys.pt": PT_SYSTEM}),
+    Case("workload-from-surrogate-name", "workload from sys.pt --name 'w\\udc80' (undecodable bytes in --name)",
+         ("--name", "lone surrogate"), ("choose another with --name",),
+         argv=("workload", "from", "{tmp}/sys.pt", "--name", "w\udc80", "--out", "{tmp}/w.yaml"),
+         files={"sys.pt": PT_SYSTEM}),
     # -- Ray addresses --------------------------------------------------------------------------------
     Case("ray-long-host", "run --transport ray --ray-address <300-character host>:6379",
          ("host name that cannot exist", "253"), ("host:port",),
@@ -703,12 +826,34 @@ def markdown(rows: list[tuple[Case, str]]) -> str:
     return "\n".join(out) + "\n"
 
 
-def main() -> None:  # pragma: no cover - writes the docs page
+def _printed() -> dict[str, str]:
+    """The message each case printed, as the docs page lists it now (case id -> message)."""
+    import re
+
+    page = ROOT / "docs" / "bad_input.md"
+    if not page.exists():
+        return {}
+    rows = re.findall(r"^\| `([^`]+)` \| [^|]+ \| `.*?` \| `(.*)` \|$", page.read_text(), flags=re.M)
+    return {cid: msg.replace("\\|", "|") for cid, msg in rows}
+
+
+def main(argv: list[str] | None = None) -> None:  # pragma: no cover - writes the docs page
+    """Run every case (or, with ``--new``, only those the page does not list yet, plus the ids given) and
+    write the page with the message each printed."""
+    import argparse
     import os
     import tempfile
 
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--new", action="store_true", help="run only cases missing from the page (and IDS)")
+    ap.add_argument("ids", nargs="*", help="cases to run again with --new")
+    args = ap.parse_args(argv)
+    known = _printed() if args.new else {}
     rows = []
     for case in CASES:
+        if case.id in known and case.id not in args.ids:
+            rows.append((case, known[case.id]))
+            continue
         with tempfile.TemporaryDirectory(prefix=f"picklescope-badinput-{os.getpid()}-") as d:  # creator pid: a
             # concurrent leftover check then knows the folder is another live process's
             tmp = Path(d)

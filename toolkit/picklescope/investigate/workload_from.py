@@ -1098,12 +1098,11 @@ def _from_dataproto(path: str, state: Any, f: BinaryIO, container: str, batch_di
 def _no_unknown(path: str, unknown: list[str], root: Any) -> None:
     """Names the reader does not know are fine where they carry no batch data (e.g. a class named in a
     TensorDict's metadata); a torch archive whose batch itself is built by unknown code is refused, and
-    ``--trust`` does not change that: torch archives are only ever loaded with ``weights_only=True``,
-    which refuses that code as well (docs/safe_loading.md)."""
+    ``--trust`` does not change that: a torch archive is only ever read, never loaded (docs/safe_loading.md)."""
     if isinstance(root, _Opaque):
-        raise Refused(f"{path}: its torch archive's batch is built by {root.name}, which picklescope does not run "
-                      "(torch archives are loaded with weights_only=True only, --trust or not)",
-                      "save the batch as a TensorDict or a dict of tensors (torch.save(td, path))")
+        raise Refused(f"{path}: its torch archive's batch is built by {root.name}, which picklescope does not run: "
+                      "a torch.save archive is only ever read, never loaded, --trust or not",
+                      "save tensors, TensorDicts or numpy arrays only (torch.save(td, path))")
 
 
 def _from_pickle(path: str, f: BoundedFile, batch_dim: int | None) -> Described:
