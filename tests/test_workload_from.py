@@ -207,7 +207,7 @@ def test_a_pickle_that_runs_code_is_refused_and_never_run(tmp_path, verl_090_blo
         for trust in ([], ["--trust"]):  # open is on no allow-list: --trust changes nothing
             p = cli("workload", "from", str(path), *trust, "--out", str(tmp_path / "w.yaml"))
             assert p.returncode == 2, p.stdout
-            assert "builtins.open" in p.stderr and "refused with or without --trust" in p.stderr, p.stderr
+            assert "io.open" in p.stderr and "refused with or without --trust" in p.stderr, p.stderr
             assert len(p.stderr.strip().splitlines()) == 1
             assert not target.exists()
     assert not (tmp_path / "w.yaml").exists()
@@ -571,3 +571,40 @@ def test_ten_million_keys_are_refused_early_with_the_count(tmp_path, batch):
     p, hwm, took = cli_peak(tmp_path / "peak.json", "workload", "from", str(big), "--out", str(tmp_path / "w.yaml"))
     _assert_one_line_and_small(p, hwm, took, "entries by byte", "refused before reading the rest")
     assert ("a dict holds 6" if batch else "stack holds 1,") in p.stderr, p.stderr
+
+
+def test_a_file_name_with_control_characters_converts_and_name_ok_works(tmp_path):
+    """The name of the file becomes a printable workload name (with a note saying how to pick another);
+    --name ok is taken as given."""
+    import torch
+
+    from picklescope.cli import main
+
+    bad = tmp_path / "step\x1b[31m812.pt"
+    torch.save({"x": torch.zeros(4, 3)}, bad)
+    for extra, want in (([], "step_[31m812"), (["--name", "ok"], "ok")):
+        out = tmp_path / f"{want.replace('[', '')}.yaml"
+        assert main(["workload", "from", str(bad), "--out", str(out), *extra]) == 0
+        assert load_workload(out).name == want
+        assert "\x1b" not in out.read_text()
+    assert main(["workload", "from", str(bad), "--out", str(tmp_path / "c.yaml"), "--name", "a\x07"]) == 2
+    assert not (tmp_path / "c.yaml").exists()
+
+
+def test_a_live_description_advises_the_python_keyword_not_a_flag():
+    """The capture probe describes live batches inside a trainer, where no command-line flag exists."""
+    import numpy as np
+
+    from picklescope.investigate.workload_from import describe_live
+
+    class Proto:  # a DataProto's three fields
+        def __init__(self, batch, non_tensor):
+            self.batch, self.non_tensor_batch, self.meta_info = batch, non_tensor, {}
+
+    for obj in (Proto(None, {}), Proto({"a": np.zeros((3, 2)), "b": np.zeros((4, 2))}, {})):
+        with pytest.raises(PicklescopeError) as info:
+            describe_live(obj)
+        assert "--batch-dim" not in str(info.value) and "batch_dim=N" in info.value.hint, str(info.value)
+    with pytest.raises(PicklescopeError) as info:
+        describe_live(Proto({"a": np.zeros((0, 2))}, {}))
+    assert "--" not in info.value.hint and "rows" in info.value.hint

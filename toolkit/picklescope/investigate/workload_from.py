@@ -70,9 +70,11 @@ SAVED_BATCH_LIMIT = 256 << 30
 # describing any file up to 4 GiB within READER_MEMORY_BOUND of the reader's memory before it started
 MAX_DICT_KEYS = 65_536  # a batch has at most 4096 leaves; a row's dict a few keys
 MAX_LIST_ITEMS = 1_000_000  # rows of one object array
-MAX_ITEMS = 2_000_000  # container entries of the whole stream
+MAX_ITEMS = 1_000_000  # container entries of the whole stream
 MAX_STACK = 1_000_000  # values piled on the unpickler's stack
-MAX_MEMO = 2_000_000  # values the stream memoizes
+MAX_MEMO = 1_000_000  # values the stream memoizes
+MAX_KEPT = 64 << 20  # bytes of strings and byte strings kept; past it only their lengths are
+MAX_OPS = 2_500_000  # opcodes of one stream (each makes at most one object): a batch's structure needs far fewer
 MAX_ZIP_ENTRIES = 65_536  # members of a torch.save archive (one per storage) or of an .npz (one per key)
 _INLINE = 1 << 16  # byte strings up to this size are read (dtype codes, small strings); larger ones are skipped
 _DESCRIBE_BLOB_LIMIT = 64 << 20  # a file that does not parse is worded by blobinfo from at most this many bytes
@@ -191,7 +193,7 @@ class _DType:
     @property
     def name(self) -> str:
         c = self.code
-        if c == "O":
+        if c.lstrip("<>|=").startswith("O"):
             return "object"
         if c and c[0] in "<>|=":
             c = c[1:]
@@ -445,6 +447,7 @@ class _Unpickler(pickle._Unpickler):  # type: ignore[name-defined]
         self.unknown: list[str] = []
         self.named: list[str] = []  # every global the stream names, known or not
         self.items = 0
+        self.kept = 0  # bytes of strings and byte strings held
         self.dispatch = _Counting(type(self).dispatch, self)  # type: ignore[misc]
 
     def _where(self) -> str:
@@ -457,6 +460,9 @@ class _Unpickler(pickle._Unpickler):  # type: ignore[name-defined]
                        "tensors or numpy arrays, not in millions of Python objects")
 
     def _check_held(self) -> None:
+        ops = self.dispatch.ops  # type: ignore[attr-defined]
+        if ops > MAX_OPS:
+            raise self._too_many("the stream's opcodes", ops, MAX_OPS)
         stacked = len(self.stack) + sum(len(s) for s in self.metastack)
         if stacked > MAX_STACK:
             raise self._too_many("the unpickler's stack", stacked, MAX_STACK)
@@ -554,7 +560,8 @@ class _Unpickler(pickle._Unpickler):  # type: ignore[name-defined]
         data = self.read(n)
         if len(data) != n:
             raise pickle.UnpicklingError("data ran out")
-        return _Bytes(-1, n, data[:4], data)
+        self.kept += n
+        return _Bytes(-1, n, data[:4], data if self.kept <= MAX_KEPT else None)
 
     def _push_bytes(self, fmt: str, size: int) -> None:
         (n,) = struct.unpack(fmt, self.read(size))
@@ -569,7 +576,11 @@ class _Unpickler(pickle._Unpickler):  # type: ignore[name-defined]
         data = self.read(n)
         if len(data) != n:
             raise pickle.UnpicklingError("data ran out")
-        self.append(str(data, "utf-8", "surrogatepass"))
+        self.kept += n
+        self.append(str(data, "utf-8", "surrogatepass") if self.kept <= MAX_KEPT else _Text(n))
+
+    def load_short_binunicode(self) -> None:
+        self._push_text("<B", 1)
 
     def load_binbytes(self) -> None:
         self._push_bytes("<I", 4)
@@ -604,6 +615,7 @@ class _Unpickler(pickle._Unpickler):  # type: ignore[name-defined]
     dispatch[pickle.BINBYTES8[0]] = load_binbytes8
     dispatch[pickle.BYTEARRAY8[0]] = load_bytearray8
     dispatch[pickle.BINUNICODE[0]] = load_binunicode
+    dispatch[pickle.SHORT_BINUNICODE[0]] = load_short_binunicode
     dispatch[pickle.BINUNICODE8[0]] = load_binunicode8
     dispatch[pickle.NEXT_BUFFER[0]] = load_next_buffer
     dispatch[pickle.LONG4[0]] = load_long4
@@ -1071,6 +1083,9 @@ def _from_dataproto(path: str, state: Any, f: BinaryIO, container: str, batch_di
         if b.head != ZIP_MAGIC:
             raise Refused(f"{path}: the {container}'s batch bytes are not a torch.save archive",
                           "save it with DataProto.save_to_disk")
+        if b.data is None and b.offset < 0:
+            raise Refused(f"{path}: the {container}'s torch archive sits in a part of the stream past the "
+                          f"{fmt_bytes(MAX_KEPT)} of strings the reader keeps", "save it with DataProto.save_to_disk")
         src: BinaryIO = _Window(f, b.offset, b.length) if b.data is None else io.BytesIO(b.data)  # type: ignore
         root, u = _Archive(src, f"{path} (its torch archive)", b.length).root()
         _no_unknown(path, u.unknown, root)

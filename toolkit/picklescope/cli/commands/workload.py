@@ -66,7 +66,7 @@ def main(args: argparse.Namespace) -> int:
     # description the workload loader refuses (a declared shape no machine holds) leaves no file behind
     tmp = out.with_name(f".{out.stem}.{os.getpid()}.tmp.yaml") if out.suffix in (".yaml", ".yml") else out
     try:
-        written = write_workload(d, tmp, args.name)
+        written = write_workload(d, tmp, args.name if args.name is not None else workload_name(stem))
         w = load_workload(str(written))
     except BaseException:
         if tmp != out:
