@@ -10,6 +10,11 @@ says and wherever a symlink points), and must be no larger than a limit stated i
 Limits: a workload file :data:`WORKLOAD_LIMIT` (real ones are under 2 KiB); a blob
 :data:`DEFAULT_BLOB_LIMIT` unless ``PICKLESCOPE_MAX_BLOB_BYTES`` (bytes, or a size such as ``16GiB``)
 says otherwise.
+
+A saved batch may be far larger than any of these, and is read piecewise instead: :func:`open_bounded`
+gives a :class:`BoundedFile` that ends where the file ended when it was opened and refuses any single
+read over :data:`READ_LIMIT` (or line over :data:`LINE_LIMIT`), so a file's claims cannot make the
+reader allocate, and a file still being written cannot keep it reading.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import stat
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from picklescope.core.units import fmt_bytes
 from picklescope.errors import PicklescopeError, safe_text
 
 WORKLOAD_LIMIT = 4 * 1024**2
@@ -173,8 +179,6 @@ class BoundedFile(io.RawIOBase):
         if n is None or n < 0:
             n = left
         if min(n, left) > self.max_read:
-            from picklescope.core.units import fmt_bytes
-
             raise PicklescopeError(f"{self.where}: one read at byte {self._pos} asks for {fmt_bytes(min(n, left))}, "
                                    f"over the {fmt_bytes(self.max_read)} a reader of batch structure takes at once",
                                    "the file is damaged or not a saved batch; copy it again")

@@ -22,9 +22,17 @@ skipped by seeking, never read, and a ``torch.save`` archive is read from its zi
 ``data.pkl`` (storage sizes come from the zip records). The only data bytes ever read are the
 offsets of jagged nested tensors and the sizes of strided ones: their lengths are the shape.
 
+The file is read no further than its size at open, every size it declares is checked against its
+real size and a stated limit before anything is allocated, and what a stream makes the reader hold is
+counted as it is read (:data:`MAX_DICT_KEYS` and friends), so describing any file up to 4 GiB stays
+within :data:`picklescope.core.safefile.READER_MEMORY_BOUND` of the reader's memory.
+
 What the reader cannot describe is refused with one line naming the leaf and the reason. ``--trust``
-(``trust=True``) loads a file only when its format requires running code to know the batch: a pickle
-whose batch is built by a class or function the reader does not know (see docs/safe_loading.md).
+(``trust=True``) means "this file's own format needs code to load", nothing more: a plain pickle of
+tensors, TensorDicts or numpy arrays is then loaded in a child through
+:class:`picklescope.codecs.trust.AllowListUnpickler`, and only when every global the stream names is on
+its allow-list. A torch archive, an ``.npz``, a verl DataProto, a polyglot and anything naming other
+code are never loaded, with or without it (see docs/safe_loading.md).
 """
 
 from __future__ import annotations
@@ -42,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from picklescope.codecs.trust import LOADABLE_GLOBALS
+from picklescope.codecs.trust import LOADABLE_GLOBALS, load_allowed
 from picklescope.core.safefile import BLOB_LIMIT_ENV, READ_LIMIT, BoundedFile, blob_limit, check_file, open_bounded
 from picklescope.core.units import fmt_bytes
 from picklescope.errors import PicklescopeError, safe_text
@@ -1352,8 +1360,6 @@ def load_in_child(path: str, batch_dim: int | None, size: int | None = None) -> 
     Reads at most ``size`` bytes (the size the parent saw), and only through
     :class:`picklescope.codecs.trust.AllowListUnpickler`, never a bare ``pickle.load``.
     """
-    from picklescope.codecs.trust import load_allowed
-
     with open_bounded(path) as f:
         if size is not None and size < f.size:
             f.size = size
