@@ -20,7 +20,13 @@ from typing import Any
 from picklescope.core.result import RunResult
 from picklescope.core.units import fmt_bytes
 from picklescope.errors import PicklescopeError
-from picklescope.investigate.reproduce import Investigation, budgeted_results, matrix_results, node_pair_sentence
+from picklescope.investigate.reproduce import (
+    Investigation,
+    budgeted_results,
+    matrix_results,
+    node_pair_sentence,
+    ray_lane_sentence,
+)
 from picklescope.measure import verdicts
 from picklescope.views import figures, table
 
@@ -210,6 +216,9 @@ def _node_section(inv: Investigation, figs: _Figures) -> str:
     worker actors), for the legacy and the fixed codec, on the Ray rows' cluster."""
     sentence = node_pair_sentence(inv)
     if not inv.nodes:
+        failed = ray_lane_sentence(inv)
+        if failed:
+            return f"<p class='missing'>No node replay: {e(failed)}.</p>"
         return f"<p class='note'>{e(sentence or 'No node replay in these results (it runs with the ray rows).')}</p>"
     out = ["<p>A driver splits each training step's batch into one chunk per worker actor and sends each chunk as "
            "a Ray call argument (the chunk's <code>__getstate__</code> runs in the driver); the workers answer with a "
@@ -256,6 +265,9 @@ def render(inv: Investigation) -> str:
         parts.append(f"<p class='note'>{e(inv.budget_note or 'No budgeted run in these results.')}</p>")
 
     parts.append("<h2>Comparison</h2>")
+    ray_failed = ray_lane_sentence(inv)
+    if ray_failed:
+        parts.append(f"<p class='missing'>{e(ray_failed[:1].upper() + ray_failed[1:])}.</p>")
     parts.append(_table(table.comparison_rows(matrix)))
     repeated = [r for r in matrix if r.variation is not None]
     if repeated:
