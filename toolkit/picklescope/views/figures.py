@@ -343,6 +343,9 @@ def draw_step_peaks(fig: go.Figure, side: Any, row: int, end: float) -> None:
                       row=row, col=1)
 
 
+TIME_PANEL = "serialize + deserialize (s)"
+
+
 def comparison_figure(results: Sequence[RunResult | dict[str, Any]]) -> go.Figure:
     """Peak (sender, receiver), held, cycle-held and time per codec, one bar colour per transport."""
     runs = [r if isinstance(r, RunResult) else RunResult.from_dict(r) for r in results]
@@ -350,7 +353,7 @@ def comparison_figure(results: Sequence[RunResult | dict[str, Any]]) -> go.Figur
               ("receiver peak", lambda r: _side(r, "receiver", "peak_bytes")),
               ("held", lambda r: _side(r, "sender", "held_bytes")),
               ("cycle-held", lambda r: _side(r, "sender", "cycle_held_bytes")),
-              ("time (s)", lambda r: None if r.serialize_s is None and r.deserialize_s is None
+              (TIME_PANEL, lambda r: None if r.serialize_s is None and r.deserialize_s is None
                else (r.serialize_s or 0.0) + (r.deserialize_s or 0.0))]
     fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[t for t, _ in panels])
     transports = list(dict.fromkeys(r.transport for r in runs))
@@ -358,13 +361,15 @@ def comparison_figure(results: Sequence[RunResult | dict[str, Any]]) -> go.Figur
         mine = [r for r in runs if r.transport == transport]
         for ci, (title, get) in enumerate(panels, start=1):
             values = [get(r) for r in mine]
-            is_time = title.startswith("time")
+            is_time = title == TIME_PANEL
             y = values if is_time else [_mib(v) for v in values]
             custom = [f"{v / r.payload_bytes:.2f}x payload" if (v is not None and not is_time and r.payload_bytes)
                       else r.outcome for v, r in zip(values, mine)]
             fig.add_trace(go.Bar(x=[plain(r.codec) for r in mine], y=y, name=plain(transport), legendgroup=transport,
                                  showlegend=ci == 1, marker_color=STEP_COLORS[ti % len(STEP_COLORS)],
                                  customdata=custom, cliponaxis=False, textposition="outside",
+                                 # side by side, grouped bars' labels would run into each other: upright
+                                 textangle=0 if len(transports) == 1 else -90,
                                  # every bar carries its value, so a 0 reads as measured zero, not as missing
                                  text=["-" if v is None else (f"{v:.3f} s" if is_time else fmt_bytes(v))
                                        for v in values], textfont={"size": 10},

@@ -103,7 +103,7 @@ def steps_rows(r: RunResult) -> list[dict[str, Any]]:
                 "added": fmt_bytes(st.added_bytes, signed=True),
                 "x payload": _mult(st.added_bytes, r.payload_bytes),
                 "seconds": _secs(st.duration_s),
-                "error": st.error or "",
+                **({"error": st.error} if st.error else {}),  # a column only when some step failed
             })
     return rows
 
