@@ -294,6 +294,7 @@ def test_every_notebooks_tables_fit_lab_at_1400_px(output_dir, tmp_path):
     executed = _execute_small(root)
     wide: dict[str, list] = {}
     counted: dict[str, int] = {}
+    widths: dict[str, int] = {}  # an output cell's width: what a figure or table has in Lab at this size
     with lab_server(root, tmp_path / "lab", user_settings=LAB_SETTINGS) as server, \
             chromium(tmp_path, viewport=LAB_WIDTH) as browser:
         page = browser.context.new_page()
@@ -310,6 +311,8 @@ def test_every_notebooks_tables_fit_lab_at_1400_px(output_dir, tmp_path):
                 cells.nth(k).scroll_into_view_if_needed()
                 bad += [w for w in page.evaluate(_WIDE_TABLES_JS) if w not in bad]
             counted[path.stem] = page.evaluate("() => document.querySelectorAll('.jp-OutputArea-output table').length")
+            widths[path.stem] = page.evaluate(
+                "() => Math.round(document.querySelector('.jp-OutputArea-output').getBoundingClientRect().width)")
             wide[path.stem] = bad
             page.screenshot(path=str(output_dir / f"{path.stem}_tables_1400.png"))
             page.locator(".lm-MenuBar-item", has_text="File").click()
@@ -319,7 +322,8 @@ def test_every_notebooks_tables_fit_lab_at_1400_px(output_dir, tmp_path):
             if dialog.count():
                 dialog.locator("button", has_text=re.compile("Discard|Don't Save|No")).first.click()
         server.remember_children()
-    (output_dir / "tables_1400.json").write_text(json.dumps({"wide": wide, "tables": counted}, indent=2))
+    seen = {"wide": wide, "tables": counted, "cell_width": widths}
+    (output_dir / "tables_1400.json").write_text(json.dumps(seen, indent=2))
     assert not {*leftover_processes(), *server.leftovers(), *browser.leftovers()}, "processes left running"
     assert sum(counted.values()) > 0, "no table was rendered in any notebook"
     assert all(not v for v in wide.values()), {k: v for k, v in wide.items() if v}

@@ -455,6 +455,12 @@ def _row_dict(r: Any) -> dict[str, Any]:
     return d
 
 
+def _clip(text: str, n: int) -> str:
+    """``text`` cut to ``n`` characters, with an ellipsis when cut."""
+    text = text.strip()
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
 def stepthrough_scale(throughs: Sequence[Any]) -> int:
     """One absolute scale (bytes) for step-throughs drawn side by side: the largest line of any."""
     top = 0
@@ -488,7 +494,9 @@ def stepthrough_figure(rows: Any, *, payload_bytes: int | None = None, scale_byt
     quiet = [r for r in items if r not in costly]
     shown = costly + quiet[:max_quiet]
     folded = quiet[max_quiet:]
-    labels = [plain(f"{os.path.basename(r['filename'])}:{r['lineno']}  {'· ' * r['depth']}{r['source'][:60]}")
+    # short enough for the label column to leave the bars their room in a notebook beside Lab's file
+    # browser (the hover and the table beside the figure give the whole line)
+    labels = [plain(f"{os.path.basename(r['filename'])}:{r['lineno']}  {'· ' * r['depth']}{_clip(r['source'], 42)}")
               for r in shown]
     labels = [f"{lab} [{i}]" if labels.count(lab) > 1 else lab for i, lab in enumerate(labels)]
     selfs = [_mib(r["self_bytes"]) for r in shown]
@@ -504,8 +512,8 @@ def stepthrough_figure(rows: Any, *, payload_bytes: int | None = None, scale_byt
         shown = shown + [{"hits": sum(r["hits"] for r in folded), "peak_bytes": 0}]
     text = [f"{v * MiB / payload_bytes:.2f}x" if payload_bytes and c == ALARM_COLOR else ""
             for v, c in zip(selfs, colors)]
-    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.02, column_widths=[0.6, 0.4],
-                        subplot_titles=["memory its own code added (MiB)", "time (ms)"])
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.06, column_widths=[0.65, 0.35],
+                        subplot_titles=["own code added (MiB)", "time (ms)"])
     fig.add_trace(go.Bar(y=labels, x=incl, orientation="h", marker_color="rgba(0,0,0,0.08)",
                          name="with the functions it called", hovertemplate="%{y}<br>with the functions it called: "
                          "%{x:.1f} MiB<extra></extra>"), row=1, col=1)
