@@ -34,7 +34,7 @@ from picklescope.measure import verdicts
 from picklescope.transports import TRANSPORTS
 from picklescope.views import table
 from picklescope.views.live import LiveRun
-from picklescope.views.richtext import HtmlText
+from picklescope.views.richtext import HtmlText, plain_text
 from picklescope.workloads.spec import available_workloads, load_workload
 
 # child events that move a side to another step: the status line follows each one as it arrives
@@ -268,6 +268,14 @@ class Explorer(widgets.VBox):
 
     def _run(self, s: dict[str, Any]) -> None:
         stop = threading.Event()
+        redraw: threading.Thread | None = None
+
+        def end_redraws() -> None:
+            """Stop the redraw thread and wait for it, so no "running" frame lands after the verdict."""
+            stop.set()
+            if redraw is not None:
+                redraw.join()
+
         try:
             spec = load_workload(s["workload"])
             payload = spec.payload_bytes(s["scale"])
@@ -287,21 +295,26 @@ class Explorer(widgets.VBox):
 
             result = run(s["codec"], s["transport"], s["workload"], s["scale"], on_event=on_event,
                          on_sample=live.on_sample, **kw)
-            stop.set()
-            redraw.join()
+            end_redraws()
             self.results.append(result)
             self._budgets.append(kw.get("budget", "none"))
             self._numbers.append(s["run"])
-            self._draw(result, final=True)
+            if self.run_end_s(result) is None:  # nothing was sampled (it failed to start): say so, no empty axes
+                self._say_in_figure(plain_text(self._verdict(result, s["run"])))
+            else:
+                self._draw(result, final=True)
             self.table.value = results_html(self.results, self._budgets, self._numbers)
             self.last_error = None
             self.status.value = self._verdict(result, s["run"])
         except PicklescopeError as exc:
+            end_redraws()
             self.last_error = str(exc)
             self.status.value = f"<b>run {s['run']} could not run</b>: {html.escape(str(exc))}"
             self._say_in_figure(f"run {s['run']} could not run: {exc}")
         except Exception as exc:  # noqa: BLE001 - a widget callback must report, not vanish into a log
-            self.last_error = f"{type(exc).__name__}: {exc}"
+            end_redraws()
+            first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+            self.last_error = f"{type(exc).__name__}: {first[:300]}"
             self.status.value = f"<b>run {s['run']} failed</b>: {html.escape(self.last_error)}"
             self._say_in_figure(f"run {s['run']} failed: {self.last_error}")
         finally:
@@ -400,8 +413,9 @@ class Explorer(widgets.VBox):
         end = cls.run_end_s(r)
         after = f" after {end:.2f} s" if end is not None else ""
         text = f"<b>run {number} · {html.escape(r.codec)} {html.escape(v.ended)}{after}</b>"
-        if v.detail:
-            text += f": {html.escape(v.detail)}"
+        if v.detail:  # the first line: an error from Ray or a library runs to many lines of advice
+            first = next((line.strip() for line in v.detail.splitlines() if line.strip()), "")
+            text += f": {html.escape(first[:300])}"
         if r.killed_side:
             text += "; this kernel is still running"
         return text
