@@ -192,8 +192,22 @@ def _explorer_notebook(path: Path) -> None:
     nbformat.write(nb, str(path))
 
 
+def _dismiss_dialogs(page) -> list[str]:
+    """Close any dialog Lab put over the notebook (it would take the click); what they said."""
+    said = []
+    dialogs = page.locator(".jp-Dialog")
+    for _ in range(3):
+        if not dialogs.count():
+            break
+        said.append((dialogs.first.text_content() or "").strip()[:200])
+        page.keyboard.press("Escape")
+        page.wait_for_timeout(300)
+    return said
+
+
 def _press_and_wait(page, explorer, number: int, codec: str) -> dict:
     """Press run in ``explorer`` and wait for run ``number``'s final figure; what was seen, and when."""
+    dialogs = _dismiss_dialogs(page)
     explorer.scroll_into_view_if_needed()
     run_button = explorer.locator("button.jupyter-button", has_text=re.compile(r"^\s*run\s*$"))
     run_button.wait_for(timeout=RUN_S * 1000)
@@ -220,7 +234,7 @@ def _press_and_wait(page, explorer, number: int, codec: str) -> dict:
             "press_to_final_figure_s": round(t_final - t_click, 2),
             "press_to_running_ms": None if first_change is None else round(first_change[0] - t_click_page),
             "first_status_after_press": None if first_change is None else first_change[1],
-            "empty_under_finished": empty_under_finished}
+            "empty_under_finished": empty_under_finished, "dialogs_closed": dialogs}
 
 
 def test_five_explorers_always_draw_the_run_their_status_names(output_dir, tmp_path):
