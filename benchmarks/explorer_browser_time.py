@@ -51,7 +51,8 @@ def main() -> int:
         raise SystemExit(f"this benchmark needs a browser: {why}")
     load_before = os.getloadavg()
     presses = []
-    with tempfile.TemporaryDirectory(prefix="picklescope-explorer-bench-") as tmp:
+    # not named "picklescope-...": every run sweeps such folders whose creator has ended
+    with tempfile.TemporaryDirectory(prefix="explorer-browser-bench-") as tmp:
         work = Path(tmp)
         root = work / "root"
         root.mkdir()
