@@ -286,26 +286,35 @@ def test_five_explorers_always_draw_the_run_their_status_names(output_dir, tmp_p
     assert wide == [], f"explorer tables wider than their cell at {LAB_WIDTH[0]} px: {wide}"
 
 
-def _execute_small(out: Path) -> list[Path]:
-    """Every notebook executed headless with tiny parameters, saved with its outputs into ``out``."""
+def _execute_small(out: Path) -> tuple[list[Path], dict[str, str]]:
+    """Every notebook executed headless with tiny parameters, saved with its outputs into ``out``.
+
+    A notebook that fails is kept as far as it ran (papermill saves it), so its tables are checked
+    too; the failures are returned (name -> error) for the test to report."""
+    from papermill.exceptions import PapermillExecutionError
+
     from picklescope.views import nbrun
 
-    done = []
+    done, failed = [], {}
     for src in sorted(NOTEBOOKS.glob("*.py")):
         params = dict(SMALL.get(src.stem, TINY))
         if src.stem == "05_postmortem_template":
             params["out_dir"] = str(out / "postmortem")
         path = out / f"{src.stem}.ipynb"
-        nbrun.execute(src, path, params, cwd=out, timeout_s=900)
-        done.append(path)
-    return done
+        try:
+            nbrun.execute(src, path, params, cwd=out, timeout_s=900)
+        except PapermillExecutionError as exc:
+            failed[src.stem] = f"{exc.ename}: {str(exc.evalue).splitlines()[0][:200]}"
+        if path.is_file():
+            done.append(path)
+    return done, failed
 
 
 def test_every_notebooks_tables_fit_lab_at_1400_px(output_dir, tmp_path):
     require_browser()
     root = tmp_path / "root"
     root.mkdir()
-    executed = _execute_small(root)
+    executed, failed = _execute_small(root)
     wide: dict[str, list] = {}
     counted: dict[str, int] = {}
     widths: dict[str, int] = {}  # an output cell's width: what a figure or table has in Lab at this size
@@ -314,6 +323,7 @@ def test_every_notebooks_tables_fit_lab_at_1400_px(output_dir, tmp_path):
         page = browser.context.new_page()
         page.goto(server.url("lab"))
         for path in executed:
+            _dismiss_dialogs(page)
             _open(page, path.name)
             assert _file_browser_open(page), "the file browser was not open beside the notebook"
             page.locator(".jp-NotebookPanel .jp-OutputArea-output").first.wait_for(timeout=60_000)
@@ -336,8 +346,9 @@ def test_every_notebooks_tables_fit_lab_at_1400_px(output_dir, tmp_path):
             if dialog.count():
                 dialog.locator("button", has_text=re.compile("Discard|Don't Save|No")).first.click()
         server.remember_children()
-    seen = {"wide": wide, "tables": counted, "cell_width": widths}
+    seen = {"wide": wide, "tables": counted, "cell_width": widths, "failed": failed}
     (output_dir / "tables_1400.json").write_text(json.dumps(seen, indent=2))
     assert not {*leftover_processes(), *server.leftovers(), *browser.leftovers()}, "processes left running"
     assert sum(counted.values()) > 0, "no table was rendered in any notebook"
     assert all(not v for v in wide.values()), {k: v for k, v in wide.items() if v}
+    assert not failed, f"notebooks that did not run to the end (their tables up to there were checked): {failed}"
