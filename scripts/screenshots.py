@@ -61,7 +61,8 @@ def shoot(pages: list[tuple[Path, Path]], work: Path) -> None:
     with chromium(work, viewport=(LAB_PAGE_WIDTH, 1000)) as browser:
         for html, png in pages:
             page = browser.context.new_page()
-            page.goto(html.as_uri(), wait_until="load")
+            # a page with plotly.js inline is large: on a busy machine its load event can take minutes
+            page.goto(html.as_uri(), wait_until="load", timeout=300_000)
             page.wait_for_timeout(1500)  # plotly draws after load
             page.screenshot(path=str(png), full_page=True)
             page.close()
