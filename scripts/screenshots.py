@@ -25,8 +25,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 TINY = {"workload": "tiny", "scale": 1.0}
-# nbconvert's page around a cell as wide as Lab's output cells at 1400 px with the file browser open
-LAB_PAGE_WIDTH = 1100
+# Lab's output cells are 968 px wide in a 1400 px window with the file browser open (measured by
+# tests/test_browser_views.py, tables_1400.json); nbconvert's page adds 122 px around its cells
+LAB_PAGE_WIDTH = 968 + 122
 SMALL = {
     "01_reproduce_the_oom": TINY,
     "02_step_through_getstate": {**TINY, "codecs": ["numpy-legacy", "numpy"]},
