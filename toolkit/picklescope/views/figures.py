@@ -145,7 +145,7 @@ def timeline_figure(result: RunResult | RunTimeline, *, show_tracers: bool = Tru
     fig.update_xaxes(title_text="seconds since the run started (zoom out to see set-up)", row=len(names), col=1)
     fig.update_layout(title={"text": plain(run_title(result, tl)), "font": {"size": 14}}, height=260 + 230 * len(names),
                       template="plotly_white", hovermode="x unified",
-                      legend={"orientation": "h", "yanchor": "top", "y": -0.2 if len(names) < 2 else -0.1})
+                      legend={"orientation": "h", "yanchor": "top", "y": -0.2 if len(names) < 2 else -0.15})
     return fig
 
 
