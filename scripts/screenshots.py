@@ -48,7 +48,10 @@ def execute(stem: str, out: Path, small: bool) -> Path:
         params["out_dir"] = str(out / "postmortem")
     nb = nbrun.execute(nbrun.notebook_path(stem), out / f"{stem}.ipynb", params, cwd=out, timeout_s=1800)
     html = out / f"{stem}.html"
-    export_html(as_document(nb) if stem == "05_postmortem_template" else nb, html)
+    if stem == "05_postmortem_template":  # as `picklescope postmortem` exports it: a document, no prompts
+        export_html(as_document(nb), html, prompts=False)
+    else:
+        export_html(nb, html)
     return html
 
 
