@@ -222,7 +222,7 @@ def html_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = N
                 font = ";font-family:monospace" if c in ("code", "source", "line", "stack") else ""
                 if c == cols[0]:
                     font += ";position:sticky;left:0;background:#ffffff"
-                shown = _UNIT.sub(_NBSP, esc(s))
+                shown = _UNIT.sub(_NBSP, esc(s)) if c in numeric_cols else esc(s)  # text stays as written
                 cells.append(f"<td style='{_CELL};text-align:{align}{font}'>{shown}</td>")
             out.append("<tr>" + "".join(cells) + "</tr>")
         return "".join(out)
