@@ -52,8 +52,9 @@
 # numpy mode, `numpy` is the fix) serializes the same batch in a sender process and rebuilds it in a
 # receiver process, as Ray would. The *payload* is the batch's tensor bytes; costs are given as
 # multiples of it. The sender gets a memory *budget*, a fraction of the payload above its *baseline*
-# (its memory when the work starts); crossing it ends the sender with SIGKILL, exactly as the
-# kernel's OOM killer would. This notebook's kernel never holds the batch, so it survives.
+# (its memory when the work starts); crossing it ends the sender with SIGKILL (the signal that ends a
+# process at once, with no chance to clean up or raise an exception), exactly as the kernel's OOM
+# killer would. This notebook's kernel never holds the batch, so it survives.
 
 # %% tags=["parameters"]
 workload = "flowgrpo"  # a preset (picklescope list) or a path to your own workload YAML
@@ -95,7 +96,10 @@ figures.timeline_figure(fixed)
 # %% [markdown]
 # ## 3. The kernel is still here
 # Same process id as before the runs; both verdicts came back as data. The table puts the two
-# side by side (peaks are exact kernel high-water marks above each side's baseline).
+# side by side (peaks are exact kernel high-water marks above each side's baseline). *Held* is what
+# the sender still had when it was done; *cycle-held* is the part of it that only `gc.collect()`
+# freed (memory kept alive by a reference cycle); *round trip* says whether the receiver rebuilt
+# every tensor exactly as the sender built it.
 
 # %%
 print(f"kernel pid {os.getpid()} (before the runs: {kernel_pid}) is still running")

@@ -126,21 +126,27 @@ figures.attribution_figure(legacy)
 # own memory, and whether the worker's tensors are its own copy or windows into the store.
 
 # %%
+from picklescope.errors import PicklescopeError
 from picklescope.transports.ray import ray_available
-from picklescope.views.ray_figure import ray_timeline_figure
+from picklescope.views.ray_figure import failed_sentence, ray_timeline_figure
 
 ray_fig = None
 if show_ray and ray_available():
-    over_ray = ps.run("numpy", "ray", workload, scale)
-    print(f"numpy over ray: {over_ray.outcome}" + (f" - {over_ray.error}" if over_ray.error else ""))
-    if over_ray.outcome == "ok":
+    try:
+        over_ray = ps.run("numpy", "ray", workload, scale)
+    except PicklescopeError as exc:  # Ray could not start: said in one sentence, no figure to draw
+        over_ray = None
+        display(sentence(f"The Ray section did not run: {exc}."))
+    if over_ray is not None and over_ray.outcome != "ok":  # one sentence, never an empty figure
+        display(sentence(failed_sentence(over_ray)))
+    elif over_ray is not None:
         cost = over_ray.extra["sender_cost"]
         print(f"driver: serialize {cost['serialize_peak_bytes'] / 2**20:.1f} MiB, store write "
               f"{cost['store_write_store_pages_bytes'] / over_ray.payload_bytes:.2f}x payload")
         print(over_ray.extra["receiver_cost"].get("explanation"))
         print(f"received tensors: {over_ray.extra['received']['status']}")
-    print(f"cluster processes left behind: {over_ray.extra['ray']['remaining']}")
-    ray_fig = ray_timeline_figure(over_ray)
+        print(f"cluster processes left behind: {over_ray.extra['ray']['remaining']}")
+        ray_fig = ray_timeline_figure(over_ray)
 else:
     print("Ray section skipped:", "show_ray is False" if not show_ray else "ray is not installed")
 ray_fig

@@ -105,7 +105,9 @@ display(sentence(
     f"{(base.sender.peak_bytes or 0) / base.payload_bytes:.2f}x for {baseline}: "
     f"{saved / base.payload_bytes:.2f}x the payload lower than {baseline}'s; its round trip was "
     f"{'exact' if cand.roundtrip['ok'] else 'NOT exact: ' + str(cand.roundtrip['mismatches'][:3])}; it serialized in "
-    f"{cand.serialize_s:.4f} s against {base.serialize_s:.4f} s."))
+    f"{cand.serialize_s:.4f} s against {base.serialize_s:.4f} s, and serialize + deserialize (the figure's last "
+    f"panel) took {(cand.serialize_s or 0) + (cand.deserialize_s or 0):.4f} s against "
+    f"{(base.serialize_s or 0) + (base.deserialize_s or 0):.4f} s."))
 figures.comparison_figure(runs)
 
 # %% [markdown]

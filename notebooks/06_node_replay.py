@@ -29,8 +29,10 @@
 # large models) runs on **Ray** (a framework that starts and connects the processes of a job). One
 # *driver* process (verl's TaskRunner) holds each *training batch* (the data of one training step),
 # wrapped in a **DataProto** (verl's container for a batch: tensors plus columns of strings). Many
-# *worker* processes (Ray actors, one per GPU in a real job) each compute on a piece of it. For a
-# method registered as `DP_COMPUTE_PROTO`, verl splits the batch into one *chunk* per worker
+# *worker* processes (Ray *actors*: long-lived processes that Ray starts and whose methods other
+# processes call; one per GPU in a real job) each compute on a piece of it. For a method registered
+# as `DP_COMPUTE_PROTO` (verl's label for "split the batch over the workers, data-parallel, and join
+# the answers"), verl splits the batch into one *chunk* per worker
 # (`DataProto.chunk`) and calls the method on every worker with its chunk as the argument. To send
 # an argument to another process, Ray must **pickle** it (turn it into bytes; Python calls the
 # class's `__getstate__` to decide what those bytes are) in the driver; the worker unpickles it
@@ -62,7 +64,7 @@ workers = 4
 steps = 4
 legacy = "numpy-legacy"  # or verl-0.9.0:numpy
 fixed = "numpy"  # or verl-0.9.1:numpy
-gc_modes = ["off", "each-step"]  # compared with Python's default collector
+gc_modes = ["off"]  # compared with Python's default collector; add "each-step" (2 more replays)
 engine = "replica"  # or "verl": verl's own RayWorkerGroup splits, calls and joins (needs a real verl codec)
 
 # %%
@@ -122,8 +124,8 @@ for r in runs.values():
 # ## 3. The garbage collector decides how fast the driver grows
 # With the collector off (some training loops disable it for speed, and a full collection is rare
 # in a big process), every chunk's discarded copy stays: the driver grows by about one batch per
-# training step. `gc.collect()` after every step frees it each time. The fixed codec never makes the
-# copy, so the collector does not matter to it.
+# training step. `gc.collect()` after every step frees it each time (add `"each-step"` to
+# `gc_modes` to see it). The fixed codec never makes the copy, so the collector does not matter to it.
 
 # %%
 by_mode = {"default": runs}
@@ -136,13 +138,14 @@ display(table.Table(table.node_rows([r for pair in by_mode.values() for r in pai
 # %% [markdown]
 # ## 4. A node budget: which process would the kernel kill, and when?
 # The budget is counted above the node's baseline (after set-up). At the crossing, picklescope kills
-# the process the kernel's OOM killer would pick: the highest `/proc/PID/oom_score`. Ray raises its
-# workers' `oom_score_adj`, so the kernel can pick a worker even though the driver is the one that
+# the process the kernel's OOM killer would pick: the highest `/proc/PID/oom_score` (a score the
+# kernel keeps for each process, mostly its resident memory). Ray raises its workers'
+# `oom_score_adj` (a number added to that score, so those processes are picked first), so the kernel can pick a worker even though the driver is the one that
 # grew; that is what happens on a real node too. With the collector off (so the legacy *growth*, the driver's memory at the last step's end minus the first's, does
 # not depend on when a collection happens to run) and a budget halfway between the two codecs'
 # peaks, the legacy codec dies and the fixed one completes every step. (On the command line,
 # `picklescope node --node-budget 2x --enforcement cgroup` puts the cluster it starts in one memory
-# cgroup and lets the real kernel choose; it needs a cluster of its own, so it is not run here.)
+# *cgroup* (a Linux group of processes with one memory limit, enforced by the kernel) and lets the real kernel choose; it needs a cluster of its own, so it is not run here.)
 
 # %%
 off = by_mode.get("off") or {codec: replay(codec, gc="off") for codec in (legacy, fixed)}
@@ -154,7 +157,7 @@ capped = {codec: replay(codec, gc="off", node_budget=budget) for codec in (legac
 display(table.Table(table.node_rows(capped.values()), caption=f"node budget {fmt_bytes(budget)} above the "
                                                               "node's baseline, collector off"))
 fig = figures.node_figure(capped[legacy])
-fig.write_html(OUT / "node_budget.html", include_plotlyjs="cdn")
+fig.write_html(OUT / "node_budget.html", include_plotlyjs=True)  # plotly.js inside: the file opens offline
 display(fig)
 
 # %% [markdown]

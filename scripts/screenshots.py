@@ -6,9 +6,13 @@ Each notebook of ``notebooks/`` is executed headless (papermill, through :mod:`p
 at its own default parameters, or tiny ones with ``--small``) into ``out/screenshots/``, exported
 as offline HTML (:mod:`picklescope.views.offline_html`: figures inline), and opened in Debian's Chromium
 under Playwright, driven by its executable path with the same headless flags as the browser test;
-the whole page is captured as ``NN_name.png``. The postmortem's ``report.html`` (written by notebook
-05 into its ``out_dir``) is captured as ``report.png``. Everything lands under ``out/``, which git
-ignores, so the checkout stays clean.
+the whole page is captured as ``NN_name.png``. The page is as wide as a notebook's cells are in
+JupyterLab in a 1400 px window with the file browser open (``LAB_PAGE_WIDTH``), so a table or figure
+too wide for Lab is too wide here as well. The postmortem's ``report.html`` (written by notebook
+05 into its ``out_dir``) is captured as ``report.png``. An exported page cannot hold a live widget,
+so the explorer of notebook 04 is also run in a real JupyterLab at that window size and captured
+after one run (``04_explorer.png``). Everything lands under ``out/``, which git ignores, so the
+checkout stays clean.
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 TINY = {"workload": "tiny", "scale": 1.0}
+# Lab's output cells are 968 px wide in a 1400 px window with the file browser open (measured by
+# tests/test_browser_views.py, tables_1400.json); nbconvert's page adds 122 px around its cells
+LAB_PAGE_WIDTH = 968 + 122
 SMALL = {
     "01_reproduce_the_oom": TINY,
     "02_step_through_getstate": {**TINY, "codecs": ["numpy-legacy", "numpy"]},
@@ -41,7 +48,10 @@ def execute(stem: str, out: Path, small: bool) -> Path:
         params["out_dir"] = str(out / "postmortem")
     nb = nbrun.execute(nbrun.notebook_path(stem), out / f"{stem}.ipynb", params, cwd=out, timeout_s=1800)
     html = out / f"{stem}.html"
-    export_html(as_document(nb) if stem == "05_postmortem_template" else nb, html)
+    if stem == "05_postmortem_template":  # as `picklescope postmortem` exports it: a document, no prompts
+        export_html(as_document(nb), html, prompts=False)
+    else:
+        export_html(nb, html)
     return html
 
 
@@ -52,14 +62,60 @@ def shoot(pages: list[tuple[Path, Path]], work: Path) -> None:
     why = browser_unavailable()
     if why:
         raise SystemExit(f"screenshots need a browser: {why}")
-    with chromium(work, viewport=(1400, 1000)) as browser:
+    with chromium(work, viewport=(LAB_PAGE_WIDTH, 1000)) as browser:
         for html, png in pages:
             page = browser.context.new_page()
-            page.goto(html.as_uri(), wait_until="load")
+            # a page with plotly.js inline is large: on a busy machine its load event can take minutes
+            page.goto(html.as_uri(), wait_until="load", timeout=300_000)
             page.wait_for_timeout(1500)  # plotly draws after load
             page.screenshot(path=str(png), full_page=True)
             page.close()
             print(f"wrote {png.relative_to(REPO) if png.is_relative_to(REPO) else png}")
+
+
+def explorer_in_lab(out: Path, work: Path, small: bool) -> Path:
+    """Notebook 04's explorer, run once in JupyterLab (1400 px, file browser open); its screenshot."""
+    import re
+
+    import nbformat
+    from browser_lab import chromium, lab_server
+    from test_browser_views import (
+        LAB_SETTINGS,
+        LAB_WIDTH,
+        _file_browser_open,
+        _open,
+        _press_and_wait,
+        _run_all,
+        _wait_kernel_idle,
+    )
+
+    root = work / "lab-root"
+    root.mkdir(parents=True, exist_ok=True)
+    params = TINY if small else {"workload": "flowgrpo", "scale": 0.1}  # notebook 04's own defaults
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "from picklescope.views.widgets import Explorer\n"
+        f"explorer = Explorer(codec='numpy-legacy', workload={params['workload']!r}, scale={params['scale']!r})\n"
+        "explorer")], metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    nbformat.write(nb, str(root / "explorer.ipynb"))
+    png = out / "04_explorer.png"
+    with lab_server(root, work / "lab", user_settings=LAB_SETTINGS) as server, \
+            chromium(work, viewport=(LAB_WIDTH[0], 1300)) as browser:
+        page = browser.context.new_page()
+        page.goto(server.url("lab"))
+        _open(page, "explorer.ipynb")
+        _file_browser_open(page)
+        _wait_kernel_idle(page, 180)
+        _run_all(page, 300)
+        codec_label = page.locator("label", has_text=re.compile(r"^\s*codec\s*$"))
+        explorer = page.locator(".jp-OutputArea-output").filter(has=page.locator(".widget-dropdown", has=codec_label))
+        got = _press_and_wait(page, explorer.first, 1, "numpy-legacy")
+        page.locator(".jp-NotebookPanel .jp-Cell").first.evaluate("el => el.scrollIntoView({block: 'start'})")
+        page.wait_for_timeout(500)
+        page.screenshot(path=str(png))
+        server.remember_children()
+    print(f"wrote {png.relative_to(REPO) if png.is_relative_to(REPO) else png}: press to final figure "
+          f"{got['press_to_final_figure_s']} s" + (f" ({got['problem']})" if got["problem"] else ""))
+    return png
 
 
 def main() -> int:
@@ -83,6 +139,8 @@ def main() -> int:
     if report.is_file():
         pages.append((report, out / "report.png"))
     shoot(pages, out / "browser")
+    if any(s.startswith("04") for s in stems):
+        explorer_in_lab(out, out / "browser", args.small)
     return 0
 
 

@@ -153,3 +153,17 @@ def test_stepthrough_figure_ranks_by_self_cost_and_draws_quiet_lines_neutral():
     scale = figures.stepthrough_scale([st, StepThrough("m:h", "__getstate__", "tiny", 1.0, 5 * MiB, rows=rows[2:])])
     small = figures.stepthrough_figure(rows[2:], payload_bytes=5 * MiB, scale_bytes=scale)
     assert tuple(small.layout.xaxis.range) == (0, 6 * 1.05)
+
+
+def test_a_failed_ray_run_is_one_sentence_not_an_empty_figure():
+    """Notebook 03 shows this sentence instead of drawing a three-panel figure with nothing in it."""
+    from picklescope.core.result import RunResult
+    from picklescope.views.ray_figure import failed_sentence
+
+    r = RunResult(codec="numpy", transport="ray", workload="tiny", scale=1.0, payload_bytes=2**20, outcome="error",
+                  error="sender: Exception: The current node timed out during startup. This could happen because "
+                        "some of the Ray processes failed to startup.\nCheck the logs in /tmp/ray for details.")
+    text = failed_sentence(r)
+    assert "\n" not in text and "Check the logs" not in text
+    assert text.startswith("The Ray section did not run: numpy over ray failed (Exception: The current node timed out")
+    assert text.endswith("nothing is drawn for it.")

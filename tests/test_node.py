@@ -420,7 +420,9 @@ def test_node_figure_stacks_processes_over_the_store_and_marks_the_kill():
     names = [t.name for t in fig.data]
     assert names == ["driver", "workers (8)", "store", "kill"]  # 8 workers are one layer
     assert [round(v * 2**20) for v in fig.data[1].y] == [0, 8, 16, 24]  # their sum above their baselines
-    assert len(fig.layout.shapes) == 2  # one finished step band and the budget line
+    # the finished step's band, the killed step's band up to the kill (its label has a band), the budget line
+    assert len(fig.layout.shapes) == 3
+    assert "step 2 (killed)" in [a.text for a in fig.layout.annotations]
     def kill_label(f):
         return next(a.text for a in f.layout.annotations if a.text.startswith("killed "))
 

@@ -234,3 +234,41 @@ def test_report_draws_offline_in_a_browser(reproduced, tmp_path):
                               "d => d.querySelector('.main-svg')).length")
     assert attempted == []
     assert drawn == n_figs
+
+
+RAY_START_FAILURE = ("The current node timed out during startup. This could happen because some of the Ray "
+                     "processes failed to startup.\nCheck the logs in /tmp/ray/session_latest/logs for details.\n"
+                     "  File \"ray/_private/node.py\", line 312, in __init__")
+
+
+def test_a_ray_lane_that_fails_is_one_sentence_in_the_terminal_and_the_report(tmp_path, monkeypatch, capsys):
+    """Ray forced to fail at start-up (as on a loaded machine): the in-process rows stand; the terminal
+    gives one line saying the Ray rows did not run and why, the report says it too, no traceback."""
+    from picklescope import cli as main_cli
+    from picklescope.investigate import ray_matrix
+    from picklescope.transports.ray import ray_available
+
+    if not ray_available():
+        pytest.skip("ray is not installed: there is no Ray lane to fail")
+
+    def cluster_fails(*_a, **_k):
+        raise Exception(RAY_START_FAILURE)  # what Ray raises, several lines long
+
+    monkeypatch.setattr(ray_matrix, "cluster_rows", cluster_fails)
+    out = tmp_path / "out"
+    rc = main_cli.main(["reproduce", "--workload", "tiny", "--scale", "1", "--no-headroom", "--no-trace",
+                        "--repeat", "1", "--no-node", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err[-2000:]
+    said = [line for line in captured.out.splitlines() if "Ray" in line or "ray" in line.split()]
+    assert len(said) == 1, said
+    assert said[0].startswith("the Ray rows did not run: Exception: The current node timed out during startup"), said
+    assert "load average was" in said[0] and "Check the logs" not in said[0]
+    assert "Traceback" not in captured.out + captured.err and "node.py" not in captured.out + captured.err
+    html = (out / "report.html").read_text(encoding="utf-8")
+    assert "The Ray rows did not run: Exception: The current node timed out during startup" in html
+    assert "No node replay: the Ray rows did not run" in html
+    assert "Traceback" not in html and "node.py" not in html
+    inv = Investigation.from_dict(json.loads((out / "results.json").read_text()))
+    assert {r.transport for r in matrix_results(inv)} == {"pickle", "pickle5-oob"}  # the rest stood
+    assert re.search(r"\d+ runs \(6 cases", html), re.findall(r"Payload[^<]*", html)

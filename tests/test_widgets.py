@@ -188,3 +188,23 @@ def test_a_table_aligns_whole_columns_and_says_which_runs_had_a_budget():
     assert "3.11.7" in html and "text-align:right" not in html.split("3.11.7")[0].rsplit("<td", 1)[1]
     folded_only = table.html_table([], caption="nothing costly", folded=[{"line": "a.py:1"}], folded_label="1 quiet")
     assert "<thead>" in folded_only and folded_only.count("<table") == 1  # no empty table above the folded rows
+
+
+def test_a_run_that_fails_is_one_line_in_the_status_and_no_empty_axes(monkeypatch):
+    """A Ray start-up failure (forced here) reaches the explorer as one line: the status says which run
+    failed and why, the figure says the same instead of showing an older run or empty axes."""
+    from picklescope.measure import runner
+    from picklescope.views.widgets import Explorer
+
+    def ray_fails(*_a, **_k):
+        raise Exception("The current node timed out during startup.\nCheck the logs in /tmp/ray for details.")
+
+    monkeypatch.setattr(runner, "run", ray_fails)
+    ex = Explorer(workload="tiny", scale=1.0, transport="ray")
+    ex.start()
+    ex.wait(120)
+    status = ex.summary()
+    assert str(status).startswith("run 1 failed: Exception: The current node timed out during startup"), str(status)
+    assert "\n" not in str(status) and "Check the logs" not in str(status)
+    assert not ex.figure.data and "run 1 failed" in ex.figure.layout.title.text
+    assert len(ex.plot.outputs) == 1 and not ex.results and not ex.button.disabled

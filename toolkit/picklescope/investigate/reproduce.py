@@ -318,10 +318,13 @@ class _RayLane:
                                                     before_runs=self._wait_for_forkserver, **self.run_kw)
             except Cancelled:
                 self.info = {"error": "interrupted"}
-            except PicklescopeError as exc:  # the user's own input: raised again in the caller's thread
-                self.error = exc
+            except PicklescopeError as exc:
+                if self.ray_address:  # the user's own cluster: raised again in the caller's thread
+                    self.error = exc
+                else:  # the local cluster did not start: the in-process rows stand, the report says why
+                    self.info = {"error": str(exc), "load_average": _load_average()}
             except Exception as exc:  # noqa: BLE001 - a cluster that fails to start must not lose the rest
-                self.info = {"error": f"{type(exc).__name__}: {exc}"}
+                self.info = {"error": f"{type(exc).__name__}: {exc}", "load_average": _load_average()}
 
     def join(self) -> None:
         """Wait for the lane (a Ctrl-C meanwhile stops it, see :meth:`stop`); raise the user's input error."""
@@ -363,6 +366,34 @@ def _node_pair(lane: _RayLane, workload: str, scale: float, codecs: tuple[str, .
         lane.nodes.extend(r.trimmed() for r in done)
 
     return pair
+
+
+def _load_average() -> float | None:
+    """The machine's one-minute load average (a start-up that timed out is often a busy machine)."""
+    import os
+
+    try:
+        return round(os.getloadavg()[0], 1)
+    except OSError:
+        return None
+
+
+def ray_lane_sentence(inv: Investigation) -> str | None:
+    """Why the Ray rows (and the node pair on their cluster) did not run, in one line, or None.
+
+    Ray's own start-up errors run to many lines; the first says what happened, the rest is advice
+    about Ray's log files, which a run of picklescope removes. So the sentence keeps the first line.
+    """
+    info = inv.ray_cluster or {}
+    err = info.get("error")
+    if not err:
+        return None
+    first = next((line.strip() for line in str(err).splitlines() if line.strip()), str(err))
+    if len(first) > 240:
+        first = first[:237] + "..."
+    load = info.get("load_average")
+    busy = f"; the machine's load average was {load:g}" if isinstance(load, (int, float)) else ""
+    return f"the Ray rows did not run: {first}{busy}"
 
 
 def node_pair_sentence(inv: Investigation) -> str | None:

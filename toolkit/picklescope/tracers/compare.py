@@ -183,8 +183,9 @@ def blind_spots(result: RunResult) -> list[str]:
                     continue
                 seen = per[st.name]
                 if seen is not None and seen < BLIND * p:
-                    missed.append(f"the {side_name}'s {st.name} ({st.added_bytes / p:.2f}x payload)")
+                    missed.append(f"the {side_name}'s {st.name}, which added {st.added_bytes / p:.2f}x payload "
+                                  f"(it saw {seen / p:.2f}x)")
         if missed:
             why = entry.get("sees") or "it does not see this kind of memory"
-            out.append(f"{n} saw almost nothing of {', '.join(missed)}: it sees {why}.")
+            out.append(f"{n} saw almost nothing of {'; '.join(missed)}: it sees {why}.")
     return out

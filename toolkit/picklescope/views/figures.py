@@ -145,7 +145,7 @@ def timeline_figure(result: RunResult | RunTimeline, *, show_tracers: bool = Tru
     fig.update_xaxes(title_text="seconds since the run started (zoom out to see set-up)", row=len(names), col=1)
     fig.update_layout(title={"text": plain(run_title(result, tl)), "font": {"size": 14}}, height=260 + 230 * len(names),
                       template="plotly_white", hovermode="x unified",
-                      legend={"orientation": "h", "yanchor": "top", "y": -0.2 if len(names) < 2 else -0.1})
+                      legend={"orientation": "h", "yanchor": "top", "y": -0.2 if len(names) < 2 else -0.15})
     return fig
 
 
@@ -343,6 +343,9 @@ def draw_step_peaks(fig: go.Figure, side: Any, row: int, end: float) -> None:
                       row=row, col=1)
 
 
+TIME_PANEL = "serialize + deserialize (s)"
+
+
 def comparison_figure(results: Sequence[RunResult | dict[str, Any]]) -> go.Figure:
     """Peak (sender, receiver), held, cycle-held and time per codec, one bar colour per transport."""
     runs = [r if isinstance(r, RunResult) else RunResult.from_dict(r) for r in results]
@@ -350,7 +353,7 @@ def comparison_figure(results: Sequence[RunResult | dict[str, Any]]) -> go.Figur
               ("receiver peak", lambda r: _side(r, "receiver", "peak_bytes")),
               ("held", lambda r: _side(r, "sender", "held_bytes")),
               ("cycle-held", lambda r: _side(r, "sender", "cycle_held_bytes")),
-              ("time (s)", lambda r: None if r.serialize_s is None and r.deserialize_s is None
+              (TIME_PANEL, lambda r: None if r.serialize_s is None and r.deserialize_s is None
                else (r.serialize_s or 0.0) + (r.deserialize_s or 0.0))]
     fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[t for t, _ in panels])
     transports = list(dict.fromkeys(r.transport for r in runs))
@@ -358,13 +361,15 @@ def comparison_figure(results: Sequence[RunResult | dict[str, Any]]) -> go.Figur
         mine = [r for r in runs if r.transport == transport]
         for ci, (title, get) in enumerate(panels, start=1):
             values = [get(r) for r in mine]
-            is_time = title.startswith("time")
+            is_time = title == TIME_PANEL
             y = values if is_time else [_mib(v) for v in values]
             custom = [f"{v / r.payload_bytes:.2f}x payload" if (v is not None and not is_time and r.payload_bytes)
                       else r.outcome for v, r in zip(values, mine)]
             fig.add_trace(go.Bar(x=[plain(r.codec) for r in mine], y=y, name=plain(transport), legendgroup=transport,
                                  showlegend=ci == 1, marker_color=STEP_COLORS[ti % len(STEP_COLORS)],
                                  customdata=custom, cliponaxis=False, textposition="outside",
+                                 # side by side, grouped bars' labels would run into each other: upright
+                                 textangle=0 if len(transports) == 1 else -90,
                                  # every bar carries its value, so a 0 reads as measured zero, not as missing
                                  text=["-" if v is None else (f"{v:.3f} s" if is_time else fmt_bytes(v))
                                        for v in values], textfont={"size": 10},
@@ -450,6 +455,12 @@ def _row_dict(r: Any) -> dict[str, Any]:
     return d
 
 
+def _clip(text: str, n: int) -> str:
+    """``text`` cut to ``n`` characters, with an ellipsis when cut."""
+    text = text.strip()
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
 def stepthrough_scale(throughs: Sequence[Any]) -> int:
     """One absolute scale (bytes) for step-throughs drawn side by side: the largest line of any."""
     top = 0
@@ -483,7 +494,9 @@ def stepthrough_figure(rows: Any, *, payload_bytes: int | None = None, scale_byt
     quiet = [r for r in items if r not in costly]
     shown = costly + quiet[:max_quiet]
     folded = quiet[max_quiet:]
-    labels = [plain(f"{os.path.basename(r['filename'])}:{r['lineno']}  {'· ' * r['depth']}{r['source'][:60]}")
+    # short enough for the label column to leave the bars their room in a notebook beside Lab's file
+    # browser (the hover and the table beside the figure give the whole line)
+    labels = [plain(f"{os.path.basename(r['filename'])}:{r['lineno']}  {'· ' * r['depth']}{_clip(r['source'], 42)}")
               for r in shown]
     labels = [f"{lab} [{i}]" if labels.count(lab) > 1 else lab for i, lab in enumerate(labels)]
     selfs = [_mib(r["self_bytes"]) for r in shown]
@@ -499,8 +512,8 @@ def stepthrough_figure(rows: Any, *, payload_bytes: int | None = None, scale_byt
         shown = shown + [{"hits": sum(r["hits"] for r in folded), "peak_bytes": 0}]
     text = [f"{v * MiB / payload_bytes:.2f}x" if payload_bytes and c == ALARM_COLOR else ""
             for v, c in zip(selfs, colors)]
-    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.02, column_widths=[0.6, 0.4],
-                        subplot_titles=["memory its own code added (MiB)", "time (ms)"])
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.06, column_widths=[0.65, 0.35],
+                        subplot_titles=["own code added (MiB)", "time (ms)"])
     fig.add_trace(go.Bar(y=labels, x=incl, orientation="h", marker_color="rgba(0,0,0,0.08)",
                          name="with the functions it called", hovertemplate="%{y}<br>with the functions it called: "
                          "%{x:.1f} MiB<extra></extra>"), row=1, col=1)

@@ -79,16 +79,23 @@ def node_figure(result: Any, *, group_workers: bool | None = None, title: str | 
     for s in ended:
         fig.add_vrect(x0=s["start_s"], x1=s["end_s"], fillcolor="#ffbf00" if s["index"] % 2 else "#ffe08a",
                       opacity=0.15, line_width=0, annotation_text=f"step {s['index']}", annotation_position="top left")
+    killed = doc.get("killed")
+    if killed:  # the step the kill landed in never ended: its band runs to the kill, so the label has a band
+        for s in doc.get("training_steps", []):
+            if s.get("end_s") is None and s.get("start_s") is not None and s["start_s"] <= killed["t_s"]:
+                fig.add_vrect(x0=s["start_s"], x1=killed["t_s"], fillcolor="#ffbf00" if s["index"] % 2 else "#ffe08a",
+                              opacity=0.15, line_width=0, annotation_text=f"step {s['index']} (killed)",
+                              annotation_position="top left")
     ticks = doc["node"]["timeline"]["t_s"]
-    if ended and not doc.get("killed") and ticks and ticks[-1] > ended[-1]["end_s"]:
+    if ended and not killed and ticks and ticks[-1] > ended[-1]["end_s"]:
         fig.add_vrect(x0=ended[-1]["end_s"], x1=ticks[-1], fillcolor="#bbbbbb", opacity=0.15, line_width=0,
                       annotation_text="after the steps: held, then gc.collect()", annotation_position="top right")
     node = doc["node"]
     budget = node.get("budget_bytes")
     if budget:
+        # labelled at the left: a kill is marked at the right end of the curves, at this line
         fig.add_hline(y=_mib(budget), line_dash="dash", line_color="black",
-                      annotation_text=f"node budget {fmt_bytes(budget)}", annotation_position="top right")
-    killed = doc.get("killed")
+                      annotation_text=f"node budget {fmt_bytes(budget)}", annotation_position="bottom left")
     if killed:
         label = (f"killed {killed['process']} (training step {killed['training_step']}, "
                  f"{kill_during(killed['process'], killed['step'], killed.get('step_of'))})")

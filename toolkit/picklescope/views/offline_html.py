@@ -56,8 +56,9 @@ def external_references(html: str) -> list[str]:
     return [m.group(0) for m in _EXTERNAL.finditer(html)]
 
 
-def export_html(notebook: Any, out_path: str | Path) -> Path:
-    """Write an executed notebook (a path or a NotebookNode) as one offline HTML file.
+def export_html(notebook: Any, out_path: str | Path, *, prompts: bool = True) -> Path:
+    """Write an executed notebook (a path or a NotebookNode) as one offline HTML file; ``prompts=False``
+    leaves out the ``In [n]:`` / ``Out[n]:`` prompts (a document, not a notebook session).
 
     Raises ``RuntimeError`` if the page would still fetch anything from the network, so an export
     that would open blank offline is never handed to a user.
@@ -67,7 +68,8 @@ def export_html(notebook: Any, out_path: str | Path) -> Path:
     from plotly.offline import get_plotlyjs
 
     nb = nbformat.read(str(notebook), as_version=4) if isinstance(notebook, (str, Path)) else notebook
-    exporter = HTMLExporter(template_name=TEMPLATE, extra_template_basedirs=[str(TEMPLATE_DIR)])
+    exporter = HTMLExporter(template_name=TEMPLATE, extra_template_basedirs=[str(TEMPLATE_DIR)],
+                            exclude_input_prompt=not prompts, exclude_output_prompt=not prompts)
     body, _ = exporter.from_notebook_node(nb, resources={"plotly_js": get_plotlyjs()})
     bad = external_references(body)
     if bad:

@@ -8,17 +8,22 @@ notebook itself also writes the toolkit's report (``report.html``) and ``results
 investigation, so the two views never disagree.
 
 The HTML is written for people who will read it, not run it: the verdict and the parameters come
-first, code cells are hidden (the ``.ipynb`` beside it keeps them and stays runnable), and the
-template's parameters cell and papermill's injected copy of it are left out of the document.
+first, code cells and their ``In``/``Out`` prompts are hidden (the ``.ipynb`` beside it keeps them and
+stays runnable), and the template's parameters cell and papermill's injected copy of it are left out
+of the document. The HTML travels alone, so links to the project's docs would point nowhere: the
+glossary is appended to the document and its links point there; a link to another doc keeps its
+words and names the file.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from picklescope.codecs import CODECS
+from picklescope.core.paths import project_folder
 from picklescope.core.units import parse_size
 from picklescope.errors import PicklescopeError
 from picklescope.transports import TRANSPORTS
@@ -97,7 +102,7 @@ def render(workload: str, codecs: list[str] | tuple[str, ...], budget: str | Non
             f"the postmortem notebook failed in cell {exc.exec_count}: {exc.ename}: {exc.evalue}",
             f"open {nb_path} to see the cell and its traceback",
         ) from None
-    export_html(as_document(nb), html_path)
+    export_html(as_document(nb), html_path, prompts=False)
     return Postmortem(nb_path, html_path, params)
 
 
@@ -106,7 +111,10 @@ def as_document(nb: Any) -> Any:
     values are in the verdict's table) and every code cell's source hidden, outputs kept."""
     import copy
 
+    import nbformat
+
     doc = copy.deepcopy(nb)
+    glossary = _glossary_markdown()
     cells = []
     for cell in doc.cells:
         tags = cell.get("metadata", {}).get("tags", [])
@@ -116,6 +124,57 @@ def as_document(nb: Any) -> Any:
             cell.metadata.setdefault("transient", {})["remove_source"] = True
             if not cell.get("outputs"):
                 continue
+        if cell.cell_type == "markdown":
+            cell.source = local_links(cell.source, glossary is not None)
         cells.append(cell)
+    if glossary is not None:
+        cells.append(nbformat.v4.new_markdown_cell(glossary))
     doc.cells = cells
     return doc
+
+
+_LINK = re.compile(r"\[([^\]]+)\]\((?:\.\./)?(?:docs/)?([\w.-]+\.md)(?:#([\w-]+))?\)")
+
+
+def _anchor(heading: str) -> str:
+    """The id nbconvert gives a markdown heading ("The situation" -> "The-situation")."""
+    return re.sub(r"\s+", "-", heading.strip())
+
+
+def _glossary_headings() -> dict[str, str]:
+    """GitHub-style slug of each glossary heading ("the-situation") -> its text ("The situation")."""
+    path = project_folder("docs") / "glossary.md"
+    out = {}
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.startswith("## "):
+                text = line[3:].strip()
+                slug = re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
+                out[slug] = text
+    return out
+
+
+def local_links(markdown: str, glossary_inlined: bool) -> str:
+    """Links to the project's docs made to work in a file read on its own: a glossary link points at
+    the glossary appended to the document; any other doc keeps its words and names the file."""
+    headings = _glossary_headings() if glossary_inlined else {}
+
+    def fix(m: re.Match[str]) -> str:
+        text, doc, slug = m.group(1), m.group(2), m.group(3)
+        if doc == "glossary.md" and glossary_inlined:
+            target = headings.get(slug or "", "Glossary")
+            return f"[{text}](#{_anchor(target)})"
+        return f"{text} (docs/{doc} in picklescope)"
+
+    return _LINK.sub(fix, markdown)
+
+
+def _glossary_markdown() -> str | None:
+    """The project's glossary as one markdown cell (its headings one level down), or None without it."""
+    path = project_folder("docs") / "glossary.md"
+    if not path.is_file():
+        return None
+    lines = path.read_text(encoding="utf-8").splitlines()
+    body = [("#" + line) if line.startswith("#") and not line.startswith("# ") else line for line in lines]
+    body = ["## Glossary" if line.startswith("# ") else line for line in body]
+    return local_links("\n".join(body), glossary_inlined=False).replace(" (docs/glossary.md in picklescope)", "")

@@ -34,6 +34,19 @@ def _store_series(result: RunResult) -> tuple[list[float], list[float], str]:
     return t, [v / MiB for v in b], "shared-memory pages in use"
 
 
+def failed_sentence(result: RunResult) -> str:
+    """A run over Ray that did not end ``ok``, in one sentence: its first line of error, whole words
+    (Ray's start-up errors run to many lines of advice about log files a run has removed)."""
+    err = result.error or ""
+    first = next((line.strip() for line in err.splitlines() if line.strip()), "")
+    first = first.removeprefix("sender: ").removeprefix("receiver: ")
+    if len(first) > 240:
+        first = first[:240].rsplit(" ", 1)[0] + " ..."
+    ended = {"error": "failed", "timeout": "ran out of time"}.get(result.outcome, f"ended {result.outcome}")
+    return (f"The Ray section did not run: {result.codec} over {result.transport} {ended}"
+            + (f" ({first})" if first else "") + "; nothing is drawn for it.")
+
+
 def ray_timeline_figure(result: RunResult) -> go.Figure:
     """Driver, object store and worker memory over one time axis, with both sides' steps."""
     tl = RunTimeline.from_result(result)

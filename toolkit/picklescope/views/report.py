@@ -20,7 +20,13 @@ from typing import Any
 from picklescope.core.result import RunResult
 from picklescope.core.units import fmt_bytes
 from picklescope.errors import PicklescopeError
-from picklescope.investigate.reproduce import Investigation, budgeted_results, matrix_results, node_pair_sentence
+from picklescope.investigate.reproduce import (
+    Investigation,
+    budgeted_results,
+    matrix_results,
+    node_pair_sentence,
+    ray_lane_sentence,
+)
 from picklescope.measure import verdicts
 from picklescope.views import figures, table
 
@@ -102,7 +108,7 @@ class _Figures:
 def _table(rows: list[dict[str, Any]], columns: Iterable[str] | None = None) -> str:
     if not rows:
         return "<p class='note'>(no rows)</p>"
-    cols = list(columns or rows[0].keys())
+    cols = list(columns or table.columns_of(rows))
     head = "".join(f"<th>{e(c)}</th>" for c in cols)
     body = []
     for r in rows:
@@ -192,6 +198,32 @@ def _tracer_rows(r: RunResult) -> tuple[list[dict[str, Any]], list[str]]:
     return rows, notes
 
 
+def run_count_text(inv: Investigation) -> str:
+    """How many measured runs the report stands on, by kind: every process pair started counts (the
+    repeats of each case and the headroom search's confirming runs too), as the progress bar did."""
+    matrix = matrix_results(inv)
+    repeats = sum(r.variation.runs if r.variation is not None else 1 for r in matrix)
+    headroom = sum(len((r.headroom_detail or {}).get("runs") or []) for r in matrix)
+    kinds = [(repeats, f"{len(matrix)} cases" + (f" run {repeats} times in all" if repeats != len(matrix) else "")),
+             (headroom, f"{headroom} headroom runs"),
+             (len([r for r in inv.results if r.role == "traced"]), "{} with every tracker"),
+             (len(budgeted_results(inv)), "{} under the budget"),
+             (len(inv.nodes), "{} node replays")]
+    total = sum(n for n, _ in kinds)
+    shown = [text.format(n) for n, text in kinds if n]
+    return f"{total} runs ({', '.join(shown)})" if shown else "no runs"
+
+
+def _notes_table(notes: list[str]) -> str:
+    """The trackers' notes, each said once, folded: the same caveat comes from every traced step."""
+    counts: dict[str, int] = {}
+    for n in notes:
+        counts[n] = counts.get(n, 0) + 1
+    rows = [{"note": n, "times": k} for n, k in counts.items()]
+    return (f"<details><summary>{len(rows)} notes from the trackers (each once)</summary>"
+            f"{_table(rows)}</details>")
+
+
 def _environment(env: dict[str, Any]) -> str:
     if not env:
         return "<p class='note'>No environment was recorded with these results.</p>"
@@ -210,6 +242,9 @@ def _node_section(inv: Investigation, figs: _Figures) -> str:
     worker actors), for the legacy and the fixed codec, on the Ray rows' cluster."""
     sentence = node_pair_sentence(inv)
     if not inv.nodes:
+        failed = ray_lane_sentence(inv)
+        if failed:
+            return f"<p class='missing'>No node replay: {e(failed)}.</p>"
         return f"<p class='note'>{e(sentence or 'No node replay in these results (it runs with the ray rows).')}</p>"
     out = ["<p>A driver splits each training step's batch into one chunk per worker actor and sends each chunk as "
            "a Ray call argument (the chunk's <code>__getstate__</code> runs in the driver); the workers answer with a "
@@ -236,10 +271,11 @@ def render(inv: Investigation) -> str:
     figs = _Figures()
     matrix = matrix_results(inv)
     budgeted = budgeted_results(inv)
-    title = f"picklescope postmortem: {inv.workload} x{inv.scale:g}"
+    kind = "postmortem" if (inv.command or "").startswith("picklescope postmortem") else "reproduce"
+    title = f"picklescope {kind} report: {inv.workload} x{inv.scale:g}"
     payload = inv.payload_bytes or (inv.results[0].payload_bytes if inv.results else None)
     parts = [f"<h1>{e(title)}</h1>",
-             f"<p class='note'>Payload {e(fmt_bytes(payload))}; {len(inv.results)} runs; written "
+             f"<p class='note'>Payload {e(fmt_bytes(payload))}; {e(run_count_text(inv))}; written "
              f"{e(time.strftime('%Y-%m-%d %H:%M:%S'))}.</p>",
              f"<p class='headline'>{e(inv.headline or 'No headline was computed for these results.')}</p>"]
 
@@ -256,6 +292,9 @@ def render(inv: Investigation) -> str:
         parts.append(f"<p class='note'>{e(inv.budget_note or 'No budgeted run in these results.')}</p>")
 
     parts.append("<h2>Comparison</h2>")
+    ray_failed = ray_lane_sentence(inv)
+    if ray_failed:
+        parts.append(f"<p class='missing'>{e(ray_failed[:1].upper() + ray_failed[1:])}.</p>")
     parts.append(_table(table.comparison_rows(matrix)))
     repeated = [r for r in matrix if r.variation is not None]
     if repeated:
@@ -306,7 +345,7 @@ def render(inv: Investigation) -> str:
                      "numbers:</p>")
         parts.append(_table(rows))
         if notes:
-            parts.append("<ul>" + "".join(f"<li>{e(n)}</li>" for n in notes) + "</ul>")
+            parts.append(_notes_table(notes))
         parts.append(figs.block(figures.timeline_figure, r, show_tracers=True,
                                 caption="Each tracker's view drawn over the sampled RSS and the exact step peaks."))
     if not traced:

@@ -53,8 +53,11 @@ class HtmlText:
 
 def sentence(text: str, *, strong: bool = False) -> HtmlText:
     """One plain sentence shown as a paragraph: printed text in a notebook wraps mid-word at the
-    output's width (``"i / t sees"``), a paragraph wraps between words like the prose around it."""
+    output's width (``"i / t sees"``), a paragraph wraps between words like the prose around it.
+    Text between backticks is drawn as code (printed as plain text, the code reads as it is)."""
     import html
+    import re
 
-    body = html.escape(text)
+    # `code` between backticks is shown as code, as in the markdown around it (never as backticks)
+    body = re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
     return HtmlText(f"<p style='margin:4px 0'>{'<b>' + body + '</b>' if strong else body}</p>")

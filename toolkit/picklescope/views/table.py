@@ -103,9 +103,17 @@ def steps_rows(r: RunResult) -> list[dict[str, Any]]:
                 "added": fmt_bytes(st.added_bytes, signed=True),
                 "x payload": _mult(st.added_bytes, r.payload_bytes),
                 "seconds": _secs(st.duration_s),
-                "error": st.error or "",
+                **({"error": st.error} if st.error else {}),  # a column only when some step failed
             })
     return rows
+
+
+def _at_end(n: int | None, payload: int) -> str:
+    """Memory at a step's end above the baseline, or "below start" when the process held less than at
+    its baseline (it freed set-up memory); a size is never negative."""
+    if n is not None and payload and n < 0 and _mult(n, payload) != "0.00x":
+        return "below start"
+    return _mult(n, payload)
 
 
 def _signed_mult(n: int | None, payload: int) -> str:
@@ -135,7 +143,9 @@ def node_rows(results: Sequence[Any]) -> list[dict[str, Any]]:
                "node peak": _mult(r.node_peak_bytes, p)}
         if r.budget_bytes:
             row["node budget"] = _mult(r.budget_bytes, p)
-        row["driver at each step's end"] = ", ".join(_mult(e, p) for e in ends) or "-"
+        # a driver can end a step a few pages under its baseline (it gave back what set-up had made):
+        # that is said as such, never as a negative size
+        row["driver at each step's end"] = ", ".join(_at_end(e, p) for e in ends) or "-"
         row["growth"] = _signed_mult(r.driver_growth_bytes, p)
         rows.append(row)
     return rows
@@ -170,7 +180,9 @@ def node_step_rows(r: Any) -> list[dict[str, Any]]:
 
 
 _NUM_RE = re.compile(r"^[+-]?[\d.,]+(\s?(B|KiB|MiB|GiB|TiB|x|%|s|ms))?(\s\S+)?$")
-_CELL = "padding:2px 6px;border-bottom:1px solid #e5e5e5;vertical-align:top"
+_CELL = "padding:2px 5px;border-bottom:1px solid #e5e5e5;vertical-align:top"
+_UNIT = re.compile(r"(\d) (B|KiB|MiB|GiB|TiB|s|ms)\b")
+_NBSP = r"\1&nbsp;\2"
 
 
 def _numeric(s: str) -> bool:
@@ -204,20 +216,26 @@ def html_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = N
             cells = []
             for c in cols:
                 s = text(r.get(c, ""))
-                # numbers never wrap (no "0.11" over two lines); long text may, so a table fits the page
-                align = "right;white-space:nowrap" if c in numeric_cols else \
-                    ("left;white-space:nowrap" if len(s) <= 24 else "left")
+                # a number never wraps inside itself ("47.3 MiB" stays whole) but a cell holding two
+                # ("47.3 MiB 1.00x") may break between them; long text wraps, so a table fits the page
+                align = "right" if c in numeric_cols else ("left;white-space:nowrap" if len(s) <= 16 else "left")
                 font = ";font-family:monospace" if c in ("code", "source", "line", "stack") else ""
-                cells.append(f"<td style='{_CELL};text-align:{align}{font}'>{esc(s)}</td>")
+                if c == cols[0]:
+                    font += ";position:sticky;left:0;background:#ffffff"
+                shown = _UNIT.sub(_NBSP, esc(s)) if c in numeric_cols else esc(s)  # text stays as written
+                cells.append(f"<td style='{_CELL};text-align:{align}{font}'>{shown}</td>")
             out.append("<tr>" + "".join(cells) + "</tr>")
         return "".join(out)
 
-    head = "".join(f"<th style='{_CELL};text-align:left;background:#f3f3f3;white-space:nowrap'>{esc(c)}</th>"
-                   for c in cols)
+    # headers wrap between words ("serialize s" over two lines) so that many columns fit Lab's width;
+    # the first column (what the row is) stays in view if the table still has to scroll sideways
+    key = ";position:sticky;left:0;z-index:1"
+    head = "".join(f"<th style='{_CELL};text-align:left;background:#f3f3f3;white-space:normal;"
+                   f"min-width:3em{key if i == 0 else ''}'>{esc(c)}</th>" for i, c in enumerate(cols))
     cap = f"<caption style='caption-side:top;text-align:left;padding:4px 0'>{esc(caption)}</caption>" if caption else ""
     # JupyterLab's own CSS lays tables out fixed, which clips the last columns of a wide table: auto
     # layout lets long text wrap instead, and the scrolling wrapper keeps every column reachable
-    style = "border-collapse:collapse;font-size:13px;margin:4px 0;table-layout:auto"
+    style = "border-collapse:collapse;font-size:12px;margin:4px 0;table-layout:auto"
     cls = f" class='{esc(css_class)}'" if css_class else ""
     # with every row folded, the caption says why; an empty table of headers would say nothing
     table = f"<table{cls} style='{style}'>{cap}<thead><tr>{head}</tr></thead><tbody>{body(rows)}</tbody></table>" \

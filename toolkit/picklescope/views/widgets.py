@@ -4,8 +4,17 @@ Every run goes through :func:`picklescope.run`, so the batch lives in two child 
 out-of-memory kill (a budget, or the real OOM killer) ends a child, never the kernel. The run happens
 in a background thread so the kernel stays responsive; a second thread redraws the timeline about
 five times a second from what has streamed in (steps from the children's events, RSS from the
-parent's samples), updating the one :class:`plotly.graph_objects.FigureWidget` in place. Each
-finished run is appended to a comparison table, so switching codecs builds a side-by-side.
+parent's samples). Each finished run is appended to a comparison table, so switching codecs builds a
+side-by-side.
+
+Why the figure is an ``Output`` widget holding plotly's own output type, not a ``FigureWidget``:
+plotly's widget sends each in-place change as a message that only the views alive at that moment
+apply, in pieces (delete the old traces, then add the new ones); under load a view could be left with
+empty axes under a finished run, and every FigureWidget also ships plotly's whole 5 MB script to the
+browser. An ``Output`` widget's state *is* the figure: every frame replaces it in one message, and
+any view of it, created then or later, draws the latest one. Lab draws it with the plotly extension
+it already uses for the notebooks' figures. Every run is numbered in the status line, the figure's
+title and the table, so all three name the same run.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ from picklescope.measure import verdicts
 from picklescope.transports import TRANSPORTS
 from picklescope.views import table
 from picklescope.views.live import LiveRun
-from picklescope.views.richtext import HtmlText
+from picklescope.views.richtext import HtmlText, plain_text
 from picklescope.workloads.spec import available_workloads, load_workload
 
 # child events that move a side to another step: the status line follows each one as it arrives
@@ -42,14 +51,52 @@ def tracer_names() -> list[str]:
     return [DEFAULT_TRACER, *(n for n in names if n != DEFAULT_TRACER), "all"]
 
 
+def figure_output(fig: Any) -> dict[str, Any]:
+    """``fig`` as one notebook output of plotly's own type (what an ``Output`` widget holds).
+
+    Arrays go as plain lists, so the browser's plotly holds numbers (not encoded blocks) in its data.
+    """
+    import json
+
+    from plotly.utils import PlotlyJSONEncoder
+
+    spec = json.loads(json.dumps({"data": [_plain(t.to_plotly_json()) for t in fig.data],
+                                  "layout": _plain(fig.layout.to_plotly_json())}, cls=PlotlyJSONEncoder))
+    spec["config"] = {"responsive": True, "displaylogo": False}
+    title = fig.layout.title.text or "figure"
+    return {"output_type": "display_data", "metadata": {},
+            "data": {"application/vnd.plotly.v1+json": spec, "text/plain": f"<figure: {title}>"}}
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with every numpy array turned into a list (plotly would encode it as base64)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    tolist = getattr(value, "tolist", None)
+    return tolist() if callable(tolist) and hasattr(value, "dtype") else value
+
+
+def go_figure(fig: Any) -> Any:
+    """A copy of ``fig`` to change without touching the one drawn."""
+    import plotly.graph_objects as go
+
+    return go.Figure(fig)
+
+
+def same_traces(target: Any, source: Any) -> bool:
+    """Whether ``source`` has the traces of ``target`` (types and names, in order)."""
+    return [(t.type, t.name) for t in target.data] == [(t.type, t.name) for t in source.data]
+
+
 def sync_figure(target: Any, source: Any) -> None:
     """Make the FigureWidget ``target`` show ``source`` by updating it in place.
 
     Traces keep their identity when the new figure has the same traces (names and types), so the
     browser restyles instead of re-creating the plot; otherwise they are replaced.
     """
-    same = [(t.type, t.name) for t in target.data] == [(t.type, t.name) for t in source.data]
-    if same:
+    if same_traces(target, source):
         with target.batch_update():
             for old, new in zip(target.data, source.data):
                 old.update(new.to_plotly_json(), overwrite=True)
@@ -60,17 +107,22 @@ def sync_figure(target: Any, source: Any) -> None:
     target.update_layout(source.layout.to_plotly_json(), overwrite=True)
 
 
-def results_html(results: list[RunResult], budgets: list[str]) -> str:
+def results_html(results: list[RunResult], budgets: list[str], numbers: list[int] | None = None) -> str:
     """The comparison table of every finished run, newest last, as an HTML table.
 
+    ``numbers`` are the runs' numbers in the status line and the figure's title (default 1, 2, ...).
     A killed side has no peak (the kernel's mark dies with the process), so its peak cell says where
     it was killed, the memory it had reached and the budget instead of a dash."""
     if not results:
         return "<i>No runs yet: press run.</i>"
     rows = table.comparison_rows(results)
-    for i, (row, r, b) in enumerate(zip(rows, results, budgets), start=1):
-        row_head = {"#": i, "workload": f"{r.workload} x{r.scale:g}", "payload": fmt_bytes(r.payload_bytes),
-                    "budget": b, "tracer": r.tracer}
+    numbers = numbers or list(range(1, len(results) + 1))
+    for i, (row, r, b, n) in enumerate(zip(rows, results, budgets, numbers), start=1):
+        # one cell for the workload and its payload, the tracer only when some run chose one: the
+        # table fits a notebook beside Lab's file browser
+        row_head = {"#": n, "workload": f"{r.workload} x{r.scale:g} ({fmt_bytes(r.payload_bytes)})", "budget": b}
+        if any(x.tracer not in (None, DEFAULT_TRACER) for x in results):
+            row_head["tracer"] = r.tracer
         death = verdicts.death_text(r)
         if death is not None:
             row[f"{r.killed_side} peak"] = death
@@ -106,10 +158,14 @@ class Explorer(widgets.VBox):
         self.button = widgets.Button(description="run", button_style="primary", icon="play")
         self.clear_button = widgets.Button(description="clear table", icon="trash")
         self.status = widgets.HTML("<i>ready</i>")
-        self.figure = go.FigureWidget()
+        # the drawing, as one output of plotly's own type (module docstring); ``figure`` is what it shows
+        self.plot = widgets.Output(layout=widgets.Layout(width="100%"))
+        self.figure = go.Figure()
         self.table = widgets.HTML(results_html([], []))
         self.results: list[RunResult] = []
         self._budgets: list[str] = []
+        self._numbers: list[int] = []  # each finished run's number, as the status and the title give it
+        self.runs_started = 0
         self.plugins = plugins  # codec files from %%picklescope_codec cells, loaded in every run's children
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -121,9 +177,20 @@ class Explorer(widgets.VBox):
         super().__init__([
             widgets.HBox([widgets.VBox(controls[:3]), widgets.VBox(controls[3:])]),
             widgets.HBox([self.button, self.clear_button, self.status]),
-            self.figure,
+            self.plot,
             self.table,
         ])
+
+    def _show(self, fig: Any) -> None:
+        """Show ``fig`` in place of the last drawing, in one state change of the ``Output`` widget.
+
+        The output keeps the figure's height as its minimum, so the page does not jump while the
+        browser draws the new frame."""
+        self.plot.outputs = (figure_output(fig),)
+        height = fig.layout.height
+        if height:
+            self.plot.layout.min_height = f"{int(height)}px"
+        self.figure = fig
 
     # -- running ---------------------------------------------------------------------------------
     @property
@@ -138,6 +205,8 @@ class Explorer(widgets.VBox):
                 return None
             self.refresh_codecs()
             settings = self.settings()
+            self.runs_started += 1
+            settings["run"] = self.runs_started
             self._set_busy(True, settings)
             self._thread = threading.Thread(target=self._run, args=(settings,), name="picklescope-explorer",
                                             daemon=True)
@@ -199,6 +268,14 @@ class Explorer(widgets.VBox):
 
     def _run(self, s: dict[str, Any]) -> None:
         stop = threading.Event()
+        redraw: threading.Thread | None = None
+
+        def end_redraws() -> None:
+            """Stop the redraw thread and wait for it, so no "running" frame lands after the verdict."""
+            stop.set()
+            if redraw is not None:
+                redraw.join()
+
         try:
             spec = load_workload(s["workload"])
             payload = spec.payload_bytes(s["scale"])
@@ -218,20 +295,28 @@ class Explorer(widgets.VBox):
 
             result = run(s["codec"], s["transport"], s["workload"], s["scale"], on_event=on_event,
                          on_sample=live.on_sample, **kw)
-            stop.set()
-            redraw.join()
+            end_redraws()
             self.results.append(result)
             self._budgets.append(kw.get("budget", "none"))
-            self._draw(result, final=True)
-            self.table.value = results_html(self.results, self._budgets)
+            self._numbers.append(s["run"])
+            if self.run_end_s(result) is None:  # nothing was sampled (it failed to start): say so, no empty axes
+                self._say_in_figure(plain_text(self._verdict(result, s["run"])))
+            else:
+                self._draw(result, final=True)
+            self.table.value = results_html(self.results, self._budgets, self._numbers)
             self.last_error = None
-            self.status.value = self._verdict(result)
+            self.status.value = self._verdict(result, s["run"])
         except PicklescopeError as exc:
+            end_redraws()
             self.last_error = str(exc)
-            self.status.value = f"<b>cannot run</b>: {html.escape(str(exc))}"
+            self.status.value = f"<b>run {s['run']} could not run</b>: {html.escape(str(exc))}"
+            self._say_in_figure(f"run {s['run']} could not run: {exc}")
         except Exception as exc:  # noqa: BLE001 - a widget callback must report, not vanish into a log
-            self.last_error = f"{type(exc).__name__}: {exc}"
-            self.status.value = f"<b>error</b>: {html.escape(self.last_error)}"
+            end_redraws()
+            first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+            self.last_error = f"{type(exc).__name__}: {first[:300]}"
+            self.status.value = f"<b>run {s['run']} failed</b>: {html.escape(self.last_error)}"
+            self._say_in_figure(f"run {s['run']} failed: {self.last_error}")
         finally:
             stop.set()
             self._set_busy(False)
@@ -258,25 +343,43 @@ class Explorer(widgets.VBox):
 
     def _draw(self, result: RunResult, final: bool = False) -> None:
         """Redraw the figure from ``result``; a partial one with no samples yet leaves the last
-        drawing in place, so the figure is never blank while a run starts."""
+        drawing in place, so the figure is never blank while a run starts. The title names the run's
+        number, as the status line does."""
         from picklescope.views.figures import timeline_figure
 
         if not final and not any(side.timeline.t_s and side.baseline_bytes is not None
                                  for side in result.sides.values()):
             return
-        sync_figure(self.figure, timeline_figure(result))
+        fig = timeline_figure(result)
+        number = self.runs_started
+        if number:
+            fig.update_layout(title_text=f"run {number} · {fig.layout.title.text}")
+        self._show(fig)
+
+    def _say_in_figure(self, text: str) -> None:
+        """Replace the drawing by ``text`` when a run could not run: the figure never shows an older
+        run under this run's failure."""
+        import plotly.graph_objects as go
+
+        fig = go.Figure(layout={"template": "plotly_white", "height": 200, "xaxis": {"visible": False},
+                                "yaxis": {"visible": False},
+                                "title": {"text": html.escape(text[:140]), "font": {"size": 14}}})
+        self._show(fig)
 
     def _set_busy(self, busy: bool, s: dict[str, Any] | None = None) -> None:
-        for c in self._controls:
-            c.disabled = busy
+        if busy and s:  # the status first: it is what the user looks at after pressing run
+            self.status.value = (f"<b>running</b> run {s['run']} · {html.escape(s['codec'])} over "
+                                 f"{html.escape(s['transport'])} on {html.escape(s['workload'])} x{s['scale']:g}: "
+                                 "starting the two processes")
         self.button.description = "running..." if busy else "run"
         self.button.icon = "spinner" if busy else "play"
-        if busy and s:
-            if self.figure.data:  # keep the last drawing, but never under its old verdict
-                self.figure.layout.title.text = (f"running {html.escape(s['codec'])}: the last run stays drawn "
-                                                 "until the first samples of this one arrive")
-            self.status.value = (f"<b>running</b> {html.escape(s['codec'])} over {html.escape(s['transport'])} on "
-                                 f"{html.escape(s['workload'])} x{s['scale']:g}: starting the two processes")
+        for c in self._controls:
+            c.disabled = busy
+        if busy and s and self.figure.data:  # keep the last drawing, but never under its old verdict
+            fig = go_figure(self.figure)
+            fig.layout.title.text = (f"running run {s['run']} ({html.escape(s['codec'])}): the last run "
+                                     "stays drawn until the first samples of this one arrive")
+            self._show(fig)
 
     @staticmethod
     def _progress(r: RunResult, s: dict[str, Any]) -> str:
@@ -295,15 +398,24 @@ class Explorer(widgets.VBox):
             else:
                 where = "between steps"
             parts.append(f"{side.name}: {where}" + (f", {fmt_bytes(max(rss, 0))}" if rss is not None else ""))
-        return f"<b>running</b> {html.escape(s['codec'])} · {html.escape(' · '.join(parts))}"
+        return f"<b>running</b> run {s['run']} · {html.escape(s['codec'])} · {html.escape(' · '.join(parts))}"
 
     @staticmethod
-    def _verdict(r: RunResult) -> str:
-        """The finished run in one sentence (:func:`picklescope.measure.verdicts.verdict`)."""
+    def run_end_s(r: RunResult) -> float | None:
+        """Where the run's timeline ends: its last RSS sample, in seconds since the run started."""
+        return max((side.timeline.t_s[-1] for side in r.sides.values() if side.timeline.t_s), default=None)
+
+    @classmethod
+    def _verdict(cls, r: RunResult, number: int) -> str:
+        """The finished run in one sentence (:func:`picklescope.measure.verdicts.verdict`), with its
+        number and where its timeline ends, as the figure draws them."""
         v = verdicts.verdict(r)
-        text = f"<b>{html.escape(r.codec)} {html.escape(v.ended)}</b>"
-        if v.detail:
-            text += f": {html.escape(v.detail)}"
+        end = cls.run_end_s(r)
+        after = f" after {end:.2f} s" if end is not None else ""
+        text = f"<b>run {number} · {html.escape(r.codec)} {html.escape(v.ended)}{after}</b>"
+        if v.detail:  # the first line: an error from Ray or a library runs to many lines of advice
+            first = next((line.strip() for line in v.detail.splitlines() if line.strip()), "")
+            text += f": {html.escape(first[:300])}"
         if r.killed_side:
             text += "; this kernel is still running"
         return text
@@ -322,4 +434,5 @@ class Explorer(widgets.VBox):
             return
         self.results.clear()
         self._budgets.clear()
+        self._numbers.clear()
         self.table.value = results_html([], [])

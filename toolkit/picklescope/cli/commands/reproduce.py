@@ -30,6 +30,7 @@ from picklescope.investigate.reproduce import (
     investigate,
     matrix_results,
     node_pair_sentence,
+    ray_lane_sentence,
 )
 from picklescope.measure.budget import plan
 from picklescope.views import table
@@ -111,9 +112,9 @@ def main(args: argparse.Namespace) -> int:
     for r in matrix_results(inv):
         if r.variation is not None and r.variation.varies:
             print(f"{r.codec} over {r.transport}: {table.variation_summary(r)}")
-    ray_error = (inv.ray_cluster or {}).get("error")
-    if ray_error:
-        print(f"ray rows: not measured, the local Ray cluster did not start ({ray_error})")
+    ray_failed = ray_lane_sentence(inv)
+    if ray_failed:
+        print(ray_failed)
     if inv.nodes:
         print()
         print("a whole node (a driver and worker actors on the ray rows' cluster), memory above each process's "
