@@ -66,7 +66,7 @@ SLOW = (
     "test_report.py::",  # `picklescope reproduce` on flowgrpo x0.1: every codec, budget and tracer
 )
 _BROWSER = re.compile(r"\brequire_browser\(|\bchromium\(|_browser_missing\(|sync_playwright\(")
-_RAY = re.compile(r"\bLocalCluster\(|transport=[\"']ray|[\"']--transport[\"'],\s*[\"']ray")
+_RAY = re.compile(r"\bLocalCluster\(")
 
 
 def _source(item: pytest.Item) -> str:
