@@ -7,7 +7,8 @@ sorted without being told (``pytest --markers`` lists them):
   the ``ray`` transport, or lives in a file :data:`FILE_MARKERS` marks for Ray);
 - ``browser``: drives Chromium (it, or a private helper of its module, calls ``require_browser`` or
   ``chromium`` of ``tests/browser_lab.py``; or it lives in ``test_browser*.py``);
-- ``verl``: needs real verl wheels installed (asks for ``verl_envs``, as every such test does);
+- ``verl``: needs real verl wheels installed (asks for ``verl_envs``, as every such test does, or is a
+  bad-input case whose ``needs`` installs a verl);
 - ``fault``: kills or interrupts parents on purpose and checks what is left (see :data:`FILE_MARKERS`);
 - ``slow``: measured workloads of 100+ MiB and other long runs (given by hand, or in :data:`SLOW`).
 
@@ -95,7 +96,9 @@ def tiers_of(item: pytest.Item) -> set[str]:
         found.add("ray")
     if _BROWSER.search(source):
         found.add("browser")
-    if "verl_envs" in fixtures:
+    spec = getattr(item, "callspec", None)
+    needs = [n for v in (spec.params.values() if spec else ()) for n in (getattr(v, "needs", None) or ())]
+    if "verl_envs" in fixtures or any(str(n).startswith("verl") for n in needs):  # a case that installs verl
         found.add("verl")
     if any(item.nodeid.split("/")[-1].startswith(prefix) for prefix in SLOW):
         found.add("slow")
