@@ -3,7 +3,8 @@
 
     python3 dev.py reproduce [ARGS]   run the main job (picklescope reproduce) on the default workload
     python3 dev.py test [PYTEST ARGS] run the whole test suite (ruff, lint-imports, then pytest)
-        --quick                       only the quick tier: no Ray, browser, verl, fault or slow tests
+        --quick                       only the quick tier (docs/testing.md): the core checks, no Ray, browser,
+                                      real verl, fault or slow tests
         --coverage                    also measure line coverage of toolkit/picklescope, children included
     python3 dev.py lab                open JupyterLab on notebooks/ (the .py files open as notebooks)
     python3 dev.py picklescope ARGS   any picklescope command
@@ -28,7 +29,7 @@ LAB_SETTINGS = ROOT / "jupyter" / "overrides.d" / "picklescope.json"
 EXTRAS = "all,test"
 TRANSFERQUEUE = ("transferqueue==0.1.11", "msgspec==0.23.0")
 # The quick tier (docs/testing.md): what no tier marker of tests/conftest.py marks.
-QUICK = "not (ray or browser or verl or fault or slow)"
+QUICK = "quick and not (ray or browser or verl or fault or slow)"
 COVERAGE_DIR = ROOT / "out" / "coverage"
 
 

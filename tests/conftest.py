@@ -12,8 +12,11 @@ sorted without being told (``pytest --markers`` lists them):
 - ``fault``: kills or interrupts parents on purpose and checks what is left (see :data:`FILE_MARKERS`);
 - ``slow``: measured workloads of 100+ MiB and other long runs (given by hand, or in :data:`SLOW`).
 
-``python3 dev.py test --quick`` runs what none of these marks (:data:`QUICK`); ``python3 dev.py test``
-runs everything. A test may also carry any of these markers itself.
+- ``quick``: the core checks a change most often breaks, run by ``python3 dev.py test --quick``
+  (:data:`QUICK`): the tests of :data:`QUICK_FILES` that no marker above marks (units, one measured run
+  per codec, the CLI's bad inputs handled in-process, the architecture and event contracts).
+
+``python3 dev.py test`` runs everything. A test may also carry any of these markers itself.
 
 Shared fixtures (session-scoped: made once per run, whichever test first asks):
 
@@ -47,7 +50,14 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 MiB = 1024**2
 TIERS = ("ray", "browser", "verl", "fault", "slow")
-QUICK = "not (" + " or ".join(TIERS) + ")"  # the -m expression of `dev.py test --quick`
+QUICK = "quick and not (" + " or ".join(TIERS) + ")"  # the -m expression of `dev.py test --quick`
+# The files of the quick tier. Each of the others starts its own processes for most of its tests (a CLI
+# in a child, budgets searched, runs repeated in fresh forkservers, kernels, tracers), which the full run
+# pays for; a bad-input case that must run `python -m picklescope` in a child (it sets environment
+# variables) is left to the full run too.
+QUICK_FILES = ("test_architecture.py", "test_basics.py", "test_bad_input.py", "test_cli.py", "test_codecs.py",
+               "test_events.py", "test_runs.py", "test_ray_bad_input.py", "test_ray_transferqueue.py",
+               "test_setup.py")
 
 # Files whose every test carries these markers.
 FILE_MARKERS: dict[str, tuple[str, ...]] = {
@@ -102,6 +112,9 @@ def tiers_of(item: pytest.Item) -> set[str]:
         found.add("verl")
     if any(item.nodeid.split("/")[-1].startswith(prefix) for prefix in SLOW):
         found.add("slow")
+    in_child = any(getattr(v, "subprocess", False) is True for v in (spec.params.values() if spec else ()))
+    if path.name in QUICK_FILES and not found and not in_child:
+        found.add("quick")
     return found
 
 
