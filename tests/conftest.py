@@ -13,8 +13,9 @@ sorted without being told (``pytest --markers`` lists them):
 - ``slow``: measured workloads of 100+ MiB and other long runs (given by hand, or in :data:`SLOW`).
 
 - ``quick``: the core checks a change most often breaks, run by ``python3 dev.py test --quick``
-  (:data:`QUICK`): the tests of :data:`QUICK_FILES` that no marker above marks (units, one measured run
-  per codec, the CLI's bad inputs handled in-process, the architecture and event contracts).
+  (:data:`QUICK`): the tests of :data:`QUICK_FILES` that no marker above marks and that start no Python
+  child of their own (units, one measured run per codec, the CLI's bad inputs handled in-process, the
+  architecture and event contracts).
 
 ``python3 dev.py test`` runs everything. A test may also carry any of these markers itself.
 
@@ -78,6 +79,7 @@ SLOW = (
 )
 _BROWSER = re.compile(r"\brequire_browser\(|\bchromium\(|_browser_missing\(|sync_playwright\(")
 _RAY = re.compile(r"\bLocalCluster\(")
+_CHILD = re.compile(r"\bsubprocess\.(run|Popen|call|check_output)\(")
 
 
 def _source(item: pytest.Item) -> str:
@@ -112,7 +114,10 @@ def tiers_of(item: pytest.Item) -> set[str]:
         found.add("verl")
     if any(item.nodeid.split("/")[-1].startswith(prefix) for prefix in SLOW):
         found.add("slow")
-    in_child = any(getattr(v, "subprocess", False) is True for v in (spec.params.values() if spec else ()))
+    # a test that starts a Python of its own (`python -m picklescope`, a shell pipe, a measuring script)
+    # pays for importing torch in it: the full run has those
+    in_child = bool(_CHILD.search(source)) or any(getattr(v, "subprocess", False) is True
+                                                  for v in (spec.params.values() if spec else ()))
     if path.name in QUICK_FILES and not found and not in_child:
         found.add("quick")
     return found
