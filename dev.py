@@ -3,6 +3,9 @@
 
     python3 dev.py reproduce [ARGS]   run the main job (picklescope reproduce) on the default workload
     python3 dev.py test [PYTEST ARGS] run the whole test suite (ruff, lint-imports, then pytest)
+        --quick                       only the quick tier (docs/testing.md): the core checks, no Ray, browser,
+                                      real verl, fault or slow tests
+        --coverage                    also measure line coverage of toolkit/picklescope, children included
     python3 dev.py lab                open JupyterLab on notebooks/ (the .py files open as notebooks)
     python3 dev.py picklescope ARGS   any picklescope command
 
@@ -25,6 +28,9 @@ TORCH = "torch==2.13.0"
 LAB_SETTINGS = ROOT / "jupyter" / "overrides.d" / "picklescope.json"
 EXTRAS = "all,test"
 TRANSFERQUEUE = ("transferqueue==0.1.11", "msgspec==0.23.0")
+# The quick tier (docs/testing.md): what no tier marker of tests/conftest.py marks.
+QUICK = "quick and not (ray or browser or verl or fault or slow)"
+COVERAGE_DIR = ROOT / "out" / "coverage"
 
 
 def _python311() -> str:
@@ -80,6 +86,34 @@ def install_lab_settings() -> None:
         shutil.copyfile(LAB_SETTINGS, target)
 
 
+def _pytest(py: Path, args: list[str], env: dict[str, str]) -> int:
+    """pytest with the tier and coverage options of ``dev.py test`` turned into its own arguments.
+
+    ``--quick`` selects the quick tier with ``-m``; a ``-m`` of the caller's comes later and wins.
+    ``--coverage`` runs pytest under coverage.py (its ``patch`` setting in pyproject.toml makes every
+    Python child count), then combines the children's files and prints the report."""
+    quick, cover = "--quick" in args, "--coverage" in args
+    rest = [a for a in args if a not in ("--quick", "--coverage")]
+    pytest_args = (["-m", QUICK] if quick else []) + rest
+    if not cover:
+        return subprocess.call([str(py), "-m", "pytest", *pytest_args], env=env, cwd=ROOT)
+    if COVERAGE_DIR.exists():
+        shutil.rmtree(COVERAGE_DIR)
+    COVERAGE_DIR.mkdir(parents=True)
+    # children run from other folders: the data file's path is absolute, the settings come from here
+    env = dict(env, COVERAGE_FILE=str(COVERAGE_DIR / ".coverage"), COVERAGE_RCFILE=str(ROOT / "pyproject.toml"))
+    rc = subprocess.call([str(py), "-m", "coverage", "run", "-m", "pytest", *pytest_args], env=env, cwd=ROOT)
+    subprocess.call([str(py), "-m", "coverage", "combine", "-q"], env=env, cwd=ROOT)
+    total = subprocess.run([str(py), "-m", "coverage", "report", "--format=total"], env=env, cwd=ROOT,
+                           capture_output=True, text=True).stdout.strip()
+    report = subprocess.run([str(py), "-m", "coverage", "report"], env=env, cwd=ROOT, capture_output=True,
+                            text=True).stdout
+    (COVERAGE_DIR / "report.txt").write_text(report)
+    print(f"dev.py: line coverage of toolkit/picklescope, children included: {total or 'not measured'}% "
+          f"(per file: {COVERAGE_DIR / 'report.txt'})")
+    return rc
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
@@ -105,7 +139,7 @@ def main(argv: list[str]) -> int:
         if rc:
             print("dev.py: lint-imports found imports that break the architecture (see above)", file=sys.stderr)
             return rc
-        return subprocess.call([str(py), "-m", "pytest", *rest], env=env, cwd=ROOT)
+        return _pytest(py, rest, env)
     if cmd == "lab":
         extra = []
         if hasattr(os, "getuid") and os.getuid() == 0 and "--allow-root" not in rest:

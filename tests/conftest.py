@@ -1,17 +1,159 @@
-"""Shared fixtures: the payload-relative checks every test of a measured run needs."""
+"""Shared fixtures and the test tiers (docs/testing.md).
+
+Tiers. Every test gets the markers of what it needs, given here at collection so that a new test is
+sorted without being told (``pytest --markers`` lists them):
+
+- ``ray``: starts or joins a real Ray cluster (asks for ``ray_cluster``, starts a ``LocalCluster``, runs
+  the ``ray`` transport, or lives in a file :data:`FILE_MARKERS` marks for Ray);
+- ``browser``: drives Chromium (it, or a private helper of its module, calls ``require_browser`` or
+  ``chromium`` of ``tests/browser_lab.py``; or it lives in ``test_browser*.py``);
+- ``verl``: needs real verl wheels installed (asks for ``verl_envs``, as every such test does, or is a
+  bad-input case whose ``needs`` installs a verl);
+- ``fault``: kills or interrupts parents on purpose and checks what is left (see :data:`FILE_MARKERS`);
+- ``slow``: measured workloads of 100+ MiB and other long runs (given by hand, or in :data:`SLOW`).
+
+- ``quick``: the core checks a change most often breaks, run by ``python3 dev.py test --quick``
+  (:data:`QUICK`): the tests of :data:`QUICK_FILES` that no marker above marks and that start no Python
+  child of their own (units, one measured run per codec, the CLI's bad inputs handled in-process, the
+  architecture and event contracts).
+
+``python3 dev.py test`` runs everything. A test may also carry any of these markers itself.
+
+Shared fixtures (session-scoped: made once per run, whichever test first asks):
+
+- ``ray_cluster``: one local Ray cluster for every test that can join one (pass ``cluster.address`` as
+  ``ray_address``). A test that must own its cluster (start-up faults, the default path that starts and
+  ends a cluster of the run's own, a store whose pages must start empty) says why beside it.
+- ``flowgrpo_quarter``: every built-in codec over both in-process transports on flowgrpo x0.25.
+- ``verl_envs``: verl 0.9.0 and 0.9.1 installed (once per cache), ``{label: env}``.
+- ``postmortem_export``: ``picklescope postmortem`` run once on the tiny workload, the folder it wrote;
+  read by the headless notebook tests and by the browser's offline check.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+from picklescope import cli
 
 # After the last test: no process and no temporary of the session may be left (fails the session).
 from picklescope.measure.pytest_leftovers import pytest_sessionfinish, pytest_sessionstart  # noqa: F401
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+MiB = 1024**2
+TIERS = ("ray", "browser", "verl", "fault", "slow")
+QUICK = "quick and not (" + " or ".join(TIERS) + ")"  # the -m expression of `dev.py test --quick`
+# The files of the quick tier. Each of the others starts its own processes for most of its tests (a CLI
+# in a child, budgets searched, runs repeated in fresh forkservers, kernels, tracers), which the full run
+# pays for; a bad-input case that must run `python -m picklescope` in a child (it sets environment
+# variables) is left to the full run too.
+QUICK_FILES = ("test_architecture.py", "test_basics.py", "test_bad_input.py", "test_cli.py", "test_codecs.py",
+               "test_events.py", "test_runs.py", "test_ray_bad_input.py", "test_ray_transferqueue.py",
+               "test_setup.py", "test_tiers.py")
+
+# Files whose every test carries these markers.
+FILE_MARKERS: dict[str, tuple[str, ...]] = {
+    "test_ray.py": ("ray",),
+    "test_node.py": ("ray",),
+    "test_browser.py": ("browser",),
+    "test_browser_views.py": ("browser",),
+    "test_verl.py": ("verl",),
+    "test_interrupts.py": ("fault",),  # real parents interrupted and killed at every point of a run
+    "test_leftovers.py": ("fault",),  # sessions that leave children, orphans and killed clusters behind
+}
+# Tests too long for the quick tier that no other marker covers: node id prefixes (file::name).
+SLOW = (
+    "test_notebooks.py::test_notebook_executes_headless",  # each notebook in a kernel of its own
+    "test_notebooks.py::test_notebooks_write_only_under_out",
+    "test_notebooks.py::test_postmortem_",  # the postmortem notebook, run once by `postmortem_export`
+    "test_report.py::",  # `picklescope reproduce` on flowgrpo x0.1: every codec, budget and tracer
+)
+_BROWSER = re.compile(r"\brequire_browser\(|\bchromium\(|_browser_missing\(|sync_playwright\(")
+_RAY = re.compile(r"\bLocalCluster\(")
+_CHILD = re.compile(r"\bsubprocess\.(run|Popen|call|check_output)\(")
+
+
+def _source(item: pytest.Item) -> str:
+    """The test's code and that of the module's private helpers it calls (one level down)."""
+    fn = getattr(item, "function", None)
+    try:
+        text = inspect.getsource(fn)
+    except (OSError, TypeError):
+        return ""
+    module = inspect.getmodule(fn)
+    for name in set(re.findall(r"\b(_[A-Za-z]\w*)\(", text)):
+        helper = getattr(module, name, None)
+        if inspect.isfunction(helper):
+            with contextlib.suppress(OSError, TypeError):
+                text += inspect.getsource(helper)
+    return text
+
+
+def tiers_of(item: pytest.Item) -> set[str]:
+    """The tier markers ``item`` gets: from its file, the fixtures it asks for and its code."""
+    path = Path(str(item.fspath))
+    found = set(FILE_MARKERS.get(path.name, ()))
+    fixtures = set(getattr(item, "fixturenames", ()))
+    source = _source(item)
+    if "ray_cluster" in fixtures or _RAY.search(source):
+        found.add("ray")
+    if _BROWSER.search(source):
+        found.add("browser")
+    spec = getattr(item, "callspec", None)
+    needs = [n for v in (spec.params.values() if spec else ()) for n in (getattr(v, "needs", None) or ())]
+    if "verl_envs" in fixtures or any(str(n).startswith("verl") for n in needs):  # a case that installs verl
+        found.add("verl")
+    if any(item.nodeid.split("/")[-1].startswith(prefix) for prefix in SLOW):
+        found.add("slow")
+    # a test that starts a Python of its own (`python -m picklescope`, a shell pipe, a measuring script)
+    # pays for importing torch in it: the full run has those
+    in_child = bool(_CHILD.search(source)) or any(getattr(v, "subprocess", False) is True
+                                                  for v in (spec.params.values() if spec else ()))
+    if path.name in QUICK_FILES and not found and not in_child:
+        found.add("quick")
+    return found
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        have = {m.name for m in item.iter_markers()}
+        for name in sorted(tiers_of(item) - have):
+            item.add_marker(getattr(pytest.mark, name))
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray cluster for the session (joined like a real one: pass ``.address`` as ``ray_address``).
+
+    Started on first use, stopped after the last test; nothing of it may be left. Ray's own start-up
+    deadlines are sometimes missed on a loaded two-core machine, so the start is tried up to three times."""
+    from picklescope.transports.ray import ray_available
+
+    if not ray_available():
+        pytest.skip("ray is not installed (pip install 'picklescope[ray]')")
+    from picklescope.transports.ray.local_cluster import LocalCluster
+
+    failures = []
+    for _ in range(3):
+        try:
+            c = LocalCluster(object_store_bytes=1024 * MiB, num_cpus=3).start()
+            break
+        except RuntimeError as exc:
+            failures.append(str(exc)[-300:])
+    else:
+        raise AssertionError(f"the local Ray cluster did not start: {failures}")
+    yield c
+    report = c.stop()
+    assert report["remaining"] == [], report
 
 
 @pytest.fixture(scope="session")
@@ -37,3 +179,15 @@ def verl_envs():
     found = {e.label: e for e in envs.installed() if e.label in ("0.9.0", "0.9.1")}
     assert set(found) == {"0.9.0", "0.9.1"}, found
     return found
+
+
+@pytest.fixture(scope="session")
+def postmortem_export(tmp_path_factory) -> Path:
+    """``picklescope postmortem`` on the tiny workload, run once: numpy-legacy and numpy under a 0.5x sender
+    budget (the legacy codec is OOM-killed in consolidate), without headroom. The folder holds
+    postmortem.html, postmortem.ipynb, report.html and results.json."""
+    out = tmp_path_factory.mktemp("postmortem")
+    rc = cli.main(["postmortem", "--workload", "tiny", "--codecs", "numpy-legacy,numpy", "--budget", "0.5x",
+                   "--scale", "1", "--no-headroom", "--out", str(out)])
+    assert rc == 0
+    return out

@@ -28,6 +28,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
 from browser_lab import chromium, lab_server, leftover_processes, require_browser  # noqa: E402
+from notebook_params import LAB_PARAMETERS, small_copy  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
@@ -339,14 +340,11 @@ def test_explorer_switches_codec_in_jupyterlab(output_dir, tmp_path):
     assert re.search(r"killed in consolidate at [\d.]+ MiB", killed["status"]) and "budget" in killed["status"], killed
 
 
-def _export_postmortem(out: Path) -> list[Path]:
-    """Export the postmortem with the project's own command; returns every HTML page it wrote."""
-    out.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "picklescope", "postmortem", "--workload", "tiny", "--out", str(out)]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+def _postmortem_pages(out: Path) -> list[Path]:
+    """Every HTML page the postmortem export (``picklescope postmortem``, run once per session by the
+    ``postmortem_export`` fixture of tests/conftest.py) wrote."""
     pages = sorted(out.rglob("*.html"))
-    assert out / "postmortem.html" in pages, f"{' '.join(cmd)} wrote no postmortem.html, only {pages}:\n{proc.stdout}"
+    assert out / "postmortem.html" in pages, f"picklescope postmortem wrote no postmortem.html, only {pages}"
     return pages
 
 
@@ -357,10 +355,10 @@ _PAGE_FIGURES_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plo
     svg: gd.querySelectorAll('.main-svg').length}))"""
 
 
-def test_postmortem_html_renders_offline(output_dir, tmp_path):
+def test_postmortem_html_renders_offline(output_dir, tmp_path, postmortem_export):
     require_browser()
     assert POSTMORTEM_NB.is_file(), f"{POSTMORTEM_NB.relative_to(REPO)} does not exist"
-    pages = _export_postmortem(tmp_path / "postmortem")
+    pages = _postmortem_pages(postmortem_export)
     seen: dict[str, dict] = {}
 
     with chromium(tmp_path) as browser:
@@ -402,12 +400,20 @@ def test_postmortem_html_renders_offline(output_dir, tmp_path):
         assert got["page_errors"] == [], f"{name} raised: {got['page_errors']}"
 
 
-ALL_NOTEBOOK_S = 900  # a notebook's Run All at its default parameters on a busy two-core machine
+ALL_NOTEBOOK_S = 600  # a notebook's Run All at its small parameters on a busy two-core machine
 
 
 def _git_status() -> str:
     return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=REPO, capture_output=True,
                           text=True, check=True).stdout
+
+
+def _new_files_not_ignored(folder: Path, before: set[str]) -> list[str]:
+    """Files that appeared in ``folder`` (a copy of notebooks/) that git would not ignore in notebooks/."""
+    new = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    new = [n for n in new if n not in before]
+    return [n for n in new if subprocess.run(["git", "check-ignore", "-q", "--no-index", f"notebooks/{n}"],
+                                             cwd=REPO).returncode != 0]
 
 
 def _legacy_stepthrough_first_row(page) -> str:
@@ -421,13 +427,23 @@ def _legacy_stepthrough_first_row(page) -> str:
 def test_every_notebook_runs_in_lab_and_leaves_the_checkout_clean(output_dir, tmp_path):
     """Open each notebook in Lab, Run All, save it (Ctrl+S), close it: no cell fails, no tracked file
     changes, nothing new appears outside ignored folders; notebook 02's legacy table leads with the
-    consolidate line."""
+    consolidate line.
+
+    Lab opens a copy of notebooks/ whose parameters cells hold the small values of
+    tests/notebook_params.py (what a person types into the first cell for a quick look): this checks
+    what a person sees, not the figures of a big run. Saving must write each copy back byte for byte,
+    and whatever the notebooks write into the copy must be what git ignores in notebooks/."""
     require_browser()
     before = _git_status()  # the tree may hold others' work in progress: compare, do not demand empty
     shas = {p.name: _sha(p) for p in sorted(NOTEBOOKS.glob("*.py"))}
+    assert {Path(n).stem for n in shas} == set(LAB_PARAMETERS), "a notebook has no small parameters"
+    folder = small_copy(NOTEBOOKS, tmp_path / "notebooks")
+    copies = {p.name: _sha(p) for p in sorted(folder.glob("*.py"))}
+    assert copies.keys() == shas.keys() and all(copies[n] != shas[n] for n in shas), "parameters not written"
+    in_copy = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
     settings = {**LAB_SETTINGS, "@jupyterlab/docmanager-extension:plugin": {"autosave": False}}
     seen: dict[str, dict] = {}
-    with lab_server(NOTEBOOKS, tmp_path / "lab", user_settings=settings) as server, \
+    with lab_server(folder, tmp_path / "lab", user_settings=settings) as server, \
             chromium(tmp_path, viewport=(1500, 1400)) as browser:
         page = browser.context.new_page()
         page.goto(server.url("lab"))
@@ -442,7 +458,7 @@ def test_every_notebook_runs_in_lab_and_leaves_the_checkout_clean(output_dir, tm
             except BaseException:
                 page.screenshot(path=str(output_dir / f"{Path(name).stem}_FAILED.png"))
                 raise
-            seen[name] = {"run_all_s": round(time.monotonic() - t0, 1)}
+            seen[name] = {"run_all_s": round(time.monotonic() - t0, 1), "parameters": LAB_PARAMETERS[Path(name).stem]}
             if name.startswith("02_"):
                 seen[name]["legacy_first_row"] = _legacy_stepthrough_first_row(page)
             server.remember_children()
@@ -460,6 +476,9 @@ def test_every_notebook_runs_in_lab_and_leaves_the_checkout_clean(output_dir, tm
     (output_dir / "all_notebooks.json").write_text(json.dumps(seen, indent=2))
     assert _finished_leftovers(server, browser) == [], "processes the test started are still running"
     assert {p: _sha(NOTEBOOKS / p) for p in shas} == shas, "running or saving a notebook changed its .py file"
+    assert {p: _sha(folder / p) for p in copies} == copies, "saving a notebook in Lab did not write its .py back"
+    stray = _new_files_not_ignored(folder, in_copy)
+    assert stray == [], f"running the notebooks wrote files that git would not ignore in notebooks/: {stray}"
     # On a clean checkout `git status --porcelain` stays empty. Other work in the tree may change it
     # meanwhile, so what must not appear is anything the notebooks could have written.
     after = _git_status()

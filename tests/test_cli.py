@@ -1,19 +1,35 @@
-"""The command line: JSON results, listings, one-line errors with exit status 2."""
+"""The command line: JSON results, listings, one-line errors with exit status 2.
+
+These call the CLI's ``main()`` in the test process (its runs start from the session's warm
+forkserver); ``python -m picklescope`` as a process of its own is exercised by the tests that need a
+shell around it (tests/test_bad_input.py pipes its output into ``head``)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "picklescope", *args], capture_output=True, text=True, timeout=600)
+from picklescope.cli import main
 
 
-def test_run_json_has_the_documented_fields():
+@pytest.fixture
+def cli(capsys):
+    """``picklescope ARGS`` in-process: a CompletedProcess with the exit status and what it printed."""
+    def call(*args: str) -> subprocess.CompletedProcess:
+        capsys.readouterr()
+        try:
+            code = main(list(args))
+        except SystemExit as exc:  # argparse ends on a usage error the way the command does
+            code = exc.code if isinstance(exc.code, int) else 2
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["picklescope", *args], code, out, err)
+
+    return call
+
+
+def test_run_json_has_the_documented_fields(cli):
     p = cli("run", "--codec", "numpy-legacy", "--transport", "pickle5-oob", "--workload", "tiny", "--json")
     assert p.returncode == 0, p.stderr
     d = json.loads(p.stdout)
@@ -31,7 +47,7 @@ def test_run_json_has_the_documented_fields():
     assert "consolidate" in [st["name"] for st in d["sides"]["sender"]["steps"]]
 
 
-def test_list_shows_everything():
+def test_list_shows_everything(cli):
     out = cli("list").stdout
     for name in ("torch", "numpy-legacy", "numpy", "pickle5-oob", "flowgrpo", "seed-6400x20480", "mixed", "tiny"):
         assert name in out
@@ -44,7 +60,7 @@ def test_list_shows_everything():
     (("run", "--scale", "0"), "scale 0.0 must be a positive number"),
     (("frobnicate",), "invalid choice"),
 ])
-def test_errors_are_one_line_with_exit_2(args, needle):
+def test_errors_are_one_line_with_exit_2(cli, args, needle):
     p = cli(*args)
     assert p.returncode == 2
     assert needle in p.stderr
@@ -52,6 +68,6 @@ def test_errors_are_one_line_with_exit_2(args, needle):
     assert len(p.stderr.strip().splitlines()) == 1
 
 
-def test_debug_shows_traceback():
+def test_debug_shows_traceback(cli):
     p = cli("--debug", "run", "--codec", "zstd")
     assert p.returncode == 2 and "Traceback" in p.stderr

@@ -34,21 +34,9 @@ SCALE, WORKERS, STEPS = 0.25, 4, 4  # flowgrpo x0.25: 116 MiB
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    from picklescope.transports.ray.local_cluster import LocalCluster
-
-    failures = []
-    for _ in range(3):  # on a loaded 2-core machine Ray's own start-up deadlines are sometimes missed
-        try:
-            c = LocalCluster(object_store_bytes=1024 * MiB, num_cpus=1).start()
-            break
-        except RuntimeError as exc:
-            failures.append(str(exc)[-300:])
-    else:
-        raise AssertionError(f"the local Ray cluster did not start: {failures}")
-    yield c
-    report = c.stop()
-    assert report["remaining"] == [], report
+def cluster(ray_cluster):
+    """The session's shared local cluster (``ray_cluster`` in tests/conftest.py)."""
+    return ray_cluster
 
 
 @pytest.fixture(scope="module")

@@ -19,19 +19,11 @@ from picklescope.views.offline_html import external_references
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
 from browser_lab import lab_server  # noqa: E402
+from notebook_params import PARAMETERS, POSTMORTEM  # noqa: E402  (shared with the browser test)
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
-TINY = {"workload": "tiny", "scale": 1.0}
-PARAMETERS = {
-    "01_reproduce_the_oom": TINY,
-    "02_step_through_getstate": {**TINY, "codecs": ["numpy-legacy", "numpy"]},
-    "03_allocation_timelines": {**TINY, "cycle_mib": 8},
-    "04_switch_codecs_confirm_fix": TINY,
-    "06_node_replay": {"workload": "flowgrpo", "scale": 0.05, "workers": 2, "steps": 2, "gc_modes": ["off"]},
-    # 05 runs through `picklescope postmortem` below, as a user runs it
-}
-POSTMORTEM = "05_postmortem_template"
+# 05 runs through `picklescope postmortem` (the session's `postmortem_export`), as a user runs it
 CHROMIUM = Path(os.environ.get("PICKLESCOPE_CHROMIUM", "/usr/bin/chromium"))
 
 
@@ -136,12 +128,9 @@ def test_notebook_executes_headless(stem, executed):
 
 
 @pytest.fixture(scope="module")
-def postmortem(tmp_path_factory):
-    out = tmp_path_factory.mktemp("postmortem")
-    rc = cli.main(["postmortem", "--workload", "tiny", "--codecs", "numpy-legacy,numpy", "--budget", "0.5x",
-                   "--scale", "1", "--no-headroom", "--out", str(out)])
-    assert rc == 0
-    return out
+def postmortem(postmortem_export):
+    """The postmortem exported once per session (tests/conftest.py), also opened by the browser test."""
+    return postmortem_export
 
 
 def test_postmortem_html_is_offline_with_figures_inline(postmortem):

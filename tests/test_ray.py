@@ -47,6 +47,8 @@ def temp_root(r: ps.RunResult) -> str | None:
 
 @pytest.fixture(scope="module")
 def cluster():
+    """A cluster of this module's own, not the session's ``ray_cluster``: the store checks below read the
+    plasma file's allocated pages, which never shrink, so the store must start with no other tests' pages."""
     from picklescope.transports.ray.local_cluster import LocalCluster
 
     c = LocalCluster(object_store_bytes=640 * MiB, num_cpus=3).start()
