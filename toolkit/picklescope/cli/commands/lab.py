@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from picklescope.core.leftovers import temp_name
 from picklescope.core.paths import copy_notebooks, package_folder
 from picklescope.errors import PicklescopeError
 
@@ -58,7 +59,7 @@ def main(args: argparse.Namespace) -> int:
         # a container's default user is root; Jupyter refuses to start as root without this flag
         print("picklescope: running as root (user id 0), so JupyterLab gets --allow-root", file=sys.stderr)
         extra.append("--allow-root")
-    tmp = Path(tempfile.mkdtemp(prefix="picklescope-lab-"))
+    tmp = Path(tempfile.mkdtemp(prefix=temp_name("picklescope-lab-")))  # named for the leftover check
     try:
         config = _settings_config_dir(tmp)
         paths = [str(config), *filter(None, os.environ.get("JUPYTER_CONFIG_PATH", "").split(os.pathsep))]
