@@ -163,7 +163,8 @@ def check(python: str, torch_spec: str | None, work: Path, wheel: Path | None = 
     cwd = work / "user"  # a folder outside the checkout: nothing there to find by walking up
     cwd.mkdir(exist_ok=True)
     py = str(bindir / "python")
-    pip = [py, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    # --no-compile: byte-compiling torch's thousands of files is most of an install's time; Python does it on import
+    pip = [py, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-compile"]
     versions = [py, "-c", "import torch, numpy; print(torch.__version__, numpy.__version__)"]
 
     def step(name: str, fn) -> bool:  # noqa: ANN001

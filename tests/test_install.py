@@ -86,3 +86,54 @@ def test_a_user_install_keeps_torch_and_numpy_and_every_command_works(wheel, tmp
     assert summary.torch_before.startswith("2.13.0") and summary.torch_after == summary.torch_before
     assert summary.numpy_after == summary.numpy_before
     assert len(summary.steps) == 9, "\n".join(lines)
+
+
+def test_importing_the_probe_imports_nothing_heavy():
+    """``import picklescope.capture`` (and the documented ``picklescope.investigate.capture``) in a job's start-up:
+    no torch, numpy, plotly, Ray, tensordict, YAML or Jupyter until the probe records something. Its time is
+    measured by benchmarks/probe_import.py (never asserted: it depends on the machine's load)."""
+    heavy = ("torch", "numpy", "plotly", "ray", "tensordict", "yaml", "jupyter_client", "IPython", "psutil")
+    for module in ("picklescope.capture", "picklescope.investigate.capture", "picklescope"):
+        code = (f"import sys, {module}; print(sorted({{m.split('.')[0] for m in sys.modules}} & {set(heavy)!r}))")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.strip() == "[]", f"import {module} imported {out.stdout.strip()}"
+    code = "import picklescope, picklescope.capture as c; print(callable(c.install), picklescope.run.__module__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.stdout.split() == ["True", "picklescope.measure.runner"], out.stderr[-2000:]
+
+
+def test_notebooks_command_copies_and_never_overwrites_a_users_edit(tmp_path, capsys):
+    from picklescope import cli
+
+    assert cli.main(["notebooks", str(tmp_path / "nb")]) == 0
+    copied = sorted(p.name for p in (tmp_path / "nb").iterdir())
+    assert copied == sorted([p.name for p in (ROOT / "notebooks").glob("*.py")] + ["jupytext.toml"])
+    assert (tmp_path / "nb" / "01_reproduce_the_oom.py").read_bytes() == \
+        (ROOT / "notebooks" / "01_reproduce_the_oom.py").read_bytes()
+    assert cli.main(["notebooks", str(tmp_path / "nb")]) == 0  # the same files again: nothing to do
+    assert "already holds these notebooks" in capsys.readouterr().out
+    mine = tmp_path / "nb" / "01_reproduce_the_oom.py"
+    mine.write_text("# my edits\n")
+    assert cli.main(["notebooks", str(tmp_path / "nb")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "01_reproduce_the_oom.py" in err and "--force" in err, err
+    assert mine.read_text() == "# my edits\n"
+    (tmp_path / "file").write_text("x")
+    assert cli.main(["notebooks", str(tmp_path / "file")]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+    assert cli.main(["notebooks", "--force", str(tmp_path / "nb")]) == 0
+    assert mine.read_bytes() == (ROOT / "notebooks" / "01_reproduce_the_oom.py").read_bytes()
+
+
+def test_lab_without_jupyterlab_says_what_to_install(tmp_path, monkeypatch, capsys):
+    import importlib.util as util
+
+    from picklescope import cli
+
+    real = util.find_spec
+    monkeypatch.setattr(util, "find_spec", lambda name, *a: None if name == "jupyterlab" else real(name, *a))
+    assert cli.main(["lab", str(tmp_path / "nb")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "pip install 'picklescope[notebooks]'" in err, err
+    assert not (tmp_path / "nb").exists(), "nothing is copied when Lab cannot start"
