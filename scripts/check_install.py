@@ -221,6 +221,7 @@ def check(python: str, torch_spec: str | None, work: Path, wheel: Path | None = 
         found = sorted(p.name for p in (cwd / "nb").glob("*.py"))
         if len(found) != 6:
             raise StepFailed(f"picklescope notebooks copied {found}, not six notebooks")
+        (cwd / "nb-out").mkdir(exist_ok=True)
         out = _run([py, "-c", textwrap.dedent("""
             from picklescope.views import nbrun
             nb = nbrun.execute("nb/01_reproduce_the_oom.py", "nb-out/01.ipynb", {"workload": "tiny", "scale": 1.0})

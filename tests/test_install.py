@@ -78,6 +78,7 @@ def test_package_data_is_found_by_importlib_resources_from_a_zip(wheel, tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # torch's wheel unpacked and the notebooks' stack installed: minutes on a loaded machine
 def test_a_user_install_keeps_torch_and_numpy_and_every_command_works(wheel, tmp_path):
     mod = _check_install()
     lines: list[str] = []
