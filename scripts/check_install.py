@@ -96,8 +96,13 @@ def build_wheel(out: Path) -> Path:
         isolation = ["--no-build-isolation"]
     except ImportError:
         isolation = []
-    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation, "-w", str(out), str(ROOT)], ROOT,
-         dict(os.environ))
+    leftover = not (ROOT / "build").exists()  # setuptools builds in the checkout's build/: removed if it made it
+    try:
+        _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation, "-w", str(out), str(ROOT)], ROOT,
+             dict(os.environ))
+    finally:
+        if leftover:
+            shutil.rmtree(ROOT / "build", ignore_errors=True)
     (wheel,) = out.glob("picklescope-*.whl")
     return wheel
 
