@@ -10,7 +10,9 @@
     python3 dev.py picklescope ARGS   any picklescope command
 
 Each creates ``.venv`` and installs the project into it first if needed (again only when
-pyproject.toml changes). torch is installed first and pinned, so nothing pulls a CUDA build.
+pyproject.toml or constraints.txt changes). pyproject.toml gives ranges (picklescope installs into a
+user's own environment); the exact versions of this repository's runs are in constraints.txt, and
+torch is installed first from it, so nothing pulls a CUDA build.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 VENV = Path(os.environ.get("PICKLESCOPE_VENV", ROOT / ".venv"))
-TORCH = "torch==2.13.0"
+TORCH = "torch==2.13.0"  # also in constraints.txt; tests/test_setup.py checks the two agree
+CONSTRAINTS = ROOT / "constraints.txt"
 LAB_SETTINGS = ROOT / "jupyter" / "overrides.d" / "picklescope.json"
 EXTRAS = "all,test"
 TRANSFERQUEUE = ("transferqueue==0.1.11", "msgspec==0.23.0")
@@ -44,7 +47,7 @@ def _python311() -> str:
 
 def _stamp() -> str:
     h = hashlib.sha256()
-    for name in ("pyproject.toml", "dev.py"):
+    for name in ("pyproject.toml", "dev.py", "constraints.txt"):
         h.update((ROOT / name).read_bytes())
     return h.hexdigest()
 
@@ -64,8 +67,8 @@ def ensure_venv() -> Path:
         _sh(_python311(), "-m", "venv", str(VENV))
     pip = [str(py), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
     _sh(*pip, "--upgrade", "pip")
-    _sh(*pip, TORCH)
-    _sh(*pip, "-e", f"{ROOT}[{EXTRAS}]")
+    _sh(*pip, "-c", str(CONSTRAINTS), TORCH)
+    _sh(*pip, "-c", str(CONSTRAINTS), "-e", f"{ROOT}[{EXTRAS}]")
     # TransferQueue declares ray[default] and hydra-core, which would replace the pinned Ray and
     # downgrade omegaconf, and it installs top-level tests/scripts packages: keep it in a folder of
     # its own that only the transferqueue transport puts on its path.

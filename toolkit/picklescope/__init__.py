@@ -3,9 +3,17 @@
 The core operation is :func:`run`: serialize a workload's batch with a codec (what ``__getstate__``
 returns) over a transport (how the bytes cross to another process) in an isolated sender and
 receiver, and return a :class:`RunResult` with exact kernel peaks per step and per side.
+
+Importing the package is light: the public names below are imported on first use (PEP 562), so the
+capture probe (``import picklescope.capture``) can sit in a training job's start-up without pulling
+in torch, numpy, plotly or Ray (docs/workload_from.md states its import time).
 """
 
 from __future__ import annotations
+
+import importlib
+import sys as _sys
+import types as _types
 
 from picklescope.core.quiet_start import quiet_interrupts_while_importing
 
@@ -15,15 +23,53 @@ from picklescope.core import aliases as _aliases  # noqa: E402
 
 _aliases.install()  # the module names from before the subpackages (picklescope.runner, ...) for one release
 
-from picklescope.batch import Batch  # noqa: E402
-from picklescope.codecs import CODECS, get_codec, register_codec  # noqa: E402
-from picklescope.core.result import RunResult, Side, Step, Timeline  # noqa: E402
-from picklescope.errors import PicklescopeError, UnknownNameError, UnsupportedCase  # noqa: E402
-from picklescope.measure.runner import run  # noqa: E402
-from picklescope.transports import TRANSPORTS, get_transport  # noqa: E402
-from picklescope.workloads.spec import available_workloads, load_workload  # noqa: E402
-
 __version__ = "0.1.0"
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a few ms the capture probe does not pay)
+
+# public name -> the module that defines it, imported when the name is first used
+_PUBLIC: dict[str, str] = {
+    "Batch": "picklescope.batch",
+    "CODECS": "picklescope.codecs", "get_codec": "picklescope.codecs", "register_codec": "picklescope.codecs",
+    "RunResult": "picklescope.core.result", "Side": "picklescope.core.result", "Step": "picklescope.core.result",
+    "Timeline": "picklescope.core.result",
+    "PicklescopeError": "picklescope.errors", "UnknownNameError": "picklescope.errors",
+    "UnsupportedCase": "picklescope.errors",
+    "run": "picklescope.measure.runner",
+    "TRANSPORTS": "picklescope.transports", "get_transport": "picklescope.transports",
+    "available_workloads": "picklescope.workloads.spec", "load_workload": "picklescope.workloads.spec",
+    "NodeResult": "picklescope.investigate.node", "node": "picklescope.investigate.node",
+}
+
+if TYPE_CHECKING:  # for type checkers and editors: the same names, imported eagerly
+    from picklescope.batch import Batch
+    from picklescope.codecs import CODECS, get_codec, register_codec
+    from picklescope.core.result import RunResult, Side, Step, Timeline
+    from picklescope.errors import PicklescopeError, UnknownNameError, UnsupportedCase
+    from picklescope.investigate.node import NodeResult, node
+    from picklescope.measure.runner import run
+    from picklescope.transports import TRANSPORTS, get_transport
+    from picklescope.workloads.spec import available_workloads, load_workload
+
+
+def __getattr__(name: str) -> object:
+    """A public name (or a subpackage, or an old module name) on first use."""
+    module = _PUBLIC.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value
+    if name.startswith("__"):
+        raise AttributeError(name)
+    try:
+        return importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__name__}.{name}":
+            raise
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PUBLIC))
 
 
 def load_ipython_extension(ipython: object) -> None:
@@ -34,16 +80,20 @@ def load_ipython_extension(ipython: object) -> None:
 
 
 __all__ = [
-    "CODECS", "TRANSPORTS", "Batch", "PicklescopeError", "RunResult", "Side", "Step", "Timeline",
+    "CODECS", "TRANSPORTS", "Batch", "NodeResult", "PicklescopeError", "RunResult", "Side", "Step", "Timeline",
     "UnknownNameError", "UnsupportedCase", "available_workloads", "get_codec", "get_transport",
-    "load_workload", "register_codec", "run",
+    "load_workload", "node", "register_codec", "run",
 ]
 
-from picklescope.investigate.node import NodeResult, node  # noqa: E402 - picklescope.node(...): a verl node replayed, see docs/node.md
 
-__all__ += ["NodeResult", "node"]
+class _Package(_types.ModuleType):
+    """Keeps ``picklescope.node`` the function: importing the old module name ``picklescope.node`` (an alias
+    of ``picklescope.investigate.node``) would otherwise bind the module over it."""
 
-import sys as _sys  # noqa: E402
+    def __setattr__(self, name: str, value: object) -> None:
+        if name == "node" and isinstance(value, _types.ModuleType):
+            value = value.node
+        super().__setattr__(name, value)
 
-# 'import picklescope.node' (the old module name) must not replace the function picklescope.node
-_sys.modules.setdefault("picklescope.node", _sys.modules["picklescope.investigate.node"])
+
+_sys.modules[__name__].__class__ = _Package

@@ -8,9 +8,9 @@ bound to the module at its new place (:data:`MOVED`), the same module object, so
 from __future__ import annotations
 
 import importlib
-import importlib.abc
 import importlib.util
 import sys
+from importlib.machinery import ModuleSpec
 from types import ModuleType
 
 # old name -> new name, both under ``picklescope.``
@@ -97,8 +97,12 @@ MOVED: dict[str, str] = {
 }
 
 
-class _OldNames(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds ``picklescope.<old>`` and hands back the module at its new name."""
+class _OldNames:
+    """Finds ``picklescope.<old>`` and hands back the module at its new name.
+
+    A meta path finder and loader by its methods (the protocol), not by the ``importlib.abc`` classes:
+    importing those costs about 10 ms (importlib.resources, tempfile, ...), and ``import picklescope``
+    stays light for the capture probe."""
 
     def find_spec(self, fullname: str, path: object = None, target: object = None):  # noqa: ANN201 - importlib API
         old = fullname.removeprefix("picklescope.")
@@ -106,7 +110,7 @@ class _OldNames(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             return importlib.util.spec_from_loader(fullname, self)
         return None
 
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+    def create_module(self, spec: ModuleSpec) -> ModuleType:
         return importlib.import_module("picklescope." + MOVED[spec.name.removeprefix("picklescope.")])
 
     def exec_module(self, module: ModuleType) -> None:

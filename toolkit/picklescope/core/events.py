@@ -24,7 +24,13 @@ parent's ``t0``), and ``side`` is the process's name in the result (``sender``, 
 
 # No ``from __future__ import annotations`` here: with string annotations, Python 3.11's TypedDict
 # cannot see ``NotRequired`` and would count every key as required.
-from typing import Any, Literal, NotRequired, TypedDict, Union
+import sys
+from typing import Any, Literal, Union
+
+if sys.version_info >= (3, 11):
+    from typing import NotRequired, TypedDict
+else:  # Python 3.10: typing's TypedDict there does not know NotRequired
+    from typing_extensions import NotRequired, TypedDict
 
 # -- 1. Set-up: the process starts, loads what it needs, says it is ready ----------------------------
 

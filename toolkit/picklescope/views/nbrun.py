@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from picklescope.core.leftovers import sweep_orphans, temp_name
-from picklescope.core.paths import project_folder
+from picklescope.core.paths import package_folder
 from picklescope.errors import PicklescopeError
 
-NOTEBOOK_DIR = project_folder("notebooks")
+NOTEBOOK_DIR = package_folder("notebooks")  # package data (in a checkout: notebooks/)
 KERNEL_NAME = "python3"
 KERNEL_SHUTDOWN_S = 30.0
 

@@ -15,8 +15,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+from picklescope.core.paths import package_folder
+
 RENDERER = "picklescope_html"
-TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
+TEMPLATE_DIR = package_folder("views", "templates")  # package data; a real folder even when zipped
 TEMPLATE = "picklescope_offline"
 _EXTERNAL = re.compile(
     r"<(?:script|link|img|iframe)\b[^>]*\b(?:src|href)\s*=\s*[\"']?(?:https?:)?//"  # a fetched element

@@ -17,11 +17,11 @@ from typing import Any
 
 import yaml
 
-from picklescope.core.paths import project_folder
+from picklescope.core.paths import package_folder
 from picklescope.core.units import require_tensor_payload  # noqa: F401 - re-exported: headroom imports it from here
 from picklescope.errors import PicklescopeError, UnknownNameError, safe_text
 
-DATA_DIR = project_folder("data")
+DATA_DIR = package_folder("data")  # package data: the presets and the reference blobs
 WORKLOAD_DIR = DATA_DIR / "workloads"
 DEFAULT_WORKLOAD = "flowgrpo"
 KINDS = ("dense", "non-contiguous", "jagged-nested", "strided-nested")

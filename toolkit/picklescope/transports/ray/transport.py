@@ -22,8 +22,8 @@ from picklescope.transports import Transport
 from picklescope.transports.ray.transferqueue import INSTALL_HINT, TQ_VERSION, missing
 
 RAY_MISSING = "the ray package is not installed"
-RAY_INSTALL = ("install it with pip install 'ray==2.60.0' (the version pyproject.toml pins; "
-               "or pip install 'picklescope[ray]')")
+RAY_INSTALL = ("install it with pip install 'picklescope[ray]' (Ray 2.41 or later; the figures in the docs were "
+               "measured with 2.60.0)")
 
 
 class TransportUnavailable(PicklescopeError):
