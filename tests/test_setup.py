@@ -82,14 +82,15 @@ def test_the_constraints_lie_inside_the_ranges():
 
 
 def test_every_data_file_is_package_data():
-    """The presets, blobs, notebooks, Lab settings and the report template are declared as package data
+    """The presets, blobs, notebooks, Lab settings, the docs (the postmortem inlines the glossary) and the report template are declared as package data
     (the wheel's listing is checked by tests/test_install.py); the checkout's links point at the folders."""
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     patterns = setuptools["package-data"]
     assert setuptools["packages"]["find"].get("namespaces") is False
-    for link in ("data", "notebooks", "jupyter"):
+    for link in ("data", "notebooks", "jupyter", "docs"):
         assert (PACKAGE / link).is_symlink() and (PACKAGE / link).resolve() == ROOT / link, link
-    wanted = {PACKAGE: [*(ROOT / "data").rglob("*"), *(ROOT / "notebooks").glob("*"), *(ROOT / "jupyter").rglob("*")],
+    wanted = {PACKAGE: [*(ROOT / "data").rglob("*"), *(ROOT / "notebooks").glob("*"), *(ROOT / "jupyter").rglob("*"),
+                       *(ROOT / "docs").glob("*.md")],
               PACKAGE / "views": list((PACKAGE / "views" / "templates").rglob("*"))}
     for base, files in wanted.items():
         package = ".".join(base.relative_to(PACKAGE.parent).parts)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from picklescope.codecs import CODECS
-from picklescope.core.paths import project_folder
+from picklescope.core.paths import package_folder
 from picklescope.core.units import parse_size
 from picklescope.errors import PicklescopeError
 from picklescope.transports import TRANSPORTS
@@ -143,7 +143,7 @@ def _anchor(heading: str) -> str:
 
 def _glossary_headings() -> dict[str, str]:
     """GitHub-style slug of each glossary heading ("the-situation") -> its text ("The situation")."""
-    path = project_folder("docs") / "glossary.md"
+    path = package_folder("docs") / "glossary.md"
     out = {}
     if path.is_file():
         for line in path.read_text(encoding="utf-8").splitlines():
@@ -171,7 +171,7 @@ def local_links(markdown: str, glossary_inlined: bool) -> str:
 
 def _glossary_markdown() -> str | None:
     """The project's glossary as one markdown cell (its headings one level down), or None without it."""
-    path = project_folder("docs") / "glossary.md"
+    path = package_folder("docs") / "glossary.md"
     if not path.is_file():
         return None
     lines = path.read_text(encoding="utf-8").splitlines()
