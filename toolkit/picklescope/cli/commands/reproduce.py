@@ -18,6 +18,7 @@ import threading
 from typing import Any
 
 from picklescope.cli.commands.common import add_handoff_arg, repeat_count, run_kwargs, seconds
+from picklescope.core.paths import OutFolder
 from picklescope.core.units import fmt_bytes, parse_size
 from picklescope.investigate.ray_matrix import CLUSTER_START
 from picklescope.investigate.reproduce import (
@@ -68,13 +69,24 @@ def register(sub: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    from picklescope.views.report import prepare_out_dir, write_report
+    from picklescope.views.report import OWN_FILES
 
     if args.budget is not None:  # refuse a malformed or impossible budget before spending a minute on runs
         scale = default_scale(args.workload) if args.scale is None else args.scale
         plan(parse_size(args.budget, "--budget"), None, load_workload(args.workload).payload_bytes(scale))
+    # --out is locked while this run writes it (a second run into it gets one line), and removed again
+    # if this run created it and ends before writing its outputs (Ctrl-C, SIGTERM, an error)
+    with OutFolder(args.out, own=tuple(OWN_FILES)) as folder:
+        code = _reproduce(args)
+        folder.keep()
+    return code
+
+
+def _reproduce(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from picklescope.views.report import prepare_out_dir, write_report
+
     out = prepare_out_dir(args.out, args.force)
     n = len(BUILTIN_CODECS) * len(IN_PROCESS_TRANSPORTS)
     ray_runs = 0 if args.no_ray else len(BUILTIN_CODECS) + (0 if args.no_node else 1)
