@@ -109,7 +109,11 @@ def init_ray(conn: Any, cfg: dict[str, Any], args: dict[str, Any] | None = None)
         except _StartupInterrupt as exc:
             reasons.append(exc.reason)
         except Exception as exc:  # noqa: BLE001 - Ray's start-up raises many kinds; each becomes one reason
+            watch.poll()
             reasons.append(watch.sentence("start-up") or startup.short_reason(exc))
+        said = startup.raylet_said(cfg.get("ray_temp_dir"))
+        if said and "raylet" in reasons[-1]:
+            reasons[-1] += f" ({said})"
         conn.send(Note(type="note", side=SIDE, message=f"Ray start-up try {i + 1} failed after "
                        f"{time.monotonic() - t0:.0f} s: {reasons[-1]}"))
         try:

@@ -114,6 +114,9 @@ class LocalCluster:
             else:
                 time.sleep(0.2)
         if reason is not None:
+            said = startup.raylet_said(self.temp_dir)
+            if said and "raylet" in reason:
+                reason += f" ({said})"
             self.stop()
             raise _TryFailed(reason, text[-4000:])
         for pid in self.pids() | {self.proc.pid}:

@@ -21,6 +21,7 @@ parent (which never imports Ray) uses it too.
 
 from __future__ import annotations
 
+import glob
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -82,6 +83,32 @@ def short_reason(exc: BaseException) -> str:
         return "Ray's node timed out during startup (the raylet did not register with the GCS within Ray's fixed 30 s)"
     first = text.splitlines()[0] if text else type(exc).__name__
     return first if len(first) <= 160 else first[:157] + "..."
+
+
+def raylet_said(temp_dir: str | None) -> str | None:
+    """Why the raylet of a session under ``temp_dir`` aborted, from the fatal line of its own log, in words.
+
+    On a busy machine the usual one: the raylet waits a fixed 15 s for its dashboard agent to write its
+    port file, and aborts when the agent (a Python process importing Ray's dashboard) is slower."""
+    if not temp_dir:
+        return None
+    logs = sorted(glob.glob(os.path.join(temp_dir, "session_*", "logs", "raylet.out")), key=os.path.getmtime)
+    if not logs:
+        return None
+    try:
+        with open(logs[-1], "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 65536))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    fatal = [ln for ln in lines if "Check failed" in ln or " C " in ln[:40]]
+    if not fatal:
+        return None
+    line = fatal[-1]
+    if "Timed out waiting for file" in line and "agent_port" in line:
+        return "it gave up waiting for its dashboard agent to start (Ray allows 15 s)"
+    text = line.split("Check failed:", 1)[-1].strip()
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def try_budgets(left_s: float | None) -> Iterable[float]:
