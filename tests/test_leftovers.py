@@ -24,6 +24,9 @@ import pytest
 
 from picklescope.core import leftovers
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
+from private_tmp import private_tmp, unshare_works  # noqa: E402
+
 CONFTEST = "from picklescope.measure.pytest_leftovers import pytest_sessionfinish, pytest_sessionstart  # noqa: F401\n"
 
 CLEAN = textwrap.dedent('''
@@ -440,38 +443,6 @@ def test_a_killed_reproduce_removes_the_out_folder_it_created(tmp_path, sig):
     stdout, stderr = p.communicate(timeout=300)
     assert p.returncode in (130, 143), (p.returncode, stderr)
     assert not out.exists(), os.listdir(out)
-
-
-UNSHARE = shutil.which("unshare")
-
-
-def private_tmp(command: list[str], tmpdir: str, timeout_s: float) -> tuple[int, str, str, list[str]]:
-    """Run ``command`` with ``/tmp`` replaced by an empty private one (a mount namespace of its own) and
-    ``TMPDIR`` set to ``tmpdir``: (exit status, stdout, stderr, what it left in that ``/tmp``).
-
-    Exact, whatever the other programs on the machine write to the real ``/tmp`` meanwhile."""
-    script = ('mount -t tmpfs picklescope-test /tmp || exit 97\n'
-              '"$@" >"$OUT" 2>"$ERR"\n'
-              'echo "$?" >"$RC"\n'
-              'ls -A /tmp >"$LEFT"\n')
-    control = tempfile.mkdtemp(prefix="ps-c-", dir="/var/tmp")  # beside TMPDIR, not in it
-    files = {k: os.path.join(control, k.lower()) for k in ("OUT", "ERR", "RC", "LEFT")}
-    env = {**os.environ, "TMPDIR": tmpdir, **files}
-    try:
-        subprocess.run([UNSHARE, "--mount", "--propagation", "private", "sh", "-c", script, "sh", *command],
-                       env=env, timeout=timeout_s, check=False)
-        read = {k: Path(v).read_text() if os.path.exists(v) else "" for k, v in files.items()}
-    finally:
-        shutil.rmtree(control, ignore_errors=True)
-    return int(read["RC"] or -1), read["OUT"], read["ERR"], read["LEFT"].split()
-
-
-def unshare_works() -> bool:
-    if UNSHARE is None:
-        return False
-    r = subprocess.run([UNSHARE, "--mount", "--propagation", "private", "sh", "-c", "mount -t tmpfs x /tmp"],
-                       capture_output=True, check=False)
-    return r.returncode == 0
 
 
 @pytest.mark.skipif(not unshare_works(), reason="needs 'unshare --mount' and tmpfs mounts (root, or a user namespace)")

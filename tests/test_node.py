@@ -25,6 +25,10 @@ import psutil
 import pytest
 
 from picklescope.investigate.node import NodeResult, node
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
+from private_tmp import private_tmp, unshare_works  # noqa: E402
+
 from picklescope.transports.ray import ray_available
 
 pytestmark = pytest.mark.skipif(not ray_available(), reason="ray is not installed (pip install 'picklescope[ray]')")
@@ -560,8 +564,6 @@ def test_on_a_busy_machine_a_replay_completes_or_ends_at_its_timeout_naming_what
     either completes, or ends by its own ``--timeout`` (its own clock, clean-up included) with one line
     that names what it was waiting for; a Ray that cannot start is one line too. Either way nothing is
     left: no file in ``/tmp`` or ``TMPDIR``, no process of the run."""
-    from test_leftovers import private_tmp, unshare_works
-
     if not unshare_works():
         pytest.skip("needs 'unshare --mount' and tmpfs mounts (root, or a user namespace)")
     timeout = 240
