@@ -22,6 +22,7 @@ from picklescope.measure.budget import plan as plan_limits
 from picklescope.measure.runner import check_repeat, fresh_forkserver, run, worst_of
 from picklescope.measure.session import Cancelled, cancellable, raise_if_cancelled
 from picklescope.transports import TRANSPORTS
+from picklescope.transports.ray.startup import RayStartError
 from picklescope.workloads.spec import DEFAULT_WORKLOAD, load_workload
 
 DEFAULT_SCALE = 0.25
@@ -318,6 +319,8 @@ class _RayLane:
                                                     before_runs=self._wait_for_forkserver, **self.run_kw)
             except Cancelled:
                 self.info = {"error": "interrupted"}
+            except RayStartError as exc:  # the machine, not the input: the rest of the report stands
+                self.info = {"error": str(exc)}
             except PicklescopeError as exc:  # the user's own input: raised again in the caller's thread
                 self.error = exc
             except Exception as exc:  # noqa: BLE001 - a cluster that fails to start must not lose the rest

@@ -125,7 +125,9 @@ def _reproduce(args: argparse.Namespace) -> int:
             print(f"{r.codec} over {r.transport}: {table.variation_summary(r)}")
     ray_error = (inv.ray_cluster or {}).get("error")
     if ray_error:
-        print(f"ray rows: not measured, the local Ray cluster did not start ({ray_error})")
+        said = ray_error if ray_error.startswith("the local Ray cluster") else \
+            f"the local Ray cluster did not start ({ray_error})"
+        print(f"ray rows: not measured, {said}")
     if inv.nodes:
         print()
         print("a whole node (a driver and worker actors on the ray rows' cluster), memory above each process's "
