@@ -59,6 +59,7 @@ NODE_TRANSPORTS = ("ray-arg", "ray")
 ENGINES = ("replica", "verl")
 ENFORCEMENTS = ("watchdog", "cgroup")
 RELEASE_WAIT_S = 30.0  # at most; less when the run's --timeout is near
+MIN_TIMEOUT_S = 60.0
 COMPONENT_POLL_S = 1.0  # how often the parent looks for a dead Ray core process
 DRIVER_LOG = "driver.log"  # the driver's stdout and stderr, in the run's folder
 DEFAULT_SCALE = 0.25
@@ -437,6 +438,10 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < float("inf"):
         raise PicklescopeError(f"--timeout {timeout_s!r} must be a positive number of seconds",
                                "use e.g. --timeout 600")
+    if timeout_s < MIN_TIMEOUT_S:  # the first child's start (the warm forkserver) cannot be cut short
+        raise PicklescopeError(f"--timeout {timeout_s:g} is too short for a node replay: starting its processes "
+                               "and Ray's takes tens of seconds on a busy machine",
+                               f"use at least --timeout {MIN_TIMEOUT_S:g}")
     if not codecs:
         raise PicklescopeError("a node series needs at least one codec", "name one, e.g. ('numpy-legacy', 'numpy')")
     if len(codecs) > 1 and (engine != "replica" or any(c.startswith("verl-") for c in codecs)):
