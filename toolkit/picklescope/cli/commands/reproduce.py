@@ -48,7 +48,9 @@ def register(sub: Any) -> None:
     p.add_argument("--budget", default=None,
                    help="sender budget of the budgeted runs: bytes (60MiB) or a multiple of the payload (0.5x); "
                         "default: halfway between numpy's and numpy-legacy's headroom")
-    p.add_argument("--out", default=DEFAULT_OUT, help=f"folder for report.html and results.json; default {DEFAULT_OUT}")
+    p.add_argument("--out", default=DEFAULT_OUT,
+                   help=f"folder for report.html and results.json; default {DEFAULT_OUT}. Locked while this run "
+                        "writes it; removed again if this run created it and is stopped before writing")
     p.add_argument("--force", action="store_true", help="write into --out even if it holds other files")
     p.add_argument("--repeat", type=repeat_count, default=REPEAT, metavar="N",
                    help=f"runs of each unbudgeted case (default {REPEAT}): a peak that varies from run to run is "
