@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -612,3 +613,21 @@ def test_on_a_busy_machine_a_replay_completes_or_ends_at_its_timeout_naming_what
         assert "while waiting for" in doc["node"]["error"] and "\n" not in doc["node"]["error"], doc["node"]["error"]
     else:
         assert [s["index"] for s in doc["training_steps"]] == [1, 2]
+
+
+def test_a_limit_that_comes_while_the_forkserver_still_imports_torch_ends_the_start_at_once():
+    """The first child of a fresh process waits for the warm forkserver to import torch, which nothing
+    inside can interrupt; ``_start_driver`` ends that forkserver at the run's deadline instead, so the
+    start fails at once (a timeout of the run) rather than running past the limit. A fresh interpreter,
+    so the forkserver is cold; a deadline half a second away, far shorter than importing torch."""
+    code = textwrap.dedent("""
+        import time
+        from picklescope.investigate import node as N
+        t = time.monotonic()
+        try:
+            N._start_driver({}, time.monotonic() + 0.5)
+        except N._DriverStartTimeout:
+            print("TIMEOUT", round(time.monotonic() - t, 1))
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0 and p.stdout.startswith("TIMEOUT"), (p.stdout, p.stderr[-2000:])

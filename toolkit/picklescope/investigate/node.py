@@ -510,11 +510,11 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
     tracking: dict[str, Any] = {"cluster_pids": {}, "cgroup": cg_path, "budget": budget, "hellos": {},
                                 "names": {}, "worker_conns": {}, "conns": [], "t0": t0, "timeout_s": timeout_s,
                                 "workers": workers, "end_by": t0 + timeout_s}
-    _phase(tracking, "the driver's start")
+    _phase(tracking, "the driver's start (the warm forkserver imports torch first)")
     session: Session | None = None
     current = results[0]
     try:
-        proc, conn = launcher.start(driver_main, (cfg,), "picklescope-node-driver")
+        proc, conn = _start_driver(cfg, tracking["end_by"] - reserve)
         driver_start = cluster.start_ticks(proc.pid)
         tracking["driver"] = (proc.pid, driver_start)
         _phase(tracking, "Ray start-up")
@@ -543,6 +543,10 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
                     verdicts.conclude(later, "error",
                                       f"not replayed: the {result.codec} replay before it ended {result.outcome}")
                 break
+    except _DriverStartTimeout:
+        verdicts.conclude(current, "timeout", _timeout_message(tracking))
+        for later in results[1:]:
+            verdicts.conclude(later, "error", f"not replayed: the {current.codec} replay before it ended timeout")
     except KeyboardInterrupt:
         verdicts.conclude(current, "interrupted", "interrupted (Ctrl-C); every process was stopped")
         raise
@@ -571,6 +575,48 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
     if tracking.get("bad_input"):
         raise PicklescopeError(*tracking["bad_input"])
     return results
+
+
+class _DriverStartTimeout(Exception):
+    """The run's limit came while the warm forkserver was still starting (see :func:`_start_driver`)."""
+
+
+def _start_driver(cfg: dict[str, Any], deadline: float) -> tuple[Any, Any]:
+    """The driver, from the warm forkserver, within the run's limit (a monotonic ``deadline``).
+
+    The first start of the forkserver waits for it to import torch (a minute or more on a busy machine),
+    and that wait cannot be interrupted from inside. When this call is the one that starts the
+    forkserver, a timer ends the forkserver at the deadline, which makes the start fail at once; the
+    run then ends as a timeout at its limit. A forkserver already running (another run's, in a notebook
+    or ``reproduce``) is never touched: its start is immediate."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    cold = server._forkserver_pid is None
+    fired = threading.Event()
+
+    def expire() -> None:
+        pid = server._forkserver_pid
+        if pid:
+            fired.set()
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+    timer = threading.Timer(max(0.0, deadline - time.monotonic()), expire) if cold else None
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
+    try:
+        return launcher.start(driver_main, (cfg,), "picklescope-node-driver")
+    except Exception:
+        if fired.is_set():
+            raise _DriverStartTimeout() from None
+        raise
+    finally:
+        if timer is not None:
+            timer.cancel()
 
 
 def cleanup_reserve(timeout_s: float) -> float:
