@@ -631,3 +631,31 @@ def test_a_limit_that_comes_while_the_forkserver_still_imports_torch_ends_the_st
     """)
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0 and p.stdout.startswith("TIMEOUT"), (p.stdout, p.stderr[-2000:])
+
+
+def test_a_core_process_that_dies_after_start_up_is_named_with_what_the_run_was_doing():
+    """The parent's watch once the cluster is up (``_dead_component``): a sleeping child stands in for
+    the raylet; its death is named with the phase, within a few polls (one a second)."""
+    from picklescope.investigate import node as node_mod
+    from picklescope.transports.ray import startup
+
+    child = subprocess.Popen(["sleep", "600"])
+    try:
+        tracking: dict = {"t0": time.monotonic()}
+        node_mod._phase(tracking, "training step 2")
+        tracking["watch"] = startup.ComponentWatch(lambda: [], t0=tracking["t0"])
+        tracking["watch"].add([child.pid], name="the raylet (with the object store)")
+        session = type("S", (), {"kill": None})()
+        assert node_mod._dead_component(session, tracking) is None
+        child.kill()
+        child.wait()
+        line = None
+        deadline = time.monotonic() + 60
+        while line is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+            line = node_mod._dead_component(session, tracking)
+        assert line is not None and line.startswith("the raylet (with the object store) died 0:"), line
+        assert line.endswith("into the run, during training step 2 (since 0:00)"), line
+    finally:
+        child.kill()
+        child.wait()

@@ -15,6 +15,7 @@ import gc
 import os
 import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -144,28 +145,41 @@ class _StartupInterrupt(BaseException):
 class _StartupGuard:
     """Interrupts ``ray.init`` when its try runs out of time or a core process dies.
 
-    A timer signal (``SIGALRM``, every 0.5 s) runs the check in the main thread, between Python
-    statements of ``ray.init``'s own waiting loops: a thread could see the death but could not stop
-    the call."""
+    A thread checks every half second; only when it finds one of the two does it send ``SIGALRM`` to
+    the main thread, whose handler raises between Python statements of ``ray.init``'s own waiting loops
+    (a thread could see the death but could not stop the call). A start-up that goes well gets no signal.
+    """
 
     def __init__(self, budget_s: float, watch: startup.ComponentWatch) -> None:
         self.budget_s, self.watch = budget_s, watch
         self.t0 = time.monotonic()
         self.previous: Any = None
+        self.reason: str | None = None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._check, name="picklescope-ray-startup-guard", daemon=True)
 
-    def _tick(self, signum: int, frame: Any) -> None:
-        if self.watch.poll() is not None:
-            raise _StartupInterrupt(self.watch.sentence("start-up") or "a Ray process died during start-up")
-        if time.monotonic() - self.t0 > self.budget_s:
-            raise _StartupInterrupt(f"no answer within {self.budget_s:.0f} s")
+    def _check(self) -> None:
+        while not self.stop.wait(0.5):
+            if self.watch.poll() is not None:
+                self.reason = self.watch.sentence("start-up") or "a Ray process died during start-up"
+            elif time.monotonic() - self.t0 > self.budget_s:
+                self.reason = f"no answer within {self.budget_s:.0f} s"
+            if self.reason is not None:
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGALRM)
+                return
+
+    def _interrupt(self, signum: int, frame: Any) -> None:
+        if self.reason is not None and not self.stop.is_set():
+            raise _StartupInterrupt(self.reason)
 
     def __enter__(self) -> _StartupGuard:
-        self.previous = signal.signal(signal.SIGALRM, self._tick)
-        signal.setitimer(signal.ITIMER_REAL, 0.5, 0.5)
+        self.previous = signal.signal(signal.SIGALRM, self._interrupt)
+        self.thread.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        signal.setitimer(signal.ITIMER_REAL, 0, 0)
+        self.stop.set()
+        self.thread.join()
         signal.signal(signal.SIGALRM, self.previous or signal.SIG_DFL)
 
 
