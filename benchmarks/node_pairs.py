@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from picklescope.errors import PicklescopeError
 from picklescope.investigate.node import node
 from picklescope.transports.ray.local_cluster import LocalCluster
 
@@ -29,15 +30,12 @@ RESULTS = Path(__file__).resolve().parent / "results"
 MiB = 1024**2
 
 
-def _start_cluster(attempts: int = 3) -> LocalCluster:
-    """A local cluster; on a loaded 2-core machine Ray's own start-up deadlines are sometimes missed."""
-    failures = []
-    for _ in range(attempts):
-        try:
-            return LocalCluster(object_store_bytes=1024 * MiB, num_cpus=1).start()
-        except RuntimeError as exc:
-            failures.append(str(exc)[-200:])
-    sys.exit(f"node_pairs: the local Ray cluster did not start in {attempts} attempts: {failures[-1]}")
+def _start_cluster() -> LocalCluster:
+    """A local cluster (two tries on a loaded machine, transports/ray/startup.py), or the one line why not."""
+    try:
+        return LocalCluster(object_store_bytes=1024 * MiB, num_cpus=1).start()
+    except PicklescopeError as exc:
+        sys.exit(f"node_pairs: {exc}")
 
 
 def one(codec: str, args: argparse.Namespace, address: str) -> dict:

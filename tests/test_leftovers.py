@@ -17,11 +17,15 @@ import sys
 import tempfile
 import textwrap
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 
 from picklescope.core import leftovers
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
+from private_tmp import private_tmp, unshare_works  # noqa: E402
 
 CONFTEST = "from picklescope.measure.pytest_leftovers import pytest_sessionfinish, pytest_sessionstart  # noqa: F401\n"
 
@@ -358,3 +362,106 @@ def test_the_cluster_watcher_starts_on_the_standard_library_alone(tmp_path):
                        capture_output=True, text=True, timeout=60, cwd=tmp_path,
                        env={"PATH": os.environ.get("PATH", "")})
     assert p.returncode == 0 and p.stderr == "", p.stderr[-2000:]
+
+
+# -- temporaries follow TMPDIR; an --out folder is locked and never left half-made ------------------
+
+
+def test_temp_folders_go_under_tmpdir_and_a_too_long_one_is_refused_in_one_line(tmp_path, monkeypatch):
+    from picklescope.core import paths
+    from picklescope.errors import PicklescopeError
+
+    short = tempfile.mkdtemp(prefix="ps-t-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    try:
+        monkeypatch.setattr(tempfile, "tempdir", short)
+        made = paths.make_temp_dir("psray-", for_ray=True)
+        assert os.path.dirname(made) == short and leftovers.creator_pid(made) == os.getpid()
+        os.rmdir(made)
+        assert paths.torch_cache_env(made) in ({}, {"TORCHINDUCTOR_CACHE_DIR": os.path.join(made, "torchinductor")})
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+    deep = tmp_path / ("d" * 60)
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    with pytest.raises(PicklescopeError) as info:
+        paths.make_temp_dir("psray-", for_ray=True)
+    assert "TMPDIR" in str(info.value) and "\n" not in str(info.value)
+    assert os.listdir(deep) == []  # the refused folder was not left behind
+
+
+def test_an_out_folder_is_locked_while_held_and_removed_when_the_run_that_made_it_stops(tmp_path):
+    from picklescope.core.paths import OutFolder
+    from picklescope.errors import PicklescopeError
+
+    new = tmp_path / "new"
+    with OutFolder(str(new), own=("results.json",)):
+        assert new.is_dir()
+        with pytest.raises(PicklescopeError, match="being written by another picklescope run"):
+            OutFolder(str(new)).__enter__()
+    assert not new.exists()  # made by this run, never kept: removed
+    with pytest.raises(KeyboardInterrupt), OutFolder(str(new), own=("results.json",)):
+        (new / "results.json").write_text("{}")
+        raise KeyboardInterrupt
+    assert not new.exists()
+    with OutFolder(str(new)) as held:
+        held.keep()
+    assert new.is_dir()  # kept: the run wrote its outputs
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("the user's")
+    with pytest.raises(RuntimeError), OutFolder(str(mine)):
+        raise RuntimeError
+    assert (mine / "notes.txt").read_text() == "the user's"  # a folder that existed before is left alone
+
+
+def _cli(*args: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "picklescope", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def test_reproduce_into_a_folder_another_run_writes_gets_one_line(tmp_path):
+    from picklescope.core.paths import OutFolder
+
+    out = tmp_path / "out"
+    with OutFolder(str(out)):  # held as a running reproduce holds it
+        p = _cli("reproduce", "--workload", "tiny", "--out", str(out), "--no-ray")
+        stdout, stderr = p.communicate(timeout=300)
+    assert p.returncode == 2, (stdout, stderr)
+    assert stderr.strip().count("\n") == 0 and "being written by another picklescope run" in stderr, stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_killed_reproduce_removes_the_out_folder_it_created(tmp_path, sig):
+    out = tmp_path / "new-out"
+    p = _cli("reproduce", "--workload", "tiny", "--out", str(out), "--no-ray", "--no-headroom", "--no-trace",
+             "--repeat", "1")
+    deadline = time.monotonic() + 300
+    while not out.exists() and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert out.is_dir(), p.communicate()
+    p.send_signal(sig)
+    stdout, stderr = p.communicate(timeout=300)
+    assert p.returncode in (130, 143), (p.returncode, stderr)
+    assert not out.exists(), os.listdir(out)
+
+
+@pytest.mark.skipif(not unshare_works(), reason="needs 'unshare --mount' and tmpfs mounts (root, or a user namespace)")
+@pytest.mark.parametrize("transport", ["pickle5-oob", pytest.param("ray", marks=[pytest.mark.slow, pytest.mark.ray])])
+def test_a_run_leaves_nothing_in_tmp_or_tmpdir_when_tmpdir_points_elsewhere(transport):
+    """Over Ray the cluster's temp dir, its sockets and torch's cache of every Ray worker go under TMPDIR
+    too; a Ray that cannot start on a busy machine ends in its one line (exit 2), and leaves nothing either."""
+    if transport == "ray":
+        from picklescope.transports.ray import ray_available
+
+        if not ray_available():
+            pytest.skip("ray is not installed")
+    tmpdir = tempfile.mkdtemp(prefix="ps-t-", dir="/var/tmp")
+    try:
+        rc, out, err, left = private_tmp([sys.executable, "-m", "picklescope", "run", "--codec", "numpy",
+                                          "--workload", "tiny", "--transport", transport], tmpdir, 900)
+        assert rc == 0 or (transport == "ray" and rc == 2 and "the local Ray cluster did not start" in err), \
+            (out, err)
+        assert left == [], f"left in /tmp: {left}"
+        assert os.listdir(tmpdir) == [], f"left in TMPDIR: {os.listdir(tmpdir)}"  # torchinductor_* included
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)

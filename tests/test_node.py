@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -25,6 +26,10 @@ import psutil
 import pytest
 
 from picklescope.investigate.node import NodeResult, node
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
+from private_tmp import private_tmp, unshare_works  # noqa: E402
+
 from picklescope.transports.ray import ray_available
 
 pytestmark = pytest.mark.skipif(not ray_available(), reason="ray is not installed (pip install 'picklescope[ray]')")
@@ -235,7 +240,8 @@ SMALL = ["--codec", "numpy", "--workers", "2", "--scale", "0.05"]
 
 def _ours(parent: int) -> list[str]:
     """Temporaries named after ``parent`` (the toolkit's naming: prefix-<creator pid>-random)."""
-    return glob.glob(f"/tmp/psray-{parent}-*") + glob.glob(f"/tmp/picklescope-node-{parent}-*")
+    tmp = tempfile.gettempdir()  # TMPDIR, where the toolkit makes every temporary
+    return glob.glob(f"{tmp}/psray-{parent}-*") + glob.glob(f"{tmp}/picklescope-node-{parent}-*")
 
 
 def _wait_for_workers(p: subprocess.Popen, n: int, timeout_s: float = 400) -> list[psutil.Process]:
@@ -361,7 +367,7 @@ def test_verl_engine_drives_verls_worker_group_with_dp_compute_proto(verl_envs):
 def test_two_node_cluster_groups_processes_by_ray_node(cluster):
     from picklescope.transports.ray import cluster as ray_procs
 
-    tmp = tempfile.mkdtemp(prefix=f"psrayc-{os.getpid()}-", dir="/tmp")
+    tmp = tempfile.mkdtemp(prefix=f"psrayc-{os.getpid()}-")
     log = open(os.path.join(tmp, "node2.log"), "wb")  # noqa: SIM115 - closed below
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
     second = subprocess.Popen([sys.executable, "-m", "ray.scripts.scripts", "start", "--block",
@@ -498,3 +504,156 @@ def test_a_series_of_verl_codecs_is_refused_in_one_line():
         assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
         assert p.stderr.startswith("picklescope: error: ") and "codec" in p.stderr, p.stderr
         assert p.stderr.rstrip().endswith(("numpy-legacy,numpy", "once per verl codec")), p.stderr  # the way out
+
+
+# -- Ray's start-up on a busy machine: bounded, watched, one sentence ----------------------------------
+
+
+def test_a_start_up_try_is_cut_short_by_a_dead_core_process_and_by_its_own_time():
+    """The guard around ``ray.init`` (transports/ray/driver.py): a watched process that dies ends the try
+    within about a second, named; a try that outlives its budget ends too. No Ray needed: a sleeping
+    child stands in for the raylet, a sleep loop for ``ray.init``'s own waiting."""
+    from picklescope.transports.ray import startup
+    from picklescope.transports.ray.driver import _StartupGuard, _StartupInterrupt
+
+    child = subprocess.Popen(["sleep", "600"])
+    try:
+        watch = startup.ComponentWatch(lambda: [])
+        watch.add([child.pid], name="the raylet (with the object store)")
+        t0 = time.monotonic()
+        with pytest.raises(_StartupInterrupt) as info, _StartupGuard(600, watch):
+            child.kill()  # a zombie until reaped: dead all the same
+            while time.monotonic() - t0 < 120:
+                time.sleep(0.01)
+        assert info.value.reason.startswith("the raylet (with the object store) died 0:0"), info.value.reason
+    finally:
+        child.kill()
+        child.wait()
+    with pytest.raises(_StartupInterrupt, match="no answer within 1 s"), \
+            _StartupGuard(1.0, startup.ComponentWatch(lambda: [])):
+        while True:
+            time.sleep(0.01)
+
+
+def test_ray_start_failure_is_one_sentence_with_the_reason_and_the_load():
+    from picklescope.errors import PicklescopeError
+    from picklescope.transports.ray import startup
+
+    reason = startup.short_reason(Exception("The current node timed out during startup. This could happen because"
+                                            " some of the raylet failed to startup or the GCS has become overloaded."))
+    err = startup.RayStartError(61.4, ["the raylet (with the object store) died 0:41 into start-up", reason], 9.04)
+    assert isinstance(err, PicklescopeError)
+    text = str(err)
+    assert text.startswith("the local Ray cluster did not start within 61 s (2 tries); Ray's node timed out during "
+                           "startup"), text
+    assert "the machine's load average was 9.0" in text and "--timeout" in text and "\n" not in text
+    import pickle
+
+    again = pickle.loads(pickle.dumps(err))  # crosses from the driver to the parent whole
+    assert str(again) == text and again.reasons == err.reasons
+    assert list(startup.try_budgets(20.0))[0] <= 20.0  # never more than the run has left
+    assert len(list(startup.try_budgets(None))) == startup.TRIES == 2
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_on_a_busy_machine_a_replay_completes_or_ends_at_its_timeout_naming_what_it_waited_for():
+    """The machine held busy by the test itself (4 processes spinning on the 2 cores), ``/tmp`` replaced by
+    an empty private one and ``TMPDIR`` pointed elsewhere: ``picklescope node`` on tiny, 2 workers, 2 steps
+    either completes, or ends by its own ``--timeout`` (its own clock, clean-up included) with one line
+    that names what it was waiting for; a Ray that cannot start is one line too. Either way nothing is
+    left: no file in ``/tmp`` or ``TMPDIR``, no process of the run."""
+    if not unshare_works():
+        pytest.skip("needs 'unshare --mount' and tmpfs mounts (root, or a user namespace)")
+    timeout = 240
+    spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(4)]
+    tmpdir = tempfile.mkdtemp(prefix="ps-t-", dir="/var/tmp")  # short: Ray's socket paths live under it
+    try:
+        load = os.getloadavg()[0]
+        rc, out, err, left = private_tmp([*CLI, "node", "--workload", "tiny", "--scale", "1", "--workers", "2",
+                                          "--steps", "2", "--timeout", str(timeout), "--json"], tmpdir, timeout + 300)
+    finally:
+        for s in spin:
+            s.kill()
+            s.wait()
+    print(f"load average {load:.1f} at the start; exit {rc}; stderr {err.strip()[-500:]!r}")
+    if rc in (0, 1):
+        node_doc = json.loads(out)["node"]
+        print(f"outcome {json.loads(out)['outcome']}; wall {node_doc['wall_s']} s; error {node_doc['error']}")
+
+    def stray() -> list[str]:  # a process of the run (they all carry its TMPDIR); zombies hold nothing
+        found = []
+        for p in psutil.process_iter():
+            try:
+                if p.environ().get("TMPDIR") == tmpdir and p.status() != psutil.STATUS_ZOMBIE:
+                    found.append(f"{p.pid} {' '.join(p.cmdline())[:100]}")
+            except psutil.Error:
+                continue
+        return found
+
+    try:
+        deadline = time.monotonic() + 60  # the forkserver ends at its next wake once its parent is gone
+        while stray() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert stray() == []
+        assert left == [], f"left in /tmp: {left}"
+        assert os.listdir(tmpdir) == [], f"left in TMPDIR: {os.listdir(tmpdir)}"
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    if rc == 2:  # Ray itself could not start on this machine: one line, with why and the load
+        assert err.strip().count("\n") == 0 and "the local Ray cluster did not start within" in err, err
+        return
+    assert rc in (0, 1), (rc, err[-3000:])
+    doc = json.loads(out)
+    assert doc["outcome"] in ("ok", "timeout"), doc["node"]["error"]
+    assert doc["node"]["wall_s"] <= timeout, doc["node"]["wall_s"]  # by its own clock: never past its limit
+    if doc["outcome"] == "timeout":
+        assert "while waiting for" in doc["node"]["error"] and "\n" not in doc["node"]["error"], doc["node"]["error"]
+    else:
+        assert [s["index"] for s in doc["training_steps"]] == [1, 2]
+
+
+def test_a_limit_that_comes_while_the_forkserver_still_imports_torch_ends_the_start_at_once():
+    """The first child of a fresh process waits for the warm forkserver to import torch, which nothing
+    inside can interrupt; ``_start_driver`` ends that forkserver at the run's deadline instead, so the
+    start fails at once (a timeout of the run) rather than running past the limit. A fresh interpreter,
+    so the forkserver is cold; a deadline half a second away, far shorter than importing torch."""
+    code = textwrap.dedent("""
+        import time
+        from picklescope.investigate import node as N
+        t = time.monotonic()
+        try:
+            N._start_driver({}, time.monotonic() + 0.5)
+        except N._DriverStartTimeout:
+            print("TIMEOUT", round(time.monotonic() - t, 1))
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0 and p.stdout.startswith("TIMEOUT"), (p.stdout, p.stderr[-2000:])
+
+
+def test_a_core_process_that_dies_after_start_up_is_named_with_what_the_run_was_doing():
+    """The parent's watch once the cluster is up (``_dead_component``): a sleeping child stands in for
+    the raylet; its death is named with the phase, within a few polls (one a second)."""
+    from picklescope.investigate import node as node_mod
+    from picklescope.transports.ray import startup
+
+    child = subprocess.Popen(["sleep", "600"])
+    try:
+        tracking: dict = {"t0": time.monotonic()}
+        node_mod._phase(tracking, "training step 2")
+        tracking["watch"] = startup.ComponentWatch(lambda: [], t0=tracking["t0"])
+        tracking["watch"].add([child.pid], name="the raylet (with the object store)")
+        session = type("S", (), {"kill": None})()
+        assert node_mod._dead_component(session, tracking) is None
+        child.kill()
+        child.wait()
+        line = None
+        deadline = time.monotonic() + 60
+        while line is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+            line = node_mod._dead_component(session, tracking)
+        assert line is not None and line.startswith("the raylet (with the object store) died 0:"), line
+        assert line.endswith("into the run, during training step 2 (since 0:00)"), line
+    finally:
+        child.kill()
+        child.wait()

@@ -82,7 +82,8 @@ def test_the_constraints_lie_inside_the_ranges():
 
 
 def test_every_data_file_is_package_data():
-    """The presets, blobs, notebooks, Lab settings, the docs (the postmortem inlines the glossary) and the report template are declared as package data
+    """The presets, blobs, notebooks, Lab settings, docs (the postmortem inlines the glossary) and the report
+    template are declared as package data
     (the wheel's listing is checked by tests/test_install.py); the checkout's links point at the folders."""
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     patterns = setuptools["package-data"]

@@ -27,7 +27,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -41,24 +40,27 @@ from picklescope.core.events import (
     Event,
     Hello,
     Next,
-    Note,
     RayInfo,
     Ready,
     Release,
 )
 from picklescope.core.leftovers import temp_name
+from picklescope.core.paths import make_temp_dir
 from picklescope.core.units import fmt_bytes, parse_size
 from picklescope.errors import PicklescopeError
 from picklescope.measure import launcher, verdicts
 from picklescope.measure.child import arm_stack_dump, begin_measure, end_measure, error_event
 from picklescope.measure.session import KillRecord, ProcessRecord, Series, Session, StepRecord, TrainingStep
+from picklescope.transports.ray import cluster, startup
 
 DISPATCHES = ("chunk", "broadcast")
 GC_MODES = ("default", "off", "each-step")
 NODE_TRANSPORTS = ("ray-arg", "ray")
 ENGINES = ("replica", "verl")
 ENFORCEMENTS = ("watchdog", "cgroup")
-RELEASE_WAIT_S = 30.0
+RELEASE_WAIT_S = 30.0  # at most; less when the run's --timeout is near
+MIN_TIMEOUT_S = 60.0
+COMPONENT_POLL_S = 1.0  # how often the parent looks for a dead Ray core process
 DRIVER_LOG = "driver.log"  # the driver's stdout and stderr, in the run's folder
 DEFAULT_SCALE = 0.25
 
@@ -431,7 +433,15 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
     """
     from picklescope.workloads.spec import load_workload
 
+    t0 = time.monotonic()  # the run's own clock: it ends by t0 + timeout_s, clean-up included
     codecs = tuple(codecs)
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < float("inf"):
+        raise PicklescopeError(f"--timeout {timeout_s!r} must be a positive number of seconds",
+                               "use e.g. --timeout 600")
+    if timeout_s < MIN_TIMEOUT_S:  # the first child's start (the warm forkserver) cannot be cut short
+        raise PicklescopeError(f"--timeout {timeout_s:g} is too short for a node replay: starting its processes "
+                               "and Ray's takes tens of seconds on a busy machine",
+                               f"use at least --timeout {MIN_TIMEOUT_S:g}")
     if not codecs:
         raise PicklescopeError("a node series needs at least one codec", "name one, e.g. ('numpy-legacy', 'numpy')")
     if len(codecs) > 1 and (engine != "replica" or any(c.startswith("verl-") for c in codecs)):
@@ -460,9 +470,9 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
     from picklescope.transports.ray.events import machine_id
 
     sweep_orphans()
-    t0 = time.monotonic()
-    run_dir = tempfile.mkdtemp(prefix=temp_name("picklescope-node-"), dir="/tmp")
-    ray_tmp = None if ray_address else tempfile.mkdtemp(prefix=temp_name("psray-"), dir="/tmp")
+    reserve = cleanup_reserve(timeout_s)
+    run_dir = make_temp_dir("picklescope-node-", socket="events.sock")  # the workers' events
+    ray_tmp = None if ray_address else make_temp_dir("psray-", for_ray=True)
     sends = workers if dispatch == "broadcast" else 2
     room = sends * payload
     if gc == "off":  # room for the chunks uncollected cycles keep pinned, up to 16 steps' worth: a full
@@ -484,6 +494,7 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
            "t0_wall": time.time() - (time.monotonic() - t0), "machine": machine_id(),
            "events_address": accepter.listener.address, "events_key": accepter.key.hex(),
            "ray_env": ray_env(bool(ray_address)), "parent_pid": os.getpid(),
+           "deadline_wall": time.time() + (t0 + timeout_s - reserve - time.monotonic()),
            "parent_ticks": _own_ticks(), "worker_resources": worker_resources or {}, "spread": spread}
     cg_path = None
     if cgroup_base is not None:
@@ -497,14 +508,16 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
     proc = conn = None
     driver_start = None
     tracking: dict[str, Any] = {"cluster_pids": {}, "cgroup": cg_path, "budget": budget, "hellos": {},
-                                "names": {}, "worker_conns": {}, "conns": []}
+                                "names": {}, "worker_conns": {}, "conns": [], "t0": t0, "timeout_s": timeout_s,
+                                "workers": workers, "end_by": t0 + timeout_s}
+    _phase(tracking, "the driver's start (the warm forkserver imports torch first)")
     session: Session | None = None
     current = results[0]
     try:
-        proc, conn = launcher.start(driver_main, (cfg,), "picklescope-node-driver")
-        from picklescope.transports.ray import cluster
-
+        proc, conn = _start_driver(cfg, tracking["end_by"] - reserve)
         driver_start = cluster.start_ticks(proc.pid)
+        tracking["driver"] = (proc.pid, driver_start)
+        _phase(tracking, "Ray start-up")
         for i, result in enumerate(results):
             current = result
             start = t0
@@ -516,7 +529,10 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
             session.adopt("driver", proc.pid, role="driver")
             _adopt_known(session, result, tracking)
             tracking["finished"] = False
-            _follow(session, result, proc, conn, accepter, tracking, start + timeout_s, on_event)
+            if i:
+                tracking["end_by"] = start + timeout_s  # each later replay of a series has a limit of its own
+                _phase(tracking, "the warm-up steps of the next replay")
+            _follow(session, result, proc, conn, accepter, tracking, tracking["end_by"] - reserve, on_event)
             _check_cgroup_kill(session, result, tracking)  # a kill whose consequences ended the run first
             session.stop()
             _settle(session, result)
@@ -527,6 +543,10 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
                     verdicts.conclude(later, "error",
                                       f"not replayed: the {result.codec} replay before it ended {result.outcome}")
                 break
+    except _DriverStartTimeout:
+        verdicts.conclude(current, "timeout", _timeout_message(tracking))
+        for later in results[1:]:
+            verdicts.conclude(later, "error", f"not replayed: the {current.codec} replay before it ended timeout")
     except KeyboardInterrupt:
         verdicts.conclude(current, "interrupted", "interrupted (Ctrl-C); every process was stopped")
         raise
@@ -534,6 +554,7 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
         if session is not None:
             session.stop()
             _settle(session, current)
+        _phase(tracking, "shutdown")
         _cleanup(current, proc, conn, driver_start, tracking, cfg)
         accepter.close()
         for c in tracking.get("conns", []):
@@ -554,6 +575,90 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
     if tracking.get("bad_input"):
         raise PicklescopeError(*tracking["bad_input"])
     return results
+
+
+class _DriverStartTimeout(Exception):
+    """The run's limit came while the warm forkserver was still starting (see :func:`_start_driver`)."""
+
+
+def _start_driver(cfg: dict[str, Any], deadline: float) -> tuple[Any, Any]:
+    """The driver, from the warm forkserver, within the run's limit (a monotonic ``deadline``).
+
+    The first start of the forkserver waits for it to import torch (a minute or more on a busy machine),
+    and that wait cannot be interrupted from inside. When this call is the one that starts the
+    forkserver, a timer ends the forkserver at the deadline, which makes the start fail at once; the
+    run then ends as a timeout at its limit. A forkserver already running (another run's, in a notebook
+    or ``reproduce``) is never touched: its start is immediate."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    cold = server._forkserver_pid is None
+    fired = threading.Event()
+
+    def expire() -> None:
+        pid = server._forkserver_pid
+        if pid:
+            fired.set()
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+    timer = threading.Timer(max(0.0, deadline - time.monotonic()), expire) if cold else None
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
+    try:
+        return launcher.start(driver_main, (cfg,), "picklescope-node-driver")
+    except Exception:
+        if fired.is_set():
+            raise _DriverStartTimeout() from None
+        raise
+    finally:
+        if timer is not None:
+            timer.cancel()
+
+
+def cleanup_reserve(timeout_s: float) -> float:
+    """Seconds of the run's ``--timeout`` kept for ending it: the driver's ``ray.shutdown``, then the kill
+    of whatever of the cluster is left. The replay itself stops this much before the limit, so the
+    whole run, clean-up included, ends by ``--timeout``."""
+    return min(30.0, max(3.0, 0.1 * timeout_s))
+
+
+def _phase(tracking: dict[str, Any], name: str) -> None:
+    """What the run is waiting for now (named by a timeout and by a dead Ray process's message)."""
+    tracking["phase"], tracking["phase_since"] = name, time.monotonic()
+
+
+def _waiting_for(tracking: dict[str, Any]) -> str:
+    since = startup.clock(tracking["phase_since"] - tracking["t0"])
+    return f"{tracking['phase']} (since {since})"
+
+
+def _timeout_message(tracking: dict[str, Any]) -> str:
+    """One line: how far the run got, what it was waiting for, how busy the machine was."""
+    now = time.monotonic() - tracking["t0"]
+    load = startup.load_average()
+    return (f"stopped at {now:.0f} s of its {tracking['timeout_s']:g} s --timeout (the rest ends every process) "
+            f"while waiting for {_waiting_for(tracking)}"
+            + (f"; the machine's load average was {load:.1f}" if load is not None else ""))
+
+
+def _dead_component(session: Session, tracking: dict[str, Any]) -> str | None:
+    """After start-up: one line naming a core process of our cluster that died ("the raylet (with the
+    object store) died 1:40 into the run, during training step 2"), else None. At most once a second.
+
+    Not while a budget's kill is being settled: the kernel's OOM killer may pick a Ray process itself."""
+    if tracking.get("watch") is None or session.kill is not None:
+        return None
+    now = time.monotonic()
+    if now - tracking.get("watch_polled", 0.0) < COMPONENT_POLL_S:
+        return None
+    tracking["watch_polled"] = now
+    if tracking["watch"].poll() is None:
+        return None
+    return f"{tracking['watch'].sentence('the run')}, during {_waiting_for(tracking)}"
 
 
 def _adopt_known(session: Session, result: NodeResult, tracking: dict[str, Any]) -> None:
@@ -705,6 +810,10 @@ def _follow(session: Session, result: NodeResult, proc: Any, conn: Any, accepter
             key = f"conn{len(tracking['conns'])}"  # named by its hello, in names
             conns[key] = tracking["worker_conns"][key] = c
         _check_cgroup_kill(session, result, tracking)
+        dead = _dead_component(session, tracking)
+        if dead is not None:
+            verdicts.conclude(result, "error", dead)
+            return True
         now = time.monotonic()
         if session.kill is not None and state["killed_at"] is None:
             state["killed_at"] = now
@@ -725,14 +834,25 @@ def _follow(session: Session, result: NodeResult, proc: Any, conn: Any, accepter
     if time.monotonic() <= deadline and before_wait():
         return
     if not session.follow(conns, {"driver": proc}, handle, deadline, decided, poll_s=0.05):
-        verdicts.time_out(result)
+        verdicts.conclude(result, "timeout", _timeout_message(tracking))
 
 
 def _on_driver(session: Session, result: NodeResult, conn: Any, ev: Event, tracking: dict[str, Any]) -> bool:
     kind = ev.get("type")
+    if kind == "train_step_start":
+        _phase(tracking, f"training step {ev.get('index')}")
+    elif kind == "train_step_end":
+        last = ev.get("index") == result.steps
+        _phase(tracking, "the end of the measured phase" if last else f"training step {int(ev.get('index') or 0) + 1}")
     if kind == "ray_info":
         tracking["cluster_pids"] = ev.get("pids", {})
         tracking["ray_info"] = ev
+        _phase(tracking, f"the {tracking.get('workers', 'worker')} worker actors' start")
+        if tracking.get("watch") is None and ev.get("pids"):  # our own cluster is up: from now on a
+            # core process that dies ends the run at once, named, instead of a hang until the limit
+            pid, ticks = tracking["driver"]
+            tracking["watch"] = startup.ComponentWatch(lambda: cluster.cluster_processes(pid, ticks),
+                                                       t0=tracking["t0"])
         _attach_store(session, ev, result)
         rec = session.processes.get("driver")
         if rec is not None:
@@ -741,6 +861,7 @@ def _on_driver(session: Session, result: NodeResult, conn: Any, ev: Event, track
         result.notes.append(ev["message"])
     elif kind == "engine":
         result.engine_info = tracking["engine_info"] = ev["info"]
+        _phase(tracking, "the warm-up call to every worker")
     elif kind in ("done", "train_step_end") and ev.get("full_collections") is not None:
         if kind == "done":
             result.full_collections["driver"] = ev["full_collections"]
@@ -748,6 +869,7 @@ def _on_driver(session: Session, result: NodeResult, conn: Any, ev: Event, track
             result.driver_full_collections[ev["index"]] = ev["full_collections"]
         session.fold("driver", ev)
     elif kind == "ready":
+        _phase(tracking, "the baseline")
         session.take_baseline()
         if tracking.get("cgroup"):
             tracking["limit"] = _limit_cgroup(tracking["cgroup"], tracking["budget"])
@@ -756,6 +878,7 @@ def _on_driver(session: Session, result: NodeResult, conn: Any, ev: Event, track
     elif kind == "finished":
         tracking["finished"] = True
         return True
+
     elif kind == "error":
         if session.kill is None:
             verdicts.conclude(result, "error", f"{ev.get('exc_type')}: {ev.get('message')}")
@@ -785,7 +908,6 @@ def _on_worker(session: Session, result: NodeResult, names: dict[Any, str], c: A
 
 
 def _attach_store(session: Session, ev: RayInfo, result: NodeResult) -> None:
-    from picklescope.transports.ray import cluster
     from picklescope.transports.ray.store import ShmFileReader
 
     raylets = ev.get("pids", {}).get("raylet") or []
@@ -805,9 +927,11 @@ def _attach_store(session: Session, ev: RayInfo, result: NodeResult) -> None:
 
 def _cleanup(result: NodeResult, proc: Any, conn: Any, driver_start: int | None, tracking: dict[str, Any],
              cfg: dict[str, Any]) -> None:
-    """Let the driver end its Ray session, then kill whatever of the cluster we started is still alive."""
-    from picklescope.transports.ray import cluster
+    """Let the driver end its Ray session, then kill whatever of the cluster we started is still alive.
 
+    The driver gets what is left of the run's limit for its ``ray.shutdown`` (at most
+    :data:`RELEASE_WAIT_S`, and a few seconds are kept for the kill that follows), so the run ends by
+    its ``--timeout`` whatever the driver is stuck in."""
     if proc is None:
         return
     if tracking.get("finished"):  # the driver waits for this to end its Ray session
@@ -817,7 +941,8 @@ def _cleanup(result: NodeResult, proc: Any, conn: Any, driver_start: int | None,
             pass
     elif proc.is_alive():  # mid-step (killed worker, error, timeout, Ctrl-C): SIGTERM ends it through its finally
         proc.terminate()
-    proc.join(timeout=RELEASE_WAIT_S)
+    left_s = tracking.get("end_by", float("inf")) - time.monotonic() - 3.0
+    proc.join(timeout=max(1.0, min(RELEASE_WAIT_S, left_s)))
     if proc.is_alive():
         proc.kill()
         proc.join(timeout=5)
@@ -1130,7 +1255,7 @@ def _drive(conn: Any, cfg: dict[str, Any]) -> None:
     import ray
 
     verl_engine = cfg.get("engine") == "verl"
-    _start_ray(conn, cfg, _init_ray_with_cpus if verl_engine else init_ray)
+    init_ray(conn, cfg, _init_args(cfg))  # the start-up policy of transports.ray.startup
     info = cluster_info()
     info["node_id"] = ray.get_runtime_context().get_node_id()
     conn.send(RayInfo(type="ray_info", side="driver", **info))
@@ -1201,45 +1326,16 @@ def _replay(conn: Any, cfg: dict[str, Any], engine: Any, whole: Any) -> bool:
     return True
 
 
-def _start_ray(conn: Any, cfg: dict[str, Any], init: Any, attempts: int = 3) -> None:
-    """Start (or join) the cluster; a cluster of our own that fails to come up is started again.
+def _init_args(cfg: dict[str, Any]) -> dict[str, Any] | None:
+    """``ray.init`` arguments for the verl engine's own cluster: one logical CPU per worker (verl's
+    resource pool reserves a CPU bundle per worker); None (the usual arguments) otherwise."""
+    from picklescope.transports.ray.driver import init_args
 
-    On a loaded 2-core machine Ray's own start-up deadlines (GCS registration, agents' port files)
-    are sometimes missed; that is set-up, never the measured phase, and each failure is reported.
-    """
-    import ray
-
-    from picklescope.transports.ray.cluster import cluster_processes, kill
-
-    for i in range(1 if cfg.get("ray_address") else attempts):
-        try:
-            init(conn, cfg)
-            return
-        except Exception as exc:
-            if cfg.get("ray_address") or i == attempts - 1:
-                raise
-            conn.send(Note(type="note", side="driver", message=f"Ray start-up attempt {i + 1} failed: {exc}"))
-            ray.shutdown()
-            kill(cluster_processes(os.getpid(), None))
-
-
-def _init_ray_with_cpus(conn: Any, cfg: dict[str, Any]) -> None:
-    """``ray.init`` of our own cluster with one logical CPU per worker (verl's resource pool reserves
-    a CPU bundle per worker); joining a cluster is left to the usual start."""
-    import ray
-
-    from picklescope.transports.ray.driver import STARTUP_NICE, init_args, init_ray
-
-    if cfg.get("ray_address"):
-        init_ray(conn, cfg)
-        return
-    try:  # as init_ray does: only the start-up runs ahead of the machine's other work
-        os.nice(STARTUP_NICE)
-    except OSError as exc:
-        conn.send({"type": "note", "side": "driver", "message": f"cannot raise start-up priority: {exc}"})
+    if cfg.get("engine") != "verl" or cfg.get("ray_address"):
+        return None
     args = init_args(cfg)
     args["num_cpus"] = max(int(args.get("num_cpus") or 1), int(cfg["workers"]))
-    ray.init(**args)
+    return args
 
 
 def _verl_worker_class(codec: str) -> type:
@@ -1286,7 +1382,14 @@ class _ReplicaEngine:
         self.info: dict[str, Any] = {"engine": "replica", "worker_class": f"{__name__}.NodeWorker"}
 
     def ready(self) -> None:
-        self.ray.get([w.ready.remote() for w in self.workers], timeout=self.cfg.get("actor_timeout_s", 300))
+        from picklescope.transports.ray.driver import wait_s
+
+        wait = wait_s(self.cfg, self.cfg.get("actor_timeout_s", 300))
+        try:
+            self.ray.get([w.ready.remote() for w in self.workers], timeout=wait)
+        except self.ray.exceptions.GetTimeoutError:
+            raise RuntimeError(f"the {len(self.workers)} worker actors did not start within {wait:.0f} s "
+                               "(the run's --timeout was near)") from None
 
     def _arg(self, piece: Any) -> Any:
         return piece if self.cfg["transport"] == "ray-arg" else [self.ray.put(piece)]

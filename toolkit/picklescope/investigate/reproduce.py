@@ -22,6 +22,7 @@ from picklescope.measure.budget import plan as plan_limits
 from picklescope.measure.runner import check_repeat, fresh_forkserver, run, worst_of
 from picklescope.measure.session import Cancelled, cancellable, raise_if_cancelled
 from picklescope.transports import TRANSPORTS
+from picklescope.transports.ray.startup import RayStartError
 from picklescope.workloads.spec import DEFAULT_WORKLOAD, load_workload
 
 DEFAULT_SCALE = 0.25
@@ -318,6 +319,8 @@ class _RayLane:
                                                     before_runs=self._wait_for_forkserver, **self.run_kw)
             except Cancelled:
                 self.info = {"error": "interrupted"}
+            except RayStartError as exc:  # the machine, not the input: the rest of the report stands
+                self.info = {"error": str(exc)}  # its sentence already gives the load average
             except PicklescopeError as exc:
                 if self.ray_address:  # the user's own cluster: raised again in the caller's thread
                     self.error = exc

@@ -11,6 +11,7 @@ without a ``__main__`` guard, or a notebook), because the measured code lives in
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import os
@@ -18,9 +19,12 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from multiprocessing import context as mp_context
 from multiprocessing import forkserver, popen_forkserver, spawn
 from typing import Any
+
+from picklescope.core.paths import torch_cache_env
 
 PRELOAD = ["torch", "tensordict", "numpy", "picklescope.measure.child", "picklescope.measure.forkserver_setup"]
 _lock = threading.Lock()
@@ -169,17 +173,40 @@ def _own_mp_tempdir() -> None:
 
 def _warm_start() -> None:
     """Start the forkserver (if it is not running) with SIGINT ignored, so a Ctrl-C while it imports
-    torch does not print its traceback; its children inherit the same, and the parent ends them."""
+    torch does not print its traceback; its children inherit the same, and the parent ends them.
+
+    The forkserver starts with torch's cache folder inside the ``multiprocessing`` temp folder
+    (:func:`picklescope.core.paths.torch_cache_env`): importing tensordict creates it, and every child
+    and Ray process inherits the setting, so nothing named ``torchinductor_*`` is left in ``TMPDIR``.
+    Only the forkserver's environment gets it; the caller's own stays as it was."""
+    from multiprocessing import process
+
     _own_mp_tempdir()
     fs = forkserver._forkserver
-    if fs._forkserver_pid is not None or threading.current_thread() is not threading.main_thread():
-        fs.ensure_running()
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited across the forkserver's exec
+    with _environment(torch_cache_env(process.current_process()._config["tempdir"])):
+        if fs._forkserver_pid is not None or threading.current_thread() is not threading.main_thread():
+            fs.ensure_running()
+            return
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited across the forkserver's exec
+        try:
+            fs.ensure_running()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def _environment(extra: dict[str, str]) -> Iterator[None]:
+    """``extra`` in ``os.environ`` while the block runs (a process started inside inherits it)."""
+    saved = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
     try:
-        fs.ensure_running()
+        yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def warm_up() -> int | None:

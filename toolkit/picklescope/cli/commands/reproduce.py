@@ -18,6 +18,7 @@ import threading
 from typing import Any
 
 from picklescope.cli.commands.common import add_handoff_arg, repeat_count, run_kwargs, seconds
+from picklescope.core.paths import OutFolder
 from picklescope.core.units import fmt_bytes, parse_size
 from picklescope.investigate.ray_matrix import CLUSTER_START
 from picklescope.investigate.reproduce import (
@@ -48,7 +49,9 @@ def register(sub: Any) -> None:
     p.add_argument("--budget", default=None,
                    help="sender budget of the budgeted runs: bytes (60MiB) or a multiple of the payload (0.5x); "
                         "default: halfway between numpy's and numpy-legacy's headroom")
-    p.add_argument("--out", default=DEFAULT_OUT, help=f"folder for report.html and results.json; default {DEFAULT_OUT}")
+    p.add_argument("--out", default=DEFAULT_OUT,
+                   help=f"folder for report.html and results.json; default {DEFAULT_OUT}. Locked while this run "
+                        "writes it; removed again if this run created it and is stopped before writing")
     p.add_argument("--force", action="store_true", help="write into --out even if it holds other files")
     p.add_argument("--repeat", type=repeat_count, default=REPEAT, metavar="N",
                    help=f"runs of each unbudgeted case (default {REPEAT}): a peak that varies from run to run is "
@@ -69,13 +72,24 @@ def register(sub: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    from picklescope.views.report import prepare_out_dir, write_report
+    from picklescope.views.report import OWN_FILES
 
     if args.budget is not None:  # refuse a malformed or impossible budget before spending a minute on runs
         scale = default_scale(args.workload) if args.scale is None else args.scale
         plan(parse_size(args.budget, "--budget"), None, load_workload(args.workload).payload_bytes(scale))
+    # --out is locked while this run writes it (a second run into it gets one line), and removed again
+    # if this run created it and ends before writing its outputs (Ctrl-C, SIGTERM, an error)
+    with OutFolder(args.out, own=tuple(OWN_FILES)) as folder:
+        code = _reproduce(args)
+        folder.keep()
+    return code
+
+
+def _reproduce(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from picklescope.views.report import prepare_out_dir, write_report
+
     out = prepare_out_dir(args.out, args.force)
     n = len(BUILTIN_CODECS) * len(IN_PROCESS_TRANSPORTS)
     ray_runs = 0 if args.no_ray else len(BUILTIN_CODECS) + (0 if args.no_node else 1)

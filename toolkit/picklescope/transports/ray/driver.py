@@ -15,6 +15,8 @@ import gc
 import os
 import signal
 import sys
+import threading
+import time
 from typing import Any
 
 from picklescope.batch import set_active_codec
@@ -25,13 +27,12 @@ from picklescope.core.events import Done, Error, Handoff, Note, RayInfo, Ready, 
 from picklescope.core.leftovers import creator_pid
 from picklescope.measure import launcher
 from picklescope.measure.child import arm_stack_dump, begin_measure, end_measure, error_event
-from picklescope.transports.ray import events, hooks
+from picklescope.transports.ray import events, hooks, startup
 from picklescope.transports.ray.cluster import ParentWatch, cluster_processes, kill, parent_of
 from picklescope.workloads.spec import load_workload
 
 SIDE = "sender"
 OBJECT_STORE_MINIMUM = 80 * 1024 * 1024  # Ray refuses less than 75 MiB
-INIT_ATTEMPTS = 4
 STARTUP_NICE = -10
 
 
@@ -77,31 +78,109 @@ def cluster_info() -> dict[str, Any]:
     return info
 
 
-def init_ray(conn: Any, cfg: dict[str, Any]) -> None:
-    """``ray.init``, retried when our own node fails to come up in time.
+def init_ray(conn: Any, cfg: dict[str, Any], args: dict[str, Any] | None = None) -> None:
+    """``ray.init`` of our own cluster (or a join of the given one) under the start-up policy of
+    :mod:`.startup`: two tries, each bounded by what is left of the run's limit (``cfg["deadline_wall"]``,
+    a ``time.time()``), the core processes watched while it runs; a failure is a :class:`RayStartError`.
 
-    On a loaded 2-core machine the raylet gives the dashboard agent a fixed 15 s to write its port
-    file and aborts otherwise (the driver then sees "node timed out during startup"). That is Ray's
-    start-up, not the measured phase, so a new attempt is honest; each failure is reported.
+    ``args`` replaces :func:`init_args` (the node's verl engine asks for more logical CPUs). Only the
+    start-up runs at a raised priority (see :func:`restore_priority`).
     """
     import ray
 
-    if not cfg.get("ray_address"):
-        try:  # see restore_priority: only the start-up runs ahead of the machine's other work
-            os.nice(STARTUP_NICE)
-        except OSError as exc:
-            conn.send(Note(type="note", side=SIDE, message=f"cannot raise start-up priority: {exc}"))
-    attempts = 1 if cfg.get("ray_address") else INIT_ATTEMPTS
-    for i in range(attempts):
+    args = init_args(cfg) if args is None else args
+    if cfg.get("ray_address"):
+        ray.init(**args)
+        return
+    try:
+        os.nice(STARTUP_NICE)
+    except OSError as exc:
+        conn.send(Note(type="note", side=SIDE, message=f"cannot raise start-up priority: {exc}"))
+    deadline = cfg.get("deadline_wall")
+    left = None if deadline is None else deadline - time.time() - cfg.get("cleanup_reserve_s", 0.0)
+    t0 = time.monotonic()
+    reasons: list[str] = []
+    me = os.getpid()
+    for i, budget in enumerate(startup.try_budgets(left)):
+        watch = startup.ComponentWatch(lambda: cluster_processes(me, None))
         try:
-            ray.init(**init_args(cfg))
+            with _StartupGuard(budget, watch):
+                ray.init(**args)
             return
-        except Exception as exc:
-            if "timed out during startup" not in str(exc) or i == attempts - 1:
-                raise
-            conn.send(Note(type="note", side=SIDE, message=f"ray.init attempt {i + 1} failed: {exc}"))
+        except _StartupInterrupt as exc:
+            reasons.append(exc.reason)
+        except Exception as exc:  # noqa: BLE001 - Ray's start-up raises many kinds; each becomes one reason
+            watch.poll()
+            reasons.append(watch.sentence("start-up") or startup.short_reason(exc))
+        said = startup.raylet_said(cfg.get("ray_temp_dir"))
+        if said and "raylet" in reasons[-1]:
+            reasons[-1] += f" ({said})"
+        conn.send(Note(type="note", side=SIDE, message=f"Ray start-up try {i + 1} failed after "
+                       f"{time.monotonic() - t0:.0f} s: {reasons[-1]}"))
+        try:
             ray.shutdown()
-            kill(cluster_processes(os.getpid(), None))  # what the failed start left, before the next one
+        except Exception:  # noqa: BLE001 - a half-started session; the kill below ends it
+            pass
+        kill(cluster_processes(os.getpid(), None))  # what the failed try left, before the next one
+    raise startup.RayStartError(time.monotonic() - t0, reasons or ["no time was left to try"],
+                                startup.load_average())
+
+
+def wait_s(cfg: dict[str, Any], cap: float) -> float:
+    """How long one wait in the driver may take: ``cap``, or less when the run's own limit
+    (``cfg["deadline_wall"]``) is nearer, so no single wait carries the run past it."""
+    deadline = cfg.get("deadline_wall")
+    return cap if deadline is None else max(1.0, min(cap, deadline - time.time()))
+
+
+class _StartupInterrupt(BaseException):
+    """Raised in the main thread by :class:`_StartupGuard` (a BaseException, so Ray's own ``except
+    Exception`` blocks inside ``ray.init`` cannot swallow it)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class _StartupGuard:
+    """Interrupts ``ray.init`` when its try runs out of time or a core process dies.
+
+    A thread checks every half second; only when it finds one of the two does it send ``SIGALRM`` to
+    the main thread, whose handler raises between Python statements of ``ray.init``'s own waiting loops
+    (a thread could see the death but could not stop the call). A start-up that goes well gets no signal.
+    """
+
+    def __init__(self, budget_s: float, watch: startup.ComponentWatch) -> None:
+        self.budget_s, self.watch = budget_s, watch
+        self.t0 = time.monotonic()
+        self.previous: Any = None
+        self.reason: str | None = None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._check, name="picklescope-ray-startup-guard", daemon=True)
+
+    def _check(self) -> None:
+        while not self.stop.wait(0.5):
+            if self.watch.poll() is not None:
+                self.reason = self.watch.sentence("start-up") or "a Ray process died during start-up"
+            elif time.monotonic() - self.t0 > self.budget_s:
+                self.reason = f"no answer within {self.budget_s:.0f} s"
+            if self.reason is not None:
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGALRM)
+                return
+
+    def _interrupt(self, signum: int, frame: Any) -> None:
+        if self.reason is not None and not self.stop.is_set():
+            raise _StartupInterrupt(self.reason)
+
+    def __enter__(self) -> _StartupGuard:
+        self.previous = signal.signal(signal.SIGALRM, self._interrupt)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop.set()
+        self.thread.join()
+        signal.signal(signal.SIGALRM, self.previous or signal.SIG_DFL)
 
 
 def restore_priority(niceness: int) -> None:
@@ -188,7 +267,7 @@ def _run(conn: Any, cfg: dict[str, Any]) -> None:
                                    what="TransferQueue storage unit"))
         actor_cls = ray.remote(num_cpus=0, max_restarts=0)(ReceiverActor)
         actor = actor_cls.remote(cfg)
-        ray.get(actor.ready.remote(), timeout=cfg.get("actor_timeout_s", 300))
+        ray.get(actor.ready.remote(), timeout=wait_s(cfg, cfg.get("actor_timeout_s", 300)))
         if not cfg.get("ray_address"):
             restore_priority(niceness)
         if cfg["ray_path"] == "arg":

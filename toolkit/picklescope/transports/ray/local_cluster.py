@@ -15,16 +15,28 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Any
 
-from picklescope.core.leftovers import temp_name
+from picklescope.core.paths import make_temp_dir, torch_cache_env
 from picklescope.measure.session import Cancelled, raise_if_cancelled
-from picklescope.transports.ray import cluster
+from picklescope.transports.ray import cluster, startup
 
-STARTUP_TIMEOUT_S = 240.0
-ATTEMPTS = 3
+
+class _TryFailed(Exception):
+    def __init__(self, reason: str, log: str) -> None:
+        super().__init__(reason)
+        self.reason, self.log = reason, log
+
+
+def _last_error(text: str) -> str:
+    """The line of ``ray start``'s output that says what went wrong (its last error line), shortened."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if "Error" in ln or "Exception" in ln or "timed out" in ln or "failed" in ln.lower():
+            return startup.short_reason(RuntimeError(ln))
+    return startup.short_reason(RuntimeError(lines[-1])) if lines else "no output"
+
 
 
 def _free_port() -> int:
@@ -44,24 +56,29 @@ class LocalCluster:
         self.temp_dir: str | None = None
         self.report: dict[str, Any] = {}
 
-    def start(self) -> LocalCluster:
-        """Start the head node; a start-up that Ray itself times out is retried (see driver.init_ray)."""
+    def start(self, timeout_s: float | None = None) -> LocalCluster:
+        """Start the head node under the start-up policy of :mod:`.startup` (two tries, each bounded by
+        ``timeout_s`` in all, the core processes watched); a failure is one :class:`RayStartError`."""
         self.failures: list[str] = []
-        for attempt in range(ATTEMPTS):
+        log = ""
+        t0 = time.monotonic()
+        left = None if timeout_s is None else float(timeout_s)
+        for budget in startup.try_budgets(left):
             try:
-                return self._start_once()
-            except RuntimeError as exc:
-                if "timed out during startup" not in str(exc) or attempt == ATTEMPTS - 1:
-                    raise
-                self.failures.append(str(exc)[-300:])
-        raise AssertionError("unreachable")
+                return self._start_once(budget)
+            except _TryFailed as exc:
+                self.failures.append(exc.reason)
+                log = exc.log
+        raise startup.RayStartError(time.monotonic() - t0, self.failures or ["no time was left to try"],
+                                    startup.load_average(), log=log)
 
-    def _start_once(self) -> LocalCluster:
-        self.temp_dir = tempfile.mkdtemp(prefix=temp_name("psrayc-"), dir="/tmp")
+    def _start_once(self, budget_s: float) -> LocalCluster:
+        self.temp_dir = make_temp_dir("psrayc-", for_ray=True)
         port = _free_port()
         env = dict(os.environ)
         env.setdefault("RAY_AUTH_MODE", "disabled")
         env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        env.update(torch_cache_env(self.temp_dir))  # its workers import torch: the cache stays in our folder
         cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={port}",
                "--node-ip-address=127.0.0.1", f"--num-cpus={self.num_cpus}",
                f"--object-store-memory={self.object_store_bytes}", f"--temp-dir={self.temp_dir}",
@@ -74,8 +91,10 @@ class LocalCluster:
                                          preexec_fn=_raise_priority)
         self._ticks = cluster.start_ticks(self.proc.pid)
         self._watch()
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while time.monotonic() < deadline:
+        watch = startup.ComponentWatch(self.pids)
+        deadline = time.monotonic() + budget_s
+        reason = None
+        while reason is None:
             try:
                 raise_if_cancelled()
             except Cancelled:
@@ -86,13 +105,20 @@ class LocalCluster:
             if "Ray runtime started" in text:
                 self.address = f"127.0.0.1:{port}"
                 break
-            if self.proc.poll() is not None:
-                self.stop()
-                raise RuntimeError(f"ray start exited ({self.proc.returncode}):\n{text[-2000:]}")
-            time.sleep(0.2)
-        else:
+            if watch.poll() is not None:
+                reason = watch.sentence("start-up")
+            elif self.proc.poll() is not None:
+                reason = f"'ray start' exited ({self.proc.returncode}): {_last_error(text)}"
+            elif time.monotonic() > deadline:
+                reason = f"'ray start' did not finish within {budget_s:.0f} s"
+            else:
+                time.sleep(0.2)
+        if reason is not None:
+            said = startup.raylet_said(self.temp_dir)
+            if said and "raylet" in reason:
+                reason += f" ({said})"
             self.stop()
-            raise RuntimeError(f"ray start did not finish within {STARTUP_TIMEOUT_S:.0f} s")
+            raise _TryFailed(reason, text[-4000:])
         for pid in self.pids() | {self.proc.pid}:
             try:
                 os.setpriority(os.PRIO_PROCESS, pid, 0)

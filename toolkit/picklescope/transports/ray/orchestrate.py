@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -21,7 +20,7 @@ from multiprocessing.connection import Listener
 from typing import Any
 
 from picklescope.core.events import Event, Hello, RayInfo, Release, StoreProcess
-from picklescope.core.leftovers import temp_name
+from picklescope.core.paths import make_temp_dir
 from picklescope.core.procmem import StatmReader
 from picklescope.core.result import RunResult
 from picklescope.errors import PicklescopeError
@@ -228,12 +227,13 @@ def run_sides(state: RunFold, cfg: dict[str, Any], *, ray_path: str, timeout_s: 
     t0 = cfg["t0"]
     remote = bool(run.address)
     listener = _Listener(cfg["run_dir"], remote)
-    ray_tmp = None if remote else tempfile.mkdtemp(prefix=temp_name("psray-"), dir="/tmp")
+    ray_tmp = None if remote else make_temp_dir("psray-", for_ray=True)
 
     cfg = {**cfg, "ray_path": ray_path, "ray_address": run.address, "ray_temp_dir": ray_tmp,
            "object_store_bytes": object_store_bytes(result.payload_bytes, options.get("object_store_bytes")),
            "events_address": listener.address, "events_key": listener.key.hex(), "machine": machine_id(),
-           "t0_wall": time.time() - (time.monotonic() - t0), "ray_env": ray_env(remote)}
+           "t0_wall": time.time() - (time.monotonic() - t0), "ray_env": ray_env(remote),
+           "deadline_wall": time.time() + (t0 + timeout_s - time.monotonic())}  # bounds Ray's start-up
     run.cfg = cfg
     result.extra["ray"] = run.tracking
     # the sides' curves are their whole RSS; the store (plasma file or TransferQueue's unit) on the same tick

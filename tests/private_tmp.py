@@ -1,0 +1,45 @@
+"""Run a command with ``/tmp`` replaced by an empty private one, to see exactly what it leaves there.
+
+A mount namespace of its own (``unshare --mount``) with a fresh tmpfs on ``/tmp``: whatever the other
+programs on the machine write to the real ``/tmp`` meanwhile, the listing after the command is the
+command's alone.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+UNSHARE = shutil.which("unshare")
+
+
+def private_tmp(command: list[str], tmpdir: str, timeout_s: float) -> tuple[int, str, str, list[str]]:
+    """Run ``command`` with ``/tmp`` replaced by an empty private one (a mount namespace of its own) and
+    ``TMPDIR`` set to ``tmpdir``: (exit status, stdout, stderr, what it left in that ``/tmp``).
+
+    Exact, whatever the other programs on the machine write to the real ``/tmp`` meanwhile."""
+    script = ('mount -t tmpfs picklescope-test /tmp || exit 97\n'
+              '"$@" >"$OUT" 2>"$ERR"\n'
+              'echo "$?" >"$RC"\n'
+              'ls -A /tmp >"$LEFT"\n')
+    control = tempfile.mkdtemp(prefix="ps-c-", dir="/var/tmp")  # beside TMPDIR, not in it
+    files = {k: os.path.join(control, k.lower()) for k in ("OUT", "ERR", "RC", "LEFT")}
+    env = {**os.environ, "TMPDIR": tmpdir, **files}
+    try:
+        subprocess.run([UNSHARE, "--mount", "--propagation", "private", "sh", "-c", script, "sh", *command],
+                       env=env, timeout=timeout_s, check=False)
+        read = {k: Path(v).read_text() if os.path.exists(v) else "" for k, v in files.items()}
+    finally:
+        shutil.rmtree(control, ignore_errors=True)
+    return int(read["RC"] or -1), read["OUT"], read["ERR"], read["LEFT"].split()
+
+
+def unshare_works() -> bool:
+    if UNSHARE is None:
+        return False
+    r = subprocess.run([UNSHARE, "--mount", "--propagation", "private", "sh", "-c", "mount -t tmpfs x /tmp"],
+                       capture_output=True, check=False)
+    return r.returncode == 0
