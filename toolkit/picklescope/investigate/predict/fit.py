@@ -159,8 +159,8 @@ def codec_key(codec: str) -> str:
     """The codec, and for a ``verl-<version>:<mode>`` codec the installed version's record (a reinstall is new)."""
     if not codec.startswith("verl-"):
         return codec
-    version = codec[len("verl-"):].split(":", 1)[0]
-    info = envs.verl_root() / version / envs.INFO_FILE
+    label = codec[len("verl-"):].split(":", 1)[0]
+    info = envs.verl_root() / f"verl-{label}" / envs.INFO_FILE
     try:
         return codec + ":" + hashlib.sha256(info.read_bytes()).hexdigest()[:12]
     except OSError:

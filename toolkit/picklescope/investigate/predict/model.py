@@ -80,6 +80,7 @@ class Model:
     roles: dict[str, RoleModel] = field(default_factory=dict)
     release_rate: Term | None = None  # releases per training step (None: nothing ever released in the fits)
     release_share: float = 0.0  # share of the held growth a release frees
+    collection_rate: Term | None = None  # the controller's full collections per training step
     fitted_on: list[str] = field(default_factory=list)
 
     def features(self, payload: float, rows: int, workers: int, objects_per_row: float) -> dict[str, float]:
@@ -126,6 +127,8 @@ class Model:
             rows.append((role, "transient within a step", rm.transient.describe(mib)))
         if self.release_rate is not None:
             rows.append(("controller", "releases per training step", self.release_rate.describe(1)))
+        if self.collection_rate is not None:
+            rows.append(("controller", "full collections per step", self.collection_rate.describe(1)))
         return rows
 
 
@@ -222,6 +225,11 @@ def fit(replays: Sequence[Replay]) -> Model:
                                   fit_term(f"{role} transient", feats, xs, [p[2] for p in per]))
         if role == "controller":
             shares = [p[3] for p in per if p[3] is not None]
+    counted = [r for r in reps if r.per_step[-1].collections is not None]
+    if counted:
+        m.collection_rate = fit_term("full collections", FEATURES["objects"],
+                                     [x for x, r in zip(xs, reps) if r in counted],
+                                     [r.per_step[-1].collections / len(r.per_step) for r in counted])
     if any(rel):
         m.release_rate = fit_term("release rate", FEATURES["objects"], xs,
                                   [len(rl) / len(r.per_step) for r, rl in zip(reps, rel)])
