@@ -30,8 +30,12 @@ from dataclasses import dataclass, field
 from picklescope.investigate.predict.fit import Replay, chunk_rows
 
 ROLES = ("controller", "worker", "workers", "store", "node")
-_PER_WORKER = ("workers", "store", "node")  # sums over the workers: their constant scales with W
-FEATURES = {"bytes": ("P", "c", "1"), "bytes+W": ("P", "c", "W", "1"), "objects": ("objects", "W", "1")}
+PARTS = ("controller", "workers", "store")  # the node's total is their sum (the store counted once)
+# What each role's bytes can depend on: the controller serializes W chunks that add up to P and pays
+# something per call (W); one worker handles one chunk (c); the workers' sum and the store see every
+# chunk (P) and per-worker constants (W); the node's own transient (the parts peaking together) any.
+FEATURES = {"controller": ("P", "W", "1"), "worker": ("c", "1"), "workers": ("P", "W", "1"),
+            "store": ("P", "c", "1"), "node": ("P", "c", "1"), "objects": ("objects", "W", "1")}
 
 
 @dataclass
@@ -113,6 +117,10 @@ class Model:
                 rows_out.append((level, max(prev, level) + trans))
                 prev = level
             out[role] = rows_out
+        if "node" in self.roles and all(p in out for p in PARTS):  # the node: its parts' levels, plus the
+            trans = max(0.0, self.roles["node"].transient(x))  # rise of the node's own total within a step
+            levels = [sum(out[p][k][0] for p in PARTS) for k in range(steps)]
+            out["node"] = [(lvl, max(levels[k - 1] if k else 0.0, lvl) + trans) for k, lvl in enumerate(levels)]
         return out
 
     def terms_table(self, unit_payload: float = 1.0) -> list[tuple[str, str, str]]:
@@ -120,6 +128,10 @@ class Model:
         mib = 2**20
         rows = []
         for role, rm in self.roles.items():
+            if role == "node" and all(p in self.roles for p in PARTS):
+                rows.append(("node", "sum of", " + ".join(PARTS) + ", plus its own rise within a step: "
+                             + rm.transient.describe(mib)))
+                continue
             rows.append((role, "level with nothing held", rm.base.describe(mib)))
             freed = ("never freed in the fits" if self.release_rate is None else
                      f"{self.release_share:.0%} of it freed at each release")
@@ -204,6 +216,17 @@ def _role_terms(rep: Replay, role: str, releases: list[int]) -> tuple[float, flo
     return base, growth, transient, (sum(shares) / len(shares) if shares else None)
 
 
+def _node_transient(rep: Replay) -> float:
+    """How far the node's sampled total rose within a step above the sum of its parts' levels (the higher
+    of before and after the step): the moments at which parts peak together. Mean over the steps."""
+    out, prev = [], 0.0
+    for s in rep.per_step:
+        level = sum(s.end.get(p, 0) for p in PARTS)
+        out.append(s.peak.get("node", 0) - max(prev, level))
+        prev = level
+    return max(0.0, sum(out) / len(out)) if out else 0.0
+
+
 def fit(replays: Sequence[Replay]) -> Model:
     """The model of one codec under one collector mode from its replays (at least one, all ``ok``)."""
     reps = [r for r in replays if r.outcome == "ok" and r.per_step]
@@ -219,7 +242,9 @@ def fit(replays: Sequence[Replay]) -> Model:
         if not all(role in s.end for r in reps for s in r.per_step):
             continue
         per = [_role_terms(r, role, rl) for r, rl in zip(reps, rel)]
-        feats = FEATURES["bytes+W" if role in _PER_WORKER else "bytes"]
+        if role == "node" and all(p in s.end for r in reps for s in r.per_step for p in PARTS):
+            per = [(0.0, 0.0, _node_transient(r), None) for r in reps]
+        feats = FEATURES[role]
         m.roles[role] = RoleModel(role, fit_term(f"{role} base", feats, xs, [p[0] for p in per]),
                                   fit_term(f"{role} growth", feats, xs, [p[1] for p in per]),
                                   fit_term(f"{role} transient", feats, xs, [p[2] for p in per]))
