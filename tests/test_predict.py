@@ -144,19 +144,37 @@ def test_bad_input_is_one_line_and_exit_2(args, words, tmp_path):
 @pytest.mark.ray
 def test_fit_on_small_replays_predicts_a_held_out_replay(tmp_path, monkeypatch):
     """Fitted on flowgrpo x0.025/x0.05/x0.1 with 2 workers (collector off, 4 steps), the prediction for x0.2
-    must come within 15% of the real replay's node peak and controller peak, for both codecs."""
+    must come within 15% of the real replay's node peak, and of the controller's peak for the legacy codec
+    (the fixed controller holds about nothing, so there the check is that it stays near nothing). One local
+    cluster joined like a real one (its store holds every step's chunks of x0.2: 5 x 93 MiB)."""
     from picklescope.transports.ray import ray_available
 
     if not ray_available():
         pytest.skip("ray is not installed")
+    from picklescope.transports.ray.local_cluster import LocalCluster
+
     monkeypatch.setenv("PICKLESCOPE_CACHE", str(tmp_path))
-    preds = prediction.predict(("numpy-legacy", "numpy"), "flowgrpo", scale=0.2, workers=2, steps=4, gc="off",
-                               fit_scales_=(0.025, 0.05, 0.1), fit_workers=(2,), fit_steps=4, check=True)
+    failures = []
+    for _ in range(3):  # on a loaded 2-core machine Ray's own start-up deadlines are sometimes missed
+        try:
+            cluster = LocalCluster(object_store_bytes=1024 * MiB, num_cpus=1).start()
+            break
+        except RuntimeError as exc:
+            failures.append(str(exc)[-300:])
+    else:
+        raise AssertionError(f"the local Ray cluster did not start: {failures}")
+    try:
+        preds = prediction.predict(("numpy-legacy", "numpy"), "flowgrpo", scale=0.2, workers=2, steps=4, gc="off",
+                                   fit_scales_=(0.025, 0.05, 0.1), fit_workers=(2,), fit_steps=4, check=True,
+                                   ray_address=cluster.address)
+    finally:
+        report = cluster.stop()
+    assert report["remaining"] == [], report
     for p in preds:
         c = p.check
         assert c is not None and c.outcome == "ok", p.summary()
         assert abs(c.error(c.predicted_node_peak_bytes, c.measured_node_peak_bytes)) < 0.15, p.summary()
-        if p.codec == "numpy-legacy":  # the fixed controller holds about nothing: a ratio of nothing is noise
+        if p.codec == "numpy-legacy":
             assert abs(c.error(c.predicted_controller_peak_bytes, c.measured_controller_peak_bytes)) < 0.15, \
                 p.summary()
         else:
