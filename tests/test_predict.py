@@ -130,6 +130,7 @@ def test_a_changed_workload_file_is_a_new_cache_key(tmp_path):
     (["--process-baseline", "controller"], "is not role=size"),
     (["--ray-threshold", "1.5"], "--ray-threshold"),
     (["--node-memory", "lots"], "--node-memory"),
+    (["--payload", "44GB", "--check"], "would not fit this machine's free memory"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, words, tmp_path):
     env = {**os.environ, "PICKLESCOPE_CACHE": str(tmp_path)}

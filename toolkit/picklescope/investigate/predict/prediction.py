@@ -304,6 +304,8 @@ def predict(codecs: Sequence[str] = ("numpy-legacy", "numpy"), workload: str = "
             raise PicklescopeError(f"--node-memory {node_memory!r} needs bytes", "use e.g. --node-memory 1507GB")
         mem = size.bytes
     baselines = parse_baselines(process_baselines, workers)
+    if check:
+        _refuse_a_check_that_cannot_fit(pay, steps)
     fitted = models(codecs, workload, gc, scales=fit_scales_, workers=fit_workers, steps=fit_steps,
                     refresh=refresh, ray_address=ray_address, log=log)
     out = []
@@ -324,9 +326,6 @@ def _check(preds: list[CodecPrediction], codecs: Sequence[str], workload: str, s
            steps: int, gc: str, wl: Workload, timeout_s: float, ray_address: str | None,
            log: Callable[[str], None] | None) -> None:
     """Replay the predicted size for real (built-in codecs as one series) and set each prediction's check."""
-    if wl.payload_bytes(scale) * (steps + 3) > _available():
-        raise PicklescopeError(f"the check's replay at x{scale:g} would not fit this machine's free memory",
-                               "check at a smaller --scale (the prediction itself needs no replay)")
     built_in = [c for c in codecs if not c.startswith("verl-")]
     groups = ([built_in] if built_in else []) + [[c] for c in codecs if c.startswith("verl-")]
     by_codec = {p.codec: p for p in preds}
@@ -345,6 +344,14 @@ def _check(preds: list[CodecPrediction], codecs: Sequence[str], workload: str, s
                             r.own_peak_bytes("driver") if "driver" in r.processes else None,
                             p.processes["controller"] - p.baselines.get("controller", 0),
                             released_at(rep) if rep.per_step else [], p.release_steps, r.outcome)
+
+
+def _refuse_a_check_that_cannot_fit(payload: int, steps: int) -> None:
+    need = payload * (steps + 3)  # the legacy driver holds about a payload per step, the workers one more
+    if need > _available():
+        raise PicklescopeError(f"--check replays the predicted batch ({fmt_bytes(payload)}) for real, and about "
+                               f"{fmt_bytes(need)} of it would not fit this machine's free memory",
+                               "check at a smaller --scale (the prediction itself needs no replay)")
 
 
 def _available() -> int:
