@@ -184,3 +184,21 @@ def test_fit_on_small_replays_predicts_a_held_out_replay(tmp_path, monkeypatch):
     doc = json.loads(json.dumps([p.to_json_dict() for p in preds]))
     assert {"node_peak_bytes", "processes", "training_steps", "killed", "largest_surviving_payload_bytes"} <= \
         set(doc[0])
+
+
+def test_the_figure_is_drawn_from_the_plain_data():
+    from picklescope import figures
+
+    wl = load_workload("flowgrpo")
+    m = model_mod.fit(fit_set())
+    per_row = wl.payload_bytes(1.0) / wl.rows(1.0)
+    pay = int(512 * per_row)
+    out = prediction.play_node(m, wl, 512, pay, 8, 10, {}, 6 * pay, 0.95)
+    p = prediction.CodecPrediction("numpy-legacy", "off", pay, 512, 8, 10, 6 * pay, 0.95, {}, out["node_peak"],
+                                   out["peaks"], out["steps"], out["killed"], None, out["releases"], m.terms_table(),
+                                   m.fitted_on)
+    fig = figures.predict_figure([p.to_json_dict()])
+    names = [t.name for t in fig.data]
+    assert "numpy-legacy: node" in names and "numpy-legacy: controller" in names
+    assert any(t.text and "Ray kills worker-7" in t.text[0] for t in fig.data)  # the kill's marker
+    assert fig.layout.shapes, "Ray's threshold line is missing"
