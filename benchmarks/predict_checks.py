@@ -27,7 +27,7 @@ from pathlib import Path
 from picklescope.investigate.predict import fit as fitting
 from picklescope.investigate.predict.model import fit as fit_model
 from picklescope.investigate.predict.model import released_at
-from picklescope.investigate.predict.prediction import fit_scales, play_node
+from picklescope.investigate.predict.prediction import fit_scales, leaf_row_bytes, play_node
 from picklescope.transports.ray.local_cluster import LocalCluster
 from picklescope.workloads.spec import load_workload
 
@@ -78,7 +78,7 @@ def main() -> None:
                 held = fitting.replays(group, args.workload, gc, (args.scale,), (args.workers,), args.steps,
                                        ray_address=address, log=print)
                 for codec in group:
-                    model = fit_model([r for r in reps if r.codec == codec])
+                    model = fit_model([r for r in reps if r.codec == codec], leaf_row_bytes(wl))
                     real = next(r for r in held if r.codec == codec)
                     played = play_node(model, wl, real.rows, real.payload_bytes, args.workers, args.steps, {}, None,
                                        0.95)

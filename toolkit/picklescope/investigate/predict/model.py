@@ -34,7 +34,13 @@ PARTS = ("controller", "workers", "store")  # the node's total is their sum (the
 # What each role's bytes can depend on: the controller serializes W chunks that add up to P and pays
 # something per call (W); one worker handles one chunk (c); the workers' sum and the store see every
 # chunk (P) and per-worker constants (W); the node's own transient (the parts peaking together) any.
-FEATURES = {"controller": ("P", "W", "1"), "worker": ("c", "1"), "workers": ("P", "W", "1"),
+# A worker keeps, after its call, the part of its chunk that glibc served from its heap: blocks above
+# glibc's largest mmap threshold (32 MiB on 64-bit) are mapped and returned to the kernel when freed, so
+# only leaves whose per-chunk bytes stay under it remain resident (``h``; ``H`` for all workers). The rest
+# of the chunk is resident only during the call, and is added to the worker's rise within a step (to the
+# workers' sum as if every call overlapped: an upper bound, since the fits' chunks never reach the threshold).
+MMAP_THRESHOLD_MAX = 32 * 2**20
+FEATURES = {"controller": ("P", "W", "1"), "worker": ("h", "1"), "workers": ("H", "W", "1"),
             "store": ("P", "c", "1"), "node": ("P", "c", "1"), "objects": ("objects", "W", "1")}
 
 
@@ -55,8 +61,10 @@ class Term:
         """The term in words, bytes as multiples of ``unit`` where they are bytes."""
         parts = []
         for c, f in zip(self.coef, self.features):
-            if f in ("P", "c"):
-                parts.append(f"{c:+.3f} x {'payload' if f == 'P' else 'chunk payload'}")
+            if f in ("P", "c", "h", "H"):
+                what = {"P": "payload", "c": "chunk payload", "h": "chunk's heap-sized leaves",
+                        "H": "all chunks' heap-sized leaves"}[f]
+                parts.append(f"{c:+.3f} x {what}")
             elif f == "W":
                 parts.append(f"{c / unit:+.2f} MiB x workers" if unit != 1 else f"{c:+.4f} x workers")
             elif f == "objects":
@@ -86,10 +94,16 @@ class Model:
     release_share: float = 0.0  # share of the held growth a release frees
     collection_rate: Term | None = None  # the controller's full collections per training step
     fitted_on: list[str] = field(default_factory=list)
+    leaf_row_bytes: list[float] = field(default_factory=list)  # bytes per row of each tensor leaf
 
     def features(self, payload: float, rows: int, workers: int, objects_per_row: float) -> dict[str, float]:
-        return {"P": float(payload), "c": payload * chunk_rows(rows, workers) / rows, "W": float(workers),
-                "objects": rows * objects_per_row, "1": 1.0}
+        crows = chunk_rows(rows, workers)
+        c = payload * crows / rows
+        heap = sum(b * crows for b in self.leaf_row_bytes if b * crows <= MMAP_THRESHOLD_MAX) \
+            if self.leaf_row_bytes else c
+        heap = min(heap, c)
+        return {"P": float(payload), "c": c, "h": heap, "H": heap * workers, "mapped": c - heap,
+                "W": float(workers), "objects": rows * objects_per_row, "1": 1.0}
 
     def release_steps(self, x: dict[str, float], steps: int) -> list[int]:
         """Training steps (1-based) at which a release happens: every 1/rate steps, the first after one interval."""
@@ -108,6 +122,10 @@ class Model:
         out: dict[str, list[tuple[float, float]]] = {}
         for role, rm in self.roles.items():
             base, growth, trans = rm.base(x), max(0.0, rm.growth(x)), max(0.0, rm.transient(x))
+            if role == "worker":  # the mapped part of its chunk, resident during its call
+                trans += x["mapped"]
+            elif role == "workers":  # every worker's at once: an upper bound (calls may not overlap fully)
+                trans += x["mapped"] * x["W"]
             held, prev, rows_out = 0.0, 0.0, []
             for k in range(1, steps + 1):
                 held += growth
@@ -119,6 +137,7 @@ class Model:
             out[role] = rows_out
         if "node" in self.roles and all(p in out for p in PARTS):  # the node: its parts' levels, plus the
             trans = max(0.0, self.roles["node"].transient(x))  # rise of the node's own total within a step
+            trans += x["mapped"] * x["W"]  # and the workers' mapped chunks during their calls (see FEATURES)
             levels = [sum(out[p][k][0] for p in PARTS) for k in range(steps)]
             out["node"] = [(lvl, max(levels[k - 1] if k else 0.0, lvl) + trans) for k, lvl in enumerate(levels)]
         return out
@@ -227,14 +246,16 @@ def _node_transient(rep: Replay) -> float:
     return max(0.0, sum(out) / len(out)) if out else 0.0
 
 
-def fit(replays: Sequence[Replay]) -> Model:
-    """The model of one codec under one collector mode from its replays (at least one, all ``ok``)."""
+def fit(replays: Sequence[Replay], leaf_row_bytes: Sequence[float] = ()) -> Model:
+    """The model of one codec under one collector mode from its replays (at least one, all ``ok``);
+    ``leaf_row_bytes`` (bytes per row of each tensor leaf) places the chunk's leaves against glibc's
+    mmap threshold (without it the whole chunk counts as heap)."""
     reps = [r for r in replays if r.outcome == "ok" and r.per_step]
     if not reps:
         raise ValueError("no replay with measured steps to fit")
     first = reps[0]
     m = Model(first.codec, first.gc, first.workload,
-              fitted_on=[f"x{r.scale:g} {r.workers}w" for r in reps])
+              fitted_on=[f"x{r.scale:g} {r.workers}w" for r in reps], leaf_row_bytes=list(leaf_row_bytes))
     xs = [m.features(r.payload_bytes, r.rows, r.workers, r.non_tensor_objects / r.rows) for r in reps]
     rel = [released_at(r) for r in reps]
     shares: list[float] = []

@@ -193,6 +193,12 @@ def fit_scales(wl: Workload, codec: str, scales: Sequence[float], workers: Seque
     return out
 
 
+def leaf_row_bytes(wl: Workload) -> list[float]:
+    """Bytes per row of each tensor leaf (nested leaves by their mean row), from the spec alone."""
+    rows = wl.rows(1.0)
+    return [wl.leaf_bytes(t, 1.0) / rows for t in wl.tensors]
+
+
 def _gcd(a: int, b: int) -> int:
     while b:
         a, b = b, a % b
@@ -214,7 +220,7 @@ def models(codecs: Sequence[str], workload: str, gc: str, *, scales: Sequence[fl
         reps = fitting.replays(group, workload, gc, fit_scales(wl, group[0], scales, workers), workers, steps,
                                refresh=refresh, ray_address=ray_address, log=log)
         for codec in group:
-            out[codec] = fit_model([r for r in reps if r.codec == codec])
+            out[codec] = fit_model([r for r in reps if r.codec == codec], leaf_row_bytes(wl))
     return out
 
 
