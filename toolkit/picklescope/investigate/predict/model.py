@@ -11,10 +11,11 @@ Each role (``controller``, ``worker`` the busiest worker, ``workers`` all of the
     peak during step k  = max(level after k-1, level after k) + transient
 
 where ``m_k`` counts the training steps whose copies are still held (``k`` with nothing to free them;
-reset by a release). Each term is a linear function of the payload ``P``, the largest chunk's payload
-``c`` (the driver serializes one chunk per worker call) and, for the sums over workers, the worker
-count ``W``, fitted by least squares over the replays (one value per replay, each the mean over its
-steps). What does not scale with bytes is kept apart: under the default collector a release is a step
+reset by a release). Each term is a linear function of what the role's work depends on (see
+:data:`FEATURES`: the payload ``P``, the worker count ``W``, a chunk's payload ``c`` and its heap-sized
+leaves ``h``), fitted by least squares over the replays (one value per replay, each the mean over its
+steps); the node is the sum of the controller, the workers and the store plus its own rise.
+What does not scale with bytes is kept apart: under the default collector a release is a step
 at which the controller's memory fell back (a collection freed the cycle-held copies); how often that
 happens depends on how many objects a step creates, not on bytes, so the release rate per step is
 fitted as a linear function of the batch's non-tensor objects (rows x keys) and ``W``, and the share of
