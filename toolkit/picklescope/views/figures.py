@@ -535,3 +535,4 @@ def stepthrough_figure(rows: Any, *, payload_bytes: int | None = None, scale_byt
 
 
 from picklescope.views.node_figure import node_figure  # noqa: E402,F401 - figures.node_figure(result): the node replay's view
+from picklescope.views.predict_figure import predict_figure  # noqa: E402,F401 - figures.predict_figure(predictions): predict's view

@@ -1,0 +1,130 @@
+"""How close is ``picklescope predict`` to a real replay at a size its fit never saw?
+
+For each collector mode, fits the codecs on node replays at the fit sizes (``--fit-scales``, 2 and 4
+workers, cached like ``predict``'s own fits) and replays the held-out size (``--scale``, ``--workers``,
+``--steps``, cached the same way), all on one local cluster joined like a real one (starting a cluster
+per size is the slowest and least reliable part on a loaded machine). Then it compares the prediction
+for the held-out size with that replay, as ``predict --check`` does: the node's peak (highest sample
+above its baseline), the controller's own peak (its private memory, the store apart), and the steps at
+which the controller's memory falls back.
+
+    python benchmarks/predict_checks.py [--codecs numpy-legacy,numpy] [--gc off,default] [--workload flowgrpo]
+
+Writes ``benchmarks/results/predict_checks.json`` (``--out`` to change). A ``verl-*`` codec needs
+``picklescope verl install``; its fit scales move to row counts every worker count divides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+from picklescope.investigate.predict import fit as fitting
+from picklescope.investigate.predict.model import fit as fit_model
+from picklescope.investigate.predict.model import released_at
+from picklescope.investigate.predict.prediction import fit_scales, leaf_row_bytes, play_node
+from picklescope.transports.ray.local_cluster import LocalCluster
+from picklescope.workloads.spec import load_workload
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MiB = 1024**2
+
+
+def _start_cluster(attempts: int) -> LocalCluster:
+    failures = []
+    for _ in range(attempts):
+        try:
+            return LocalCluster(object_store_bytes=3072 * MiB, num_cpus=1).start()
+        except RuntimeError as exc:
+            failures.append(str(exc)[-200:])
+    sys.exit(f"predict_checks: the local Ray cluster did not start in {attempts} attempts: {failures[-1]}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--codecs", default="numpy-legacy,numpy")
+    ap.add_argument("--gc", default="off,default")
+    ap.add_argument("--workload", default="flowgrpo")
+    ap.add_argument("--fit-scales", default="0.05,0.1,0.2")
+    ap.add_argument("--fit-workers", default="2,4")
+    ap.add_argument("--scale", type=float, default=0.5)
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--attempts", type=int, default=20, help="tries to start the local cluster")
+    ap.add_argument("--out", default=str(RESULTS / "predict_checks.json"))
+    args = ap.parse_args()
+    codecs = args.codecs.split(",")
+    scales = [float(s) for s in args.fit_scales.split(",")]
+    workers = [int(w) for w in args.fit_workers.split(",")]
+    wl = load_workload(args.workload)
+    rows_out = []
+    cluster = None
+    if not _all_cached(wl, codecs, args, scales, workers):
+        cluster = _start_cluster(args.attempts)
+    address = cluster.address if cluster else None
+    t0 = time.monotonic()
+    try:
+        for gc in args.gc.split(","):
+            groups = [[c for c in codecs if not c.startswith("verl-")]] + [[c] for c in codecs if c.startswith("verl-")]
+            for group in [g for g in groups if g]:
+                fit_at = fit_scales(wl, group[0], scales, workers)
+                reps = fitting.replays(group, args.workload, gc, fit_at, workers, fitting.FIT_STEPS,
+                                       ray_address=address, log=print)
+                held = fitting.replays(group, args.workload, gc, (args.scale,), (args.workers,), args.steps,
+                                       ray_address=address, log=print)
+                for codec in group:
+                    model = fit_model([r for r in reps if r.codec == codec], leaf_row_bytes(wl))
+                    real = next(r for r in held if r.codec == codec)
+                    played = play_node(model, wl, real.rows, real.payload_bytes, args.workers, args.steps, {}, None,
+                                       0.95)
+                    pred_node, pred_ctl = played["node_peak"], played["peaks"]["controller"]
+                    row = {"codec": codec, "gc": gc, "workload": wl.name, "fit_scales": fit_at, "fit_workers": workers,
+                           "scale": args.scale, "workers": args.workers, "steps": args.steps,
+                           "payload_bytes": real.payload_bytes,
+                           "node_peak": {"predicted": pred_node, "measured": real.node_peak_bytes},
+                           "controller_peak": {"predicted": pred_ctl, "measured": real.controller_own_peak_bytes},
+                           "release_steps": {"predicted": played["releases"], "measured": released_at(real)},
+                           "terms": model.terms_table()}
+                    for key in ("node_peak", "controller_peak"):
+                        m = row[key]["measured"]
+                        row[key]["error"] = None if not m else round((row[key]["predicted"] - m) / m, 4)
+                    rows_out.append(row)
+                    p = real.payload_bytes
+                    ctl_err = _pct(row["controller_peak"]["error"])
+                    print(f"{codec:>18} gc {gc:<7} node {pred_node / p:.2f}x vs {real.node_peak_bytes / p:.2f}x "
+                          f"({_pct(row['node_peak']['error'])}); controller {pred_ctl / p:.2f}x vs "
+                          f"{(real.controller_own_peak_bytes or 0) / p:.2f}x ({ctl_err}); "
+                          f"falls back at {played['releases']} vs {released_at(real)}", flush=True)
+    finally:
+        report = cluster.stop() if cluster else {"remaining": [], "note": "every replay came from the cache"}
+    doc = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+           "load_average": os.getloadavg(), "wall_s": round(time.monotonic() - t0, 1), "rows": rows_out,
+           "cluster_cleanup": report}
+    Path(args.out).write_text(json.dumps(doc, indent=1))
+    print(f"wrote {args.out}")
+
+
+def _all_cached(wl, codecs: list[str], args: argparse.Namespace, scales: list[float], workers: list[int]) -> bool:
+    """True when every replay this run needs is in the cache (then no cluster is started)."""
+    for gc in args.gc.split(","):
+        for codec in codecs:
+            wanted = [(s, w, fitting.FIT_STEPS) for s in fit_scales(wl, codec, scales, workers) for w in workers]
+            wanted.append((args.scale, args.workers, args.steps))
+            for s, w, k in wanted:
+                rep = fitting.load_cached(fitting.cache_path(wl, codec, gc, s, w, k))
+                if rep is None or rep.outcome != "ok":
+                    return False
+    return True
+
+
+def _pct(e: float | None) -> str:
+    return "n/a" if e is None else f"{e:+.1%}"
+
+
+if __name__ == "__main__":
+    main()

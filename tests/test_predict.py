@@ -1,0 +1,204 @@
+"""``picklescope predict``: the fitting math on synthetic plain data (no processes), the CLI's bad input,
+and one small fit checked against a held-out real replay (slow, starts Ray clusters).
+
+The synthetic replays follow the shape the node replay measures for the legacy codec with the collector
+off (docs/predict.md): the controller holds one payload more after every training step, each worker holds
+its chunk, and the node is their sum.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from picklescope.investigate.predict import fit as fitting
+from picklescope.investigate.predict import model as model_mod
+from picklescope.investigate.predict import prediction
+from picklescope.investigate.predict.fit import Replay, StepObs
+from picklescope.workloads.spec import load_workload
+
+MiB = 2**20
+
+
+def synthetic(payload: int, workers: int, steps: int, *, grow: float = 1.0, base: float = 0.5,
+              worker_const: int = 8 * MiB, release_every: int = 0, rows: int = 64, codec: str = "numpy-legacy",
+              gc: str = "off") -> Replay:
+    """A replay whose controller ends step k at base*P + grow*P*m_k (m_k reset to 1 every ``release_every``
+    steps), whose busiest worker holds its chunk plus a constant, and whose node is the sum of all."""
+    chunk = payload * fitting.chunk_rows(rows, workers) // rows
+    rep = Replay(codec, gc, "synthetic", 0.1, workers, steps, payload, rows, chunk, rows * 2, "ok", None, None, None)
+    held = 0
+    for k in range(1, steps + 1):
+        held += 1
+        if release_every and k % release_every == 0:
+            held = 1
+        ctl = int(base * payload + grow * payload * held)
+        worker = chunk + worker_const
+        workers_sum = workers * worker
+        rep.per_step.append(StepObs(k, end={"controller": ctl, "worker": worker, "workers": workers_sum, "store": 0,
+                                            "node": ctl + workers_sum},
+                                    peak={"controller": ctl, "worker": worker, "workers": workers_sum, "store": 0,
+                                          "node": ctl + workers_sum},
+                                    collections=k // release_every if release_every else 0))
+    return rep
+
+
+def fit_set(**kw):
+    return [synthetic(p * MiB, w, 6, **kw) for w in (2, 4) for p in (20, 40, 80)]
+
+
+def test_fit_recovers_growth_and_base_and_predicts_a_held_out_size():
+    m = model_mod.fit(fit_set())
+    ctl = m.roles["controller"]
+    x = m.features(200 * MiB, 64, 4, 2)
+    assert ctl.growth(x) == pytest.approx(200 * MiB, rel=1e-6)
+    assert ctl.base(x) == pytest.approx(100 * MiB, rel=1e-6)
+    played = m.play(200 * MiB, 64, 4, 4, 2)
+    # step 4: base 0.5P + 4 held payloads; node adds 4 workers holding a chunk and 8 MiB each
+    assert played["controller"][3][1] == pytest.approx(4.5 * 200 * MiB, rel=1e-6)
+    assert played["node"][3][1] == pytest.approx(4.5 * 200 * MiB + 200 * MiB + 4 * 8 * MiB, rel=1e-6)
+    assert m.release_rate is None  # nothing fell back in the fits: nothing is freed in the prediction
+
+
+def test_releases_are_found_and_their_rate_and_share_fitted():
+    m = model_mod.fit(fit_set(release_every=3))
+    assert m.release_rate is not None
+    x = m.features(200 * MiB, 64, 4, 2)
+    assert m.release_rate(x) == pytest.approx(2 / 6, abs=1e-6)
+    assert m.release_share == pytest.approx(1.0, abs=1e-6)
+    assert m.release_steps(x, 9) == [3, 6, 9]
+    levels = [lvl for lvl, _ in m.play(200 * MiB, 64, 4, 6, 2)["controller"]]
+    assert [round(v / (200 * MiB), 3) for v in levels] == [1.5, 2.5, 1.5, 2.5, 3.5, 1.5]
+    assert model_mod.released_at(fit_set(release_every=3)[0]) == [3, 6]
+
+
+def test_lstsq_separates_payload_chunk_and_constant_terms():
+    xs = [[p, p / w, 1.0] for w in (2, 4) for p in (1e7, 2e7, 4e7)]
+    ys = [0.25 * a + 1.0 * b + 5e6 for a, b, _ in xs]
+    coef = model_mod.lstsq(xs, ys)
+    assert coef == pytest.approx([0.25, 1.0, 5e6], rel=1e-6)
+
+
+def test_ray_kills_the_last_scheduled_worker_at_the_first_crossing_and_largest_batch_is_bisected():
+    wl = load_workload("flowgrpo")
+    m = model_mod.fit(fit_set())
+    per_row = wl.payload_bytes(1.0) / wl.rows(1.0)
+    rows = 512
+    pay = int(rows * per_row)
+    node_mem = int(6 * pay)  # the node reaches 0.95 x 6P when the controller holds about 4.2 payloads
+    out = prediction.play_node(m, wl, rows, pay, 8, 10, {}, node_mem, 0.95)
+    assert out["killed"]["by"] == "ray" and out["killed"]["process"] == "worker-7"
+    k = out["killed"]["training_step"]
+    assert out["steps"][k - 1]["node_bytes"] >= 0.95 * node_mem > out["steps"][k - 2]["node_bytes"]
+    largest = prediction.largest_surviving(m, wl, 8, 10, {}, node_mem, 0.95)
+    assert largest is not None and largest < pay
+    rows_ok = round(largest / per_row)
+    assert prediction.play_node(m, wl, rows_ok, largest, 8, 10, {}, node_mem, 0.95)["killed"] is None
+    bigger = int((rows_ok + 1) * per_row)
+    assert prediction.play_node(m, wl, rows_ok + 1, bigger, 8, 10, {}, node_mem, 0.95)["killed"] is not None
+
+
+def test_baselines_count_in_the_node_total():
+    assert prediction.parse_baselines(["controller=379GB", "worker=40GB", "reward=51GB"], 2) == {
+        "controller": 379 * 10**9, "worker-0": 40 * 10**9, "worker-1": 40 * 10**9, "reward": 51 * 10**9}
+    wl = load_workload("flowgrpo")
+    m = model_mod.fit(fit_set())
+    base = prediction.play_node(m, wl, 64, 10**9, 2, 2, {}, None, 0.95)
+    more = prediction.play_node(m, wl, 64, 10**9, 2, 2, {"controller": 10**10, "reward": 10**9}, None, 0.95)
+    assert more["node_peak"] - base["node_peak"] == 11 * 10**9
+    assert more["peaks"]["controller"] - base["peaks"]["controller"] == 10**10
+
+
+def test_a_changed_workload_file_is_a_new_cache_key(tmp_path):
+    path = tmp_path / "w.yaml"
+    path.write_text("name: w\nbatch_size: 8\ntensors:\n  x: {shape: [N, 64], dtype: float32}\n")
+    first = fitting.cache_path(load_workload(str(path)), "numpy", "off", 0.1, 2, 6)
+    path.write_text("name: w\nbatch_size: 8\ntensors:\n  x: {shape: [N, 128], dtype: float32}\n")
+    assert fitting.cache_path(load_workload(str(path)), "numpy", "off", 0.1, 2, 6) != first
+    assert fitting.cache_path(load_workload(str(path)), "numpy", "default", 0.1, 2, 6) != \
+        fitting.cache_path(load_workload(str(path)), "numpy", "off", 0.1, 2, 6)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--payload", "44GB", "--batch-size", "512"], "give one of --scale"),
+    (["--payload", "2x"], "--payload"),
+    (["--gc", "each-step"], "predict models the default collector"),
+    (["--process-baseline", "controller"], "is not role=size"),
+    (["--ray-threshold", "1.5"], "--ray-threshold"),
+    (["--node-memory", "lots"], "--node-memory"),
+    (["--payload", "44GB", "--check"], "would not fit this machine's free memory"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, words, tmp_path):
+    env = {**os.environ, "PICKLESCOPE_CACHE": str(tmp_path)}
+    p = subprocess.run([sys.executable, "-m", "picklescope", "predict", *args], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0] and "Traceback" not in p.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_fit_on_small_replays_predicts_a_held_out_replay(tmp_path, monkeypatch):
+    """Fitted on flowgrpo x0.025/x0.05/x0.1 with 2 workers (collector off, 4 steps), the prediction for x0.2
+    must come within 15% of the real replay's node peak, and of the controller's peak for the legacy codec
+    (the fixed controller holds about nothing, so there the check is that it stays near nothing). One local
+    cluster joined like a real one (its store holds every step's chunks of x0.2: 5 x 93 MiB)."""
+    from picklescope.transports.ray import ray_available
+
+    if not ray_available():
+        pytest.skip("ray is not installed")
+    from picklescope.transports.ray.local_cluster import LocalCluster
+
+    monkeypatch.setenv("PICKLESCOPE_CACHE", str(tmp_path))
+    failures = []
+    for _ in range(3):  # on a loaded 2-core machine Ray's own start-up deadlines are sometimes missed
+        try:
+            cluster = LocalCluster(object_store_bytes=1024 * MiB, num_cpus=1).start()
+            break
+        except RuntimeError as exc:
+            failures.append(str(exc)[-300:])
+    else:
+        raise AssertionError(f"the local Ray cluster did not start: {failures}")
+    try:
+        preds = prediction.predict(("numpy-legacy", "numpy"), "flowgrpo", scale=0.2, workers=2, steps=4, gc="off",
+                                   fit_scales_=(0.025, 0.05, 0.1), fit_workers=(2,), fit_steps=4, check=True,
+                                   ray_address=cluster.address)
+    finally:
+        report = cluster.stop()
+    assert report["remaining"] == [], report
+    for p in preds:
+        c = p.check
+        assert c is not None and c.outcome == "ok", p.summary()
+        assert abs(c.error(c.predicted_node_peak_bytes, c.measured_node_peak_bytes)) < 0.15, p.summary()
+        if p.codec == "numpy-legacy":
+            assert abs(c.error(c.predicted_controller_peak_bytes, c.measured_controller_peak_bytes)) < 0.15, \
+                p.summary()
+        else:
+            assert c.measured_controller_peak_bytes < 0.1 * p.payload_bytes
+    assert list((tmp_path / "predict").glob("*.json")), "the fit's replays were not cached"
+    doc = json.loads(json.dumps([p.to_json_dict() for p in preds]))
+    assert {"node_peak_bytes", "processes", "training_steps", "killed", "largest_surviving_payload_bytes"} <= \
+        set(doc[0])
+
+
+def test_the_figure_is_drawn_from_the_plain_data():
+    from picklescope import figures
+
+    wl = load_workload("flowgrpo")
+    m = model_mod.fit(fit_set())
+    per_row = wl.payload_bytes(1.0) / wl.rows(1.0)
+    pay = int(512 * per_row)
+    out = prediction.play_node(m, wl, 512, pay, 8, 10, {}, 6 * pay, 0.95)
+    p = prediction.CodecPrediction("numpy-legacy", "off", pay, 512, 8, 10, 6 * pay, 0.95, {}, out["node_peak"],
+                                   out["peaks"], out["steps"], out["killed"], None, out["releases"], m.terms_table(),
+                                   m.fitted_on)
+    fig = figures.predict_figure([p.to_json_dict()])
+    names = [t.name for t in fig.data]
+    assert "numpy-legacy: node" in names and "numpy-legacy: controller" in names
+    assert any(t.text and "Ray kills worker-7" in t.text[0] for t in fig.data)  # the kill's marker
+    assert fig.layout.shapes, "Ray's threshold line is missing"

@@ -1,0 +1,97 @@
+"""``picklescope predict``: a node too large to run here, from a cost model fitted on small replays."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from picklescope.cli.commands.common import print_json, seconds
+from picklescope.errors import PicklescopeError
+
+ORDER = 26
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or not all(v > 0 for v in values):
+        raise PicklescopeError(f"{text!r} is not a list of positive numbers", "use e.g. --fit-scales 0.05,0.1,0.2")
+    return values
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or not all(v >= 1 for v in values):
+        raise PicklescopeError(f"{text!r} is not a list of worker counts", "use e.g. --fit-workers 2,4")
+    return values
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("predict", help="predict a node you cannot run here: peaks per step, Ray's kill, the largest "
+                                       "batch that survives")
+    p.add_argument("--codec", default="numpy-legacy,numpy",
+                   help="codecs joined by commas, including verl-<version>:<mode>; default numpy-legacy,numpy")
+    p.add_argument("--workload", default="flowgrpo", help="preset name or YAML path; default flowgrpo")
+    p.add_argument("--scale", type=float, default=None, help="factor on the batch dimension (as for node)")
+    p.add_argument("--batch-size", type=int, default=None, help="the batch's rows instead of --scale")
+    p.add_argument("--payload", default=None, help="the batch's tensor payload instead of --scale, e.g. 44GB")
+    p.add_argument("--workers", type=int, default=4, help="worker actors; default 4")
+    p.add_argument("--steps", type=int, default=4, help="training steps; default 4")
+    p.add_argument("--gc", default="default", help="default (Python's collector) or off")
+    p.add_argument("--node-memory", default=None, help="the node's memory, e.g. 1507GB (for Ray's threshold)")
+    p.add_argument("--ray-threshold", type=float, default=0.95,
+                   help="RAY_memory_usage_threshold: Ray's monitor kills above this share; default 0.95")
+    p.add_argument("--process-baseline", action="append", default=[], metavar="ROLE=SIZE",
+                   help="what a process holds before the batch (controller=379GB, worker=40GB for each worker, "
+                        "store=..., any other name for another process of the node); repeatable")
+    p.add_argument("--fit-scales", type=_floats, default=None, help="scales of the fit's replays; default 0.05,0.1,0.2")
+    p.add_argument("--fit-workers", type=_ints, default=None, help="worker counts of the fit's replays; default 2,4")
+    p.add_argument("--fit-steps", type=int, default=None, help="training steps of each fit replay; default 6")
+    p.add_argument("--refit", action="store_true", help="replay the fit's sizes again instead of using the cache")
+    p.add_argument("--check", action="store_true",
+                   help="also replay the predicted size for real and print predicted vs measured with the error")
+    p.add_argument("--ray-address", default=None,
+                   help="join this Ray cluster for every replay instead of starting one per size (its object store "
+                        "must hold every step's chunks with --gc off)")
+    p.add_argument("--timeout", type=seconds, default=900.0, help="wall-clock limit of each replay; default 900")
+    p.add_argument("--json", action="store_true", help="print the predictions as one JSON list")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from picklescope.investigate.predict import fit
+    from picklescope.investigate.predict.prediction import predict
+
+    codecs = [c.strip() for c in args.codec.split(",")]
+    if not all(codecs):
+        raise PicklescopeError(f"--codec {args.codec!r} has an empty name", "use e.g. --codec numpy-legacy,numpy")
+    if args.fit_steps is not None and not 2 <= args.fit_steps <= 16:
+        raise PicklescopeError(f"--fit-steps {args.fit_steps} must be from 2 to 16", "use e.g. --fit-steps 6")
+
+    def log(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    preds = predict(codecs, args.workload, scale=args.scale, batch_size=args.batch_size, payload=args.payload,
+                    workers=args.workers, steps=args.steps, gc=args.gc, node_memory=args.node_memory,
+                    threshold=args.ray_threshold, process_baselines=args.process_baseline,
+                    fit_scales_=args.fit_scales or fit.FIT_SCALES, fit_workers=args.fit_workers or fit.FIT_WORKERS,
+                    fit_steps=args.fit_steps or fit.FIT_STEPS, check=args.check, refresh=args.refit,
+                    timeout_s=args.timeout, ray_address=args.ray_address, log=log)
+    if args.json:
+        print_json([p.to_json_dict() for p in preds])
+        return 0
+    first = preds[0]
+    print(f"The model's terms ({first.codec}, gc {first.gc}, fitted on {', '.join(first.fitted_on)}):")
+    for p in preds:
+        print(f"  {p.codec}:")
+        for role, term, value in p.terms:
+            print(f"    {role:<10} {term:<26} {value}")
+    print()
+    print("\n".join(p.summary() for p in preds))
+    return 0

@@ -1,0 +1,234 @@
+"""Observations for the cost model: node replays at small sizes, boiled down to plain per-step numbers, cached.
+
+A node replay's result holds every process's curve at about 1 ms; the model needs far less: per
+training step, where each role (the controller, the workers, the object store, the node's total)
+stood at the step's end and how high it went during the step, and how many full collections the
+controller had seen by then. :func:`observe` extracts exactly that from a
+:class:`~picklescope.investigate.node.NodeResult`; :func:`replays` runs the replays a fit needs (one
+``node_series`` per size and worker count, so the codecs of a series share one cluster) and keeps
+the observations as JSON in the cache, keyed by everything that changes them: the workload file's
+contents, the codec (and the verl version it names), the collector mode and the replay options.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from picklescope.errors import PicklescopeError
+from picklescope.investigate.node import NodeResult, node_series
+from picklescope.verl import envs
+from picklescope.workloads.spec import Workload, load_workload
+
+CACHE_VERSION = 1
+FIT_SCALES = (0.05, 0.1, 0.2)
+FIT_WORKERS = (2, 4)
+FIT_STEPS = 6
+ROLES = ("controller", "worker", "workers", "store", "node")  # worker: the busiest one; workers: their sum
+
+
+@dataclass
+class StepObs:
+    """One training step of one replay: per role, bytes above baselines at the step's end and the highest
+    sample during the step (sampled private memory; the store counted once)."""
+
+    index: int
+    end: dict[str, int] = field(default_factory=dict)
+    peak: dict[str, int] = field(default_factory=dict)
+    collections: int | None = None  # the controller's full collections so far (cumulative)
+
+
+@dataclass
+class Replay:
+    """One measured replay as the model sees it."""
+
+    codec: str
+    gc: str
+    workload: str
+    scale: float
+    workers: int
+    steps: int
+    payload_bytes: int
+    rows: int
+    chunk_bytes: int  # the largest chunk's payload (rows are split as torch.chunk / DataProto.chunk split them)
+    non_tensor_objects: int  # rows x non-tensor keys: the objects that do not scale with bytes
+    outcome: str
+    node_peak_bytes: int | None
+    controller_own_peak_bytes: int | None
+    controller_exact_peak_bytes: int | None
+    full_collections: dict[str, int] = field(default_factory=dict)
+    per_step: list[StepObs] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> Replay:
+        r = cls(**{k: v for k, v in doc.items() if k != "per_step"})
+        r.per_step = [StepObs(**s) for s in doc.get("per_step", [])]
+        return r
+
+
+def chunk_rows(rows: int, workers: int) -> int:
+    """Rows of the largest chunk: ``ceil(rows / workers)``, as ``torch.chunk`` and verl's ``chunk`` cut."""
+    return math.ceil(rows / workers)
+
+
+def observe(result: NodeResult, wl: Workload) -> Replay:
+    """The plain per-step numbers of one replay (see the module doc)."""
+    rows = wl.rows(result.scale)
+    rep = Replay(result.codec, result.gc, result.workload, result.scale, result.workers, result.steps,
+                 result.payload_bytes, rows, result.payload_bytes * chunk_rows(rows, result.workers) // rows,
+                 rows * len(wl.non_tensor), result.outcome, result.node_peak_bytes,
+                 result.own_peak_bytes("driver") if "driver" in result.processes else None,
+                 result.driver.peak_bytes if "driver" in result.processes else None,
+                 dict(result.full_collections))
+    if result.outcome != "ok" or result.node_baseline_bytes is None:
+        return rep
+    series = _role_series(result)
+    for s in result.training_steps:
+        if s.end_s is None:
+            continue
+        obs = StepObs(s.index, collections=result.driver_full_collections.get(s.index))
+        for role, (ts, vs) in series.items():
+            inside = [v for t, v in zip(ts, vs) if s.start_s <= t <= s.end_s]
+            after = [v for t, v in zip(ts, vs) if t >= s.end_s]
+            if inside:
+                obs.peak[role] = max(inside)
+            if after:
+                obs.end[role] = after[0]
+        rep.per_step.append(obs)
+    return rep
+
+
+def _role_series(result: NodeResult) -> dict[str, tuple[list[float], list[int]]]:
+    """Per role, the sampled bytes above baselines on the session's ticks (from the baseline tick on)."""
+    start = result.baseline_s or 0.0
+    ticks = [t for t in result.node.t_s if t >= start]
+    index = {t: i for i, t in enumerate(ticks)}
+
+    def above(name: str) -> list[int]:
+        rec = result.processes[name]
+        out = [0] * len(ticks)
+        base = rec.baseline_bytes or 0
+        for t, v in zip(rec.timeline.t_s, rec.timeline.bytes):
+            i = index.get(t)
+            if i is not None:
+                out[i] = v - base
+        return out
+
+    roles: dict[str, list[int]] = {"controller": above("driver")}
+    workers = [above(n) for n, p in result.processes.items() if n != "driver" and p.sampled]
+    roles["workers"] = [sum(col) for col in zip(*workers)] if workers else [0] * len(ticks)
+    roles["worker"] = [max(col) for col in zip(*workers)] if workers else [0] * len(ticks)
+    store = [0] * len(ticks)
+    if result.store_baseline_bytes is not None:
+        for t, v in zip(result.store.t_s, result.store.bytes):
+            i = index.get(t)
+            if i is not None:
+                store[i] = v - result.store_baseline_bytes
+    roles["store"] = store
+    base = result.node_baseline_bytes or 0
+    roles["node"] = [v - base for t, v in zip(result.node.t_s, result.node.bytes) if t >= start]
+    return {role: (ticks, values) for role, values in roles.items()}
+
+
+# -- the cache --------------------------------------------------------------------------------------
+
+
+def cache_dir() -> Path:
+    """Where fits are kept: ``$PICKLESCOPE_CACHE/predict`` (default ``~/.cache/picklescope/predict``)."""
+    return envs.cache_root() / "predict"
+
+
+def workload_key(wl: Workload) -> str:
+    """What identifies a workload's contents: its file's bytes (a changed file is a new key), or a preset's."""
+    source = wl.source or wl.name
+    try:
+        data = Path(source).read_bytes()
+    except OSError:
+        data = json.dumps([wl.name, wl.batch_size, [asdict(t) for t in wl.tensors],
+                           [asdict(n) for n in wl.non_tensor]], sort_keys=True).encode()
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def codec_key(codec: str) -> str:
+    """The codec, and for a ``verl-<version>:<mode>`` codec the installed version's record (a reinstall is new)."""
+    if not codec.startswith("verl-"):
+        return codec
+    label = codec[len("verl-"):].split(":", 1)[0]
+    info = envs.verl_root() / f"verl-{label}" / envs.INFO_FILE
+    try:
+        return codec + ":" + hashlib.sha256(info.read_bytes()).hexdigest()[:12]
+    except OSError:
+        return codec
+
+
+def cache_path(wl: Workload, codec: str, gc: str, scale: float, workers: int, steps: int) -> Path:
+    key = json.dumps({"v": CACHE_VERSION, "workload": workload_key(wl), "codec": codec_key(codec), "gc": gc,
+                      "scale": scale, "workers": workers, "steps": steps}, sort_keys=True)
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in f"{wl.name}-{codec}-{gc}")
+    return cache_dir() / f"{safe}-x{scale:g}-w{workers}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.json"
+
+
+def load_cached(path: Path) -> Replay | None:
+    try:
+        doc = json.loads(path.read_text())
+        return Replay.from_dict(doc)
+    except (OSError, ValueError, TypeError, KeyError):
+        return None  # absent or unreadable: measured again
+
+
+def save_cached(path: Path, rep: Replay) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(asdict(rep)))
+    os.replace(tmp, path)
+
+
+# -- running the replays ----------------------------------------------------------------------------
+
+
+def replays(codecs: Sequence[str], workload: str, gc: str, scales: Sequence[float] = FIT_SCALES,
+            workers: Sequence[int] = FIT_WORKERS, steps: int = FIT_STEPS, *, refresh: bool = False,
+            timeout_s: float = 900.0, ray_address: str | None = None,
+            log: Callable[[str], None] | None = None) -> list[Replay]:
+    """The fit's replays, from the cache where they are, measured where not.
+
+    The built-in codecs missing at one size and worker count replay as one series on one cluster (the
+    node's start is most of a replay's cost); a ``verl-*`` codec loads its own verl, so it replays alone.
+    Sizes and worker counts run one after the other, never side by side: each is a cluster of its own,
+    or all join ``ray_address`` (starting a cluster is the slowest and least reliable part of a replay on
+    a loaded machine; the cluster's object store must then hold every step's chunks with ``gc off``).
+    """
+    wl = load_workload(workload)
+    out: list[Replay] = []
+    for w in workers:
+        for s in scales:
+            missing = []
+            for codec in codecs:
+                cached = None if refresh else load_cached(cache_path(wl, codec, gc, s, w, steps))
+                if cached is not None and cached.outcome == "ok":
+                    out.append(cached)
+                else:
+                    missing.append(codec)
+            groups = [[c] for c in missing if c.startswith("verl-")]
+            built_in = [c for c in missing if not c.startswith("verl-")]
+            if built_in:
+                groups.append(built_in)
+            for group in groups:
+                if log:
+                    log(f"replaying {','.join(group)} on {wl.name} x{s:g}, {w} workers, {steps} steps, gc {gc}")
+                results = node_series(group, workload, s, w, steps, gc=gc, timeout_s=timeout_s, ray_address=ray_address)
+                for codec, r in zip(group, results):
+                    rep = observe(r, wl)
+                    if r.outcome != "ok":
+                        raise PicklescopeError(f"the fit's replay of {codec} at x{s:g} with {w} workers ended "
+                                               f"{r.outcome}: {r.error or 'no detail'}",
+                                               "run it alone with picklescope node to see why, then predict again")
+                    save_cached(cache_path(wl, codec, gc, s, w, steps), rep)
+                    out.append(rep)
+    return out

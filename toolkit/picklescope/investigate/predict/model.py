@@ -1,0 +1,284 @@
+"""The cost model: per role, how memory grows with the payload, the workers, the steps and the collector.
+
+Plain data in, plain data out, no processes: :func:`fit` takes the :class:`~.fit.Replay` observations
+of one codec under one collector mode and returns a :class:`Model`; :meth:`Model.play` plays it forward
+at any payload, worker count and number of training steps.
+
+Each role (``controller``, ``worker`` the busiest worker, ``workers`` all of them, ``store``, and
+``node`` the node's total, fitted on its own because its parts peak at different moments) follows
+
+    level after step k = base + growth * m_k
+    peak during step k  = max(level after k-1, level after k) + transient
+
+where ``m_k`` counts the training steps whose copies are still held (``k`` with nothing to free them;
+reset by a release). Each term is a linear function of what the role's work depends on (see
+:data:`FEATURES`: the payload ``P``, the worker count ``W``, a chunk's payload ``c`` and its heap-sized
+leaves ``h``), fitted by least squares over the replays (one value per replay, each the mean over its
+steps); the node is the sum of the controller, the workers and the store plus its own rise.
+What does not scale with bytes is kept apart: under the default collector a release is a step
+at which the controller's memory fell back (a collection freed the cycle-held copies); how often that
+happens depends on how many objects a step creates, not on bytes, so the release rate per step is
+fitted as a linear function of the batch's non-tensor objects (rows x keys) and ``W``, and the share of
+the held memory a release frees is its own term.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from picklescope.investigate.predict.fit import Replay, chunk_rows
+
+ROLES = ("controller", "worker", "workers", "store", "node")
+PARTS = ("controller", "workers", "store")  # the node's total is their sum (the store counted once)
+# What each role's bytes can depend on: the controller serializes W chunks that add up to P and pays
+# something per call (W); one worker handles one chunk (c); the workers' sum and the store see every
+# chunk (P) and per-worker constants (W); the node's own transient (the parts peaking together) any.
+# A worker keeps, after its call, the part of its chunk that glibc served from its heap: blocks above
+# glibc's largest mmap threshold (32 MiB on 64-bit) are mapped and returned to the kernel when freed, so
+# only leaves whose per-chunk bytes stay under it remain resident (``h``; ``H`` for all workers). The rest
+# of the chunk is resident only during the call, and is added to the worker's rise within a step (to the
+# workers' sum as if every call overlapped: an upper bound, since the fits' chunks never reach the threshold).
+MMAP_THRESHOLD_MAX = 32 * 2**20
+FEATURES = {"controller": ("P", "W", "1"), "worker": ("h", "1"), "workers": ("H", "W", "1"),
+            "store": ("P", "c", "1"), "node": ("P", "c", "1"), "objects": ("objects", "W", "1")}
+
+
+@dataclass
+class Term:
+    """A fitted linear function of named features, and how well it fitted (largest residual)."""
+
+    name: str
+    features: tuple[str, ...]
+    coef: list[float]
+    max_residual: float = 0.0
+    points: int = 0
+
+    def __call__(self, x: dict[str, float]) -> float:
+        return sum(c * x[f] for c, f in zip(self.coef, self.features))
+
+    def describe(self, unit: float) -> str:
+        """The term in words, bytes as multiples of ``unit`` where they are bytes."""
+        parts = []
+        for c, f in zip(self.coef, self.features):
+            if f in ("P", "c", "h", "H"):
+                what = {"P": "payload", "c": "chunk payload", "h": "chunk's heap-sized leaves",
+                        "H": "all chunks' heap-sized leaves"}[f]
+                parts.append(f"{c:+.3f} x {what}")
+            elif f == "W":
+                parts.append(f"{c / unit:+.2f} MiB x workers" if unit != 1 else f"{c:+.4f} x workers")
+            elif f == "objects":
+                parts.append(f"{c:+.2e} x non-tensor objects")
+            else:
+                parts.append(f"{c / unit:+.2f} MiB" if unit != 1 else f"{c:+.4f}")
+        return " ".join(parts).lstrip("+")
+
+
+@dataclass
+class RoleModel:
+    role: str
+    base: Term
+    growth: Term
+    transient: Term
+
+
+@dataclass
+class Model:
+    """One codec under one collector mode, fitted on ``replays`` (each named by scale and workers)."""
+
+    codec: str
+    gc: str
+    workload: str
+    roles: dict[str, RoleModel] = field(default_factory=dict)
+    release_rate: Term | None = None  # releases per training step (None: nothing ever released in the fits)
+    release_share: float = 0.0  # share of the held growth a release frees
+    collection_rate: Term | None = None  # the controller's full collections per training step
+    fitted_on: list[str] = field(default_factory=list)
+    leaf_row_bytes: list[float] = field(default_factory=list)  # bytes per row of each tensor leaf
+
+    def features(self, payload: float, rows: int, workers: int, objects_per_row: float) -> dict[str, float]:
+        crows = chunk_rows(rows, workers)
+        c = payload * crows / rows
+        heap = sum(b * crows for b in self.leaf_row_bytes if b * crows <= MMAP_THRESHOLD_MAX) \
+            if self.leaf_row_bytes else c
+        heap = min(heap, c)
+        return {"P": float(payload), "c": c, "h": heap, "H": heap * workers, "mapped": c - heap,
+                "W": float(workers), "objects": rows * objects_per_row, "1": 1.0}
+
+    def release_steps(self, x: dict[str, float], steps: int) -> list[int]:
+        """Training steps (1-based) at which a release happens: every 1/rate steps, the first after one interval."""
+        if self.release_rate is None:
+            return []
+        rate = min(1.0, max(0.0, self.release_rate(x)))
+        if rate <= 0:
+            return []
+        return [k for k in range(1, steps + 1) if math.floor(rate * k + 1e-9) > math.floor(rate * (k - 1) + 1e-9)]
+
+    def play(self, payload: float, rows: int, workers: int, steps: int,
+             objects_per_row: float) -> dict[str, list[tuple[float, float]]]:
+        """Per role, (level after the step, peak during it) for steps 1..``steps``, bytes above baselines."""
+        x = self.features(payload, rows, workers, objects_per_row)
+        releases = set(self.release_steps(x, steps))
+        out: dict[str, list[tuple[float, float]]] = {}
+        for role, rm in self.roles.items():
+            base, growth, trans = rm.base(x), max(0.0, rm.growth(x)), max(0.0, rm.transient(x))
+            if role == "worker":  # the mapped part of its chunk, resident during its call
+                trans += x["mapped"]
+            elif role == "workers":  # every worker's at once: an upper bound (calls may not overlap fully)
+                trans += x["mapped"] * x["W"]
+            held, prev, rows_out = 0.0, 0.0, []
+            for k in range(1, steps + 1):
+                held += growth
+                if k in releases:
+                    held -= self.release_share * (held - growth)  # this step's own copy is still referenced
+                level = base + held
+                rows_out.append((level, max(prev, level) + trans))
+                prev = level
+            out[role] = rows_out
+        if "node" in self.roles and all(p in out for p in PARTS):  # the node: its parts' levels, plus the
+            trans = max(0.0, self.roles["node"].transient(x))  # rise of the node's own total within a step
+            trans += x["mapped"] * x["W"]  # and the workers' mapped chunks during their calls (see FEATURES)
+            levels = [sum(out[p][k][0] for p in PARTS) for k in range(steps)]
+            out["node"] = [(lvl, max(levels[k - 1] if k else 0.0, lvl) + trans) for k, lvl in enumerate(levels)]
+        return out
+
+    def terms_table(self, unit_payload: float = 1.0) -> list[tuple[str, str, str]]:
+        """(role, term, value in words): the model's terms, the short table ``predict`` prints."""
+        mib = 2**20
+        rows = []
+        for role, rm in self.roles.items():
+            if role == "node" and all(p in self.roles for p in PARTS):
+                rows.append(("node", "sum of", " + ".join(PARTS) + ", plus its own rise within a step: "
+                             + rm.transient.describe(mib)))
+                continue
+            rows.append((role, "level with nothing held", rm.base.describe(mib)))
+            freed = ("never freed in the fits" if self.release_rate is None else
+                     f"{self.release_share:.0%} of it freed at each release")
+            rows.append((role, "held per training step", rm.growth.describe(mib) + f", {freed}"))
+            rows.append((role, "transient within a step", rm.transient.describe(mib)))
+        if self.release_rate is not None:
+            rows.append(("controller", "releases per training step", self.release_rate.describe(1)))
+        if self.collection_rate is not None:
+            rows.append(("controller", "full collections per step", self.collection_rate.describe(1)))
+        return rows
+
+
+# -- the fitting math -------------------------------------------------------------------------------
+
+
+def lstsq(xs: Sequence[Sequence[float]], ys: Sequence[float]) -> list[float]:
+    """Least squares by the normal equations with a tiny ridge (the features differ by orders of magnitude,
+    so each column is scaled to unit size first); plain Python, a handful of points."""
+    n = len(xs[0])
+    scale = [max(abs(r[j]) for r in xs) or 1.0 for j in range(n)]
+    a = [[sum(r[i] / scale[i] * r[j] / scale[j] for r in xs) + (1e-9 if i == j else 0.0) for j in range(n)]
+         for i in range(n)]
+    b = [sum(r[i] / scale[i] * y for r, y in zip(xs, ys)) for i in range(n)]
+    for col in range(n):  # Gauss-Jordan with partial pivoting
+        piv = max(range(col, n), key=lambda r: abs(a[r][col]))
+        a[col], a[piv], b[col], b[piv] = a[piv], a[col], b[piv], b[col]
+        if abs(a[col][col]) < 1e-15:
+            continue
+        for r in range(n):
+            if r != col:
+                f = a[r][col] / a[col][col]
+                a[r] = [v - f * w for v, w in zip(a[r], a[col])]
+                b[r] -= f * b[col]
+    return [(b[i] / a[i][i] if abs(a[i][i]) >= 1e-15 else 0.0) / scale[i] for i in range(n)]
+
+
+def fit_term(name: str, features: tuple[str, ...], xs: Sequence[dict[str, float]], ys: Sequence[float]) -> Term:
+    """``ys`` as a linear function of ``features``; fewer points than features drops the last features."""
+    usable = features[:max(1, min(len(features), len(ys)))]
+    rows = [[x[f] for f in usable] for x in xs]
+    coef = lstsq(rows, ys)
+    res = max((abs(sum(c * v for c, v in zip(coef, r)) - y) for r, y in zip(rows, ys)), default=0.0)
+    return Term(name, usable, coef, res, len(ys))
+
+
+def released_at(rep: Replay) -> list[int]:
+    """Steps at which the controller's memory fell back: its level dropped by more than half a chunk,
+    or its count of full collections moved."""
+    out, prev_level, prev_coll = [], 0.0, rep.per_step[0].collections if rep.per_step else None
+    for i, s in enumerate(rep.per_step):
+        level = s.end.get("controller", 0)
+        coll = s.collections
+        moved = i > 0 and coll is not None and prev_coll is not None and coll > prev_coll
+        if (i > 0 and level < prev_level - rep.chunk_bytes / 2) or moved:
+            out.append(s.index)
+        prev_level, prev_coll = level, coll
+    return out
+
+
+def _role_terms(rep: Replay, role: str, releases: list[int]) -> tuple[float, float, float, float | None]:
+    """One replay's (base, growth, transient, share freed at a release) for ``role``."""
+    ends = [s.end.get(role, 0) for s in rep.per_step]
+    peaks = [s.peak.get(role, 0) for s in rep.per_step]
+    idx = [s.index for s in rep.per_step]
+    # growth: mean rise over steps with no release in them (the first step carries the base, so from step 2)
+    rises = [ends[i] - ends[i - 1] for i in range(1, len(ends)) if idx[i] not in releases]
+    growth = max(0.0, sum(rises) / len(rises)) if rises else 0.0
+    held, ms = 0.0, []
+    shares = []
+    for i, k in enumerate(idx):
+        held += 1
+        if k in releases and i > 0:
+            before = ends[i - 1] + growth
+            freed = before - ends[i]
+            if growth > 0 and held > 1:
+                shares.append(max(0.0, min(1.0, freed / (growth * (held - 1)))))
+            held = 1
+        ms.append(held)
+    base = sum(e - growth * m for e, m in zip(ends, ms)) / len(ends)
+    trans = [p - max(ends[i - 1] if i else 0.0, ends[i]) for i, p in enumerate(peaks)]
+    transient = max(0.0, sum(trans) / len(trans))
+    return base, growth, transient, (sum(shares) / len(shares) if shares else None)
+
+
+def _node_transient(rep: Replay) -> float:
+    """How far the node's sampled total rose within a step above the sum of its parts' levels (the higher
+    of before and after the step): the moments at which parts peak together. Mean over the steps."""
+    out, prev = [], 0.0
+    for s in rep.per_step:
+        level = sum(s.end.get(p, 0) for p in PARTS)
+        out.append(s.peak.get("node", 0) - max(prev, level))
+        prev = level
+    return max(0.0, sum(out) / len(out)) if out else 0.0
+
+
+def fit(replays: Sequence[Replay], leaf_row_bytes: Sequence[float] = ()) -> Model:
+    """The model of one codec under one collector mode from its replays (at least one, all ``ok``);
+    ``leaf_row_bytes`` (bytes per row of each tensor leaf) places the chunk's leaves against glibc's
+    mmap threshold (without it the whole chunk counts as heap)."""
+    reps = [r for r in replays if r.outcome == "ok" and r.per_step]
+    if not reps:
+        raise ValueError("no replay with measured steps to fit")
+    first = reps[0]
+    m = Model(first.codec, first.gc, first.workload,
+              fitted_on=[f"x{r.scale:g} {r.workers}w" for r in reps], leaf_row_bytes=list(leaf_row_bytes))
+    xs = [m.features(r.payload_bytes, r.rows, r.workers, r.non_tensor_objects / r.rows) for r in reps]
+    rel = [released_at(r) for r in reps]
+    shares: list[float] = []
+    for role in ROLES:
+        if not all(role in s.end for r in reps for s in r.per_step):
+            continue
+        per = [_role_terms(r, role, rl) for r, rl in zip(reps, rel)]
+        if role == "node" and all(p in s.end for r in reps for s in r.per_step for p in PARTS):
+            per = [(0.0, 0.0, _node_transient(r), None) for r in reps]
+        feats = FEATURES[role]
+        m.roles[role] = RoleModel(role, fit_term(f"{role} base", feats, xs, [p[0] for p in per]),
+                                  fit_term(f"{role} growth", feats, xs, [p[1] for p in per]),
+                                  fit_term(f"{role} transient", feats, xs, [p[2] for p in per]))
+        if role == "controller":
+            shares = [p[3] for p in per if p[3] is not None]
+    counted = [r for r in reps if r.per_step[-1].collections is not None]
+    if counted:
+        m.collection_rate = fit_term("full collections", FEATURES["objects"],
+                                     [x for x, r in zip(xs, reps) if r in counted],
+                                     [r.per_step[-1].collections / len(r.per_step) for r in counted])
+    if any(rel):
+        m.release_rate = fit_term("release rate", FEATURES["objects"], xs,
+                                  [len(rl) / len(r.per_step) for r, rl in zip(reps, rel)])
+        m.release_share = sum(shares) / len(shares) if shares else 1.0
+    return m

@@ -1,0 +1,371 @@
+"""A node predicted: the fitted model played forward at the user's batch, workers, steps and node, with Ray's kill.
+
+Ray's memory monitor (in every raylet) compares the node's used memory with ``RAY_memory_usage_threshold``
+(default 0.95) of the node's memory. Above it, it kills one worker process (a task's or an actor's),
+never the raylet nor the driver script: retriable tasks first, and among the rest the one scheduled most
+recently. What is modelled here: no process of the node is retriable (actors restart only when
+``max_restarts`` is set, which the replay's workers do not set), so the victim is the worker whose call
+was scheduled last in the step that crossed: the last of the step's worker calls (``worker-<W-1>``),
+since the controller (verl's ``TaskRunner``, an actor whose one task runs the whole training loop) was
+scheduled long before. The caller then sees ``ray.exceptions.OutOfMemoryError`` and the training stops,
+so the first crossing is the answer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from picklescope.core.units import fmt_bytes, parse_size
+from picklescope.errors import PicklescopeError
+from picklescope.investigate.node import GC_MODES, node_series
+from picklescope.investigate.predict import fit as fitting
+from picklescope.investigate.predict.model import Model, released_at
+from picklescope.investigate.predict.model import fit as fit_model
+from picklescope.workloads.spec import Workload, load_workload
+
+RAY_THRESHOLD = 0.95
+KILL_POLICY = ("Ray's memory monitor kills a worker (a task's or an actor's process), never the raylet nor the "
+               "driver: retriable tasks first, then the most recently scheduled; no process here is retriable, so "
+               "the victim is the step's last worker call")
+
+
+@dataclass
+class Check:
+    """A real replay at the predicted size, against the prediction."""
+
+    measured_node_peak_bytes: int | None
+    predicted_node_peak_bytes: int
+    measured_controller_peak_bytes: int | None  # the controller's own (private) peak
+    predicted_controller_peak_bytes: int
+    measured_release_steps: list[int] = field(default_factory=list)
+    predicted_release_steps: list[int] = field(default_factory=list)
+    outcome: str = "ok"
+
+    @staticmethod
+    def error(pred: int, meas: int | None) -> float | None:
+        return None if not meas else (pred - meas) / meas
+
+    def to_json_dict(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["node_peak_error"] = self.error(self.predicted_node_peak_bytes, self.measured_node_peak_bytes)
+        doc["controller_peak_error"] = self.error(self.predicted_controller_peak_bytes,
+                                                  self.measured_controller_peak_bytes)
+        return doc
+
+
+@dataclass
+class CodecPrediction:
+    """One codec's predicted node: bytes are absolute (the baselines given plus the predicted growth)."""
+
+    codec: str
+    gc: str
+    payload_bytes: int
+    rows: int
+    workers: int
+    steps: int
+    node_memory_bytes: int | None
+    threshold: float
+    baselines: dict[str, int]
+    node_peak_bytes: int
+    processes: dict[str, int]  # name -> peak bytes
+    training_steps: list[dict[str, Any]]
+    killed: dict[str, Any] | None
+    largest_surviving_payload_bytes: int | None
+    release_steps: list[int]
+    terms: list[tuple[str, str, str]]
+    fitted_on: list[str]
+    check: Check | None = None
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {"codec": self.codec, "gc": self.gc, "payload_bytes": self.payload_bytes, "rows": self.rows,
+                "workers": self.workers, "steps": self.steps, "node_memory_bytes": self.node_memory_bytes,
+                "threshold": self.threshold, "baselines": self.baselines, "node_peak_bytes": self.node_peak_bytes,
+                "processes": {n: {"peak_bytes": v} for n, v in self.processes.items()},
+                "training_steps": self.training_steps, "killed": self.killed,
+                "largest_surviving_payload_bytes": self.largest_surviving_payload_bytes,
+                "release_steps": self.release_steps,
+                "terms": [{"role": r, "term": t, "value": v} for r, t, v in self.terms],
+                "fitted_on": self.fitted_on, "kill_policy": KILL_POLICY,
+                "check": self.check.to_json_dict() if self.check else None}
+
+    def summary(self) -> str:
+        p = self.payload_bytes
+        out = [f"{self.codec} (gc {self.gc}), payload {fmt_bytes(p)} ({self.rows} rows), {self.workers} workers, "
+               f"{self.steps} steps: node peak {fmt_bytes(self.node_peak_bytes)}, controller "
+               f"{fmt_bytes(self.processes['controller'])}"]
+        if self.node_memory_bytes:
+            limit = self.threshold * self.node_memory_bytes
+            if self.killed:
+                k = self.killed
+                out.append(f"  Ray's monitor would kill {k['process']} in training step {k['training_step']} (node "
+                           f"{fmt_bytes(k['node_bytes'])} > {self.threshold:g} x {fmt_bytes(self.node_memory_bytes)}"
+                           f" = {fmt_bytes(limit)})")
+            else:
+                out.append(f"  survives all {self.steps} steps (node stays under {fmt_bytes(limit)})")
+            if self.largest_surviving_payload_bytes is not None:
+                out.append(f"  largest payload that survives {self.steps} steps: "
+                           f"{fmt_bytes(self.largest_surviving_payload_bytes)}")
+        if self.release_steps:
+            shown = ", ".join(map(str, self.release_steps[:8])) + (", ..." if len(self.release_steps) > 8 else "")
+            out.append(f"  controller memory falls back (a collection frees held copies) at steps {shown}")
+        if self.check:
+            c = self.check
+            ne = c.error(c.predicted_node_peak_bytes, c.measured_node_peak_bytes)
+            ce = c.error(c.predicted_controller_peak_bytes, c.measured_controller_peak_bytes)
+            pn, mn = fmt_bytes(c.predicted_node_peak_bytes), fmt_bytes(c.measured_node_peak_bytes)
+            pc, mc = fmt_bytes(c.predicted_controller_peak_bytes), fmt_bytes(c.measured_controller_peak_bytes)
+            out.append(f"  check (a real replay, {c.outcome}): node peak predicted {pn} vs measured {mn} "
+                       f"({_pct(ne)}); controller {pc} vs {mc} ({_pct(ce)}); memory falls back at steps "
+                       f"predicted {c.predicted_release_steps or 'none'}, "
+                       f"measured {c.measured_release_steps or 'none'}")
+        return "\n".join(out)
+
+
+def _pct(e: float | None) -> str:
+    return "no measurement" if e is None else f"error {e:+.1%}"
+
+
+# -- inputs -----------------------------------------------------------------------------------------
+
+
+def parse_baselines(items: Sequence[str], workers: int) -> dict[str, int]:
+    """``role=GB`` items (``controller=379GB``, ``worker=40GB`` for each worker, ``worker-3=50GB``, any other
+    name for a process of the node outside the replay) as bytes per process name."""
+    out: dict[str, int] = {}
+    for item in items:
+        name, sep, size = item.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise PicklescopeError(f"--process-baseline {item!r} is not role=size",
+                                   "use e.g. --process-baseline controller=379GB")
+        value = parse_size(size, f"--process-baseline {name}")
+        if value.bytes is None:
+            raise PicklescopeError(f"--process-baseline {item!r} needs bytes, not a payload multiple",
+                                   "use e.g. --process-baseline worker=40GB")
+        if name == "worker":
+            for i in range(workers):
+                out[f"worker-{i}"] = out.get(f"worker-{i}", 0) + value.bytes
+        else:
+            out[name] = out.get(name, 0) + value.bytes
+    return out
+
+
+def batch_shape(wl: Workload, scale: float | None, batch_size: int | None, payload: Any) -> tuple[float, int, int]:
+    """(scale, rows, payload bytes) from exactly one of ``scale``, ``batch_size`` (rows) or ``payload`` (bytes).
+
+    A large batch is computed by arithmetic per row (it may not fit this machine, which is the point)."""
+    given = [v is not None for v in (scale, batch_size, payload)]
+    if sum(given) > 1:
+        raise PicklescopeError("give one of --scale, --batch-size and --payload", "drop the others")
+    per_row = wl.payload_bytes(1.0) / wl.rows(1.0)
+    if payload is not None:
+        size = parse_size(payload, "--payload")
+        if size.bytes is None:
+            raise PicklescopeError(f"--payload {payload!r} needs bytes", "use e.g. --payload 44GB")
+        rows = max(1, round(size.bytes / per_row))
+    elif batch_size is not None:
+        if batch_size < 1:
+            raise PicklescopeError(f"--batch-size {batch_size} must be at least 1 row", "use e.g. --batch-size 512")
+        rows = batch_size
+    else:
+        s = 0.25 if scale is None else scale
+        if not s > 0:
+            raise PicklescopeError(f"--scale {s:g} must be positive", "use e.g. --scale 0.5")
+        rows = max(1, round(wl.batch_size * s))
+    return rows / wl.batch_size, rows, int(rows * per_row)
+
+
+def fit_scales(wl: Workload, codec: str, scales: Sequence[float], workers: Sequence[int]) -> list[float]:
+    """The fit's scales; for a verl codec moved to the nearest row count every worker count divides (verl's
+    ``DataProto.chunk`` needs even chunks)."""
+    if not codec.startswith("verl-"):
+        return list(scales)
+    step = 1
+    for w in workers:
+        step = step * w // _gcd(step, w)
+    out = []
+    for s in scales:
+        rows = max(step, round(wl.batch_size * s / step) * step)
+        out.append(rows / wl.batch_size)
+    return out
+
+
+def leaf_row_bytes(wl: Workload) -> list[float]:
+    """Bytes per row of each tensor leaf (nested leaves by their mean row), from the spec alone."""
+    rows = wl.rows(1.0)
+    return [wl.leaf_bytes(t, 1.0) / rows for t in wl.tensors]
+
+
+def _gcd(a: int, b: int) -> int:
+    while b:
+        a, b = b, a % b
+    return a
+
+
+# -- the prediction ---------------------------------------------------------------------------------
+
+
+def models(codecs: Sequence[str], workload: str, gc: str, *, scales: Sequence[float] = fitting.FIT_SCALES,
+           workers: Sequence[int] = fitting.FIT_WORKERS, steps: int = fitting.FIT_STEPS, refresh: bool = False,
+           ray_address: str | None = None, log: Callable[[str], None] | None = None) -> dict[str, Model]:
+    """One fitted model per codec, from cached replays where they exist (the rest replayed, see :mod:`.fit`)."""
+    wl = load_workload(workload)
+    out: dict[str, Model] = {}
+    built_in = [c for c in codecs if not c.startswith("verl-")]
+    groups = ([built_in] if built_in else []) + [[c] for c in codecs if c.startswith("verl-")]
+    for group in groups:
+        reps = fitting.replays(group, workload, gc, fit_scales(wl, group[0], scales, workers), workers, steps,
+                               refresh=refresh, ray_address=ray_address, log=log)
+        for codec in group:
+            out[codec] = fit_model([r for r in reps if r.codec == codec], leaf_row_bytes(wl))
+    return out
+
+
+def play_node(model: Model, wl: Workload, rows: int, payload: int, workers: int, steps: int,
+              baselines: dict[str, int], node_memory: int | None, threshold: float) -> dict[str, Any]:
+    """The model at one size: per step node and controller bytes, per process peaks, Ray's kill."""
+    obj = len(wl.non_tensor)
+    played = model.play(payload, rows, workers, steps, obj)
+    names = ["controller"] + [f"worker-{i}" for i in range(workers)]
+    base_of = {n: baselines.get(n, 0) for n in names}
+    others = sum(v for n, v in baselines.items() if n not in names and n != "store")
+    store_base = baselines.get("store", 0)
+    fixed = sum(base_of.values()) + others + store_base
+    steps_out, killed = [], None
+    limit = threshold * node_memory if node_memory else None
+    peaks = {n: 0 for n in names}
+    peaks["store"] = 0
+    for k in range(steps):
+        node_peak = fixed + played["node"][k][1]
+        ctl = base_of["controller"] + played["controller"][k][1]
+        steps_out.append({"index": k + 1, "node_bytes": int(node_peak), "controller_bytes": int(ctl),
+                          "node_end_bytes": int(fixed + played["node"][k][0])})
+        peaks["controller"] = max(peaks["controller"], int(ctl))
+        for n in names[1:]:
+            peaks[n] = max(peaks[n], int(base_of[n] + played["worker"][k][1]))
+        if "store" in played:
+            peaks["store"] = max(peaks["store"], int(store_base + played["store"][k][1]))
+        if limit is not None and killed is None and node_peak >= limit:
+            killed = {"training_step": k + 1, "process": f"worker-{workers - 1}", "by": "ray",
+                      "node_bytes": int(node_peak), "limit_bytes": int(limit)}
+            break
+    x = model.features(payload, rows, workers, obj)
+    return {"steps": steps_out, "killed": killed, "peaks": peaks,
+            "node_peak": max(s["node_bytes"] for s in steps_out), "releases": model.release_steps(x, steps)}
+
+
+def largest_surviving(model: Model, wl: Workload, workers: int, steps: int, baselines: dict[str, int],
+                      node_memory: int, threshold: float) -> int | None:
+    """The largest payload (whole rows) whose node stays under the threshold for ``steps`` steps; None if even
+    one row crosses it."""
+    per_row = wl.payload_bytes(1.0) / wl.rows(1.0)
+
+    def survives(rows: int) -> bool:
+        return play_node(model, wl, rows, int(rows * per_row), workers, steps, baselines, node_memory,
+                         threshold)["killed"] is None
+
+    if not survives(1):
+        return None
+    lo, hi = 1, max(2, int(node_memory / per_row) + 1)
+    if survives(hi):
+        return int(hi * per_row)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if survives(mid):
+            lo = mid
+        else:
+            hi = mid
+    return int(lo * per_row)
+
+
+def predict(codecs: Sequence[str] = ("numpy-legacy", "numpy"), workload: str = "flowgrpo", *,
+            scale: float | None = None, batch_size: int | None = None, payload: Any = None, workers: int = 4,
+            steps: int = 4, gc: str = "default", node_memory: Any = None, threshold: float = RAY_THRESHOLD,
+            process_baselines: Sequence[str] = (), fit_scales_: Sequence[float] = fitting.FIT_SCALES,
+            fit_workers: Sequence[int] = fitting.FIT_WORKERS, fit_steps: int = fitting.FIT_STEPS,
+            check: bool = False, refresh: bool = False, timeout_s: float = 900.0, ray_address: str | None = None,
+            log: Callable[[str], None] | None = None) -> list[CodecPrediction]:
+    """Predict the node for each codec (see the module doc); with ``check``, replay the size and compare."""
+    if gc not in GC_MODES:
+        raise PicklescopeError(f"--gc {gc!r} is not a collector mode", f"use one of {', '.join(GC_MODES)}")
+    if gc == "each-step":
+        raise PicklescopeError("predict models the default collector and --gc off",
+                               "use --gc default or --gc off")
+    if workers < 1 or steps < 1:
+        raise PicklescopeError("--workers and --steps must be at least 1", "use e.g. --workers 8 --steps 120")
+    if not 0 < threshold <= 1:
+        raise PicklescopeError(f"--ray-threshold {threshold:g} must be in (0, 1]", "Ray's default is 0.95")
+    wl = load_workload(workload)
+    the_scale, rows, pay = batch_shape(wl, scale, batch_size, payload)
+    if rows < workers:
+        raise PicklescopeError(f"{rows} rows cannot be chunked among {workers} workers",
+                               "use fewer workers or a larger batch")
+    mem = None
+    if node_memory is not None:
+        size = parse_size(node_memory, "--node-memory")
+        if size.bytes is None:
+            raise PicklescopeError(f"--node-memory {node_memory!r} needs bytes", "use e.g. --node-memory 1507GB")
+        mem = size.bytes
+    baselines = parse_baselines(process_baselines, workers)
+    if check:
+        _refuse_a_check_that_cannot_fit(pay, steps)
+    fitted = models(codecs, workload, gc, scales=fit_scales_, workers=fit_workers, steps=fit_steps,
+                    refresh=refresh, ray_address=ray_address, log=log)
+    out = []
+    for codec in codecs:
+        model = fitted[codec]
+        played = play_node(model, wl, rows, pay, workers, steps, baselines, mem, threshold)
+        largest = largest_surviving(model, wl, workers, steps, baselines, mem, threshold) if mem else None
+        peaks = played["peaks"]
+        out.append(CodecPrediction(codec, gc, pay, rows, workers, steps, mem, threshold, baselines,
+                                   played["node_peak"], peaks, played["steps"], played["killed"], largest,
+                                   played["releases"], model.terms_table(), model.fitted_on))
+    if check:
+        _check(out, codecs, workload, the_scale, workers, steps, gc, wl, timeout_s, ray_address, log)
+    return out
+
+
+def _check(preds: list[CodecPrediction], codecs: Sequence[str], workload: str, scale: float, workers: int,
+           steps: int, gc: str, wl: Workload, timeout_s: float, ray_address: str | None,
+           log: Callable[[str], None] | None) -> None:
+    """Replay the predicted size for real (built-in codecs as one series) and set each prediction's check."""
+    built_in = [c for c in codecs if not c.startswith("verl-")]
+    groups = ([built_in] if built_in else []) + [[c] for c in codecs if c.startswith("verl-")]
+    by_codec = {p.codec: p for p in preds}
+    for group in groups:
+        if log:
+            log(f"checking: replaying {','.join(group)} at x{scale:g}, {workers} workers, {steps} steps, gc {gc}")
+        t = time.monotonic()
+        results = node_series(group, workload, scale, workers, steps, gc=gc, timeout_s=timeout_s,
+                              ray_address=ray_address)
+        if log:
+            log(f"  replayed in {time.monotonic() - t:.0f} s")
+        for codec, r in zip(group, results):
+            p = by_codec[codec]
+            rep = fitting.observe(r, wl)
+            p.check = Check(r.node_peak_bytes, p.node_peak_bytes - sum(p.baselines.values()),
+                            r.own_peak_bytes("driver") if "driver" in r.processes else None,
+                            p.processes["controller"] - p.baselines.get("controller", 0),
+                            released_at(rep) if rep.per_step else [], p.release_steps, r.outcome)
+
+
+def _refuse_a_check_that_cannot_fit(payload: int, steps: int) -> None:
+    need = payload * (steps + 3)  # the legacy driver holds about a payload per step, the workers one more
+    if need > _available():
+        raise PicklescopeError(f"--check replays the predicted batch ({fmt_bytes(payload)}) for real, and about "
+                               f"{fmt_bytes(need)} of it would not fit this machine's free memory",
+                               "check at a smaller --scale (the prediction itself needs no replay)")
+
+
+def _available() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 1 << 62

@@ -1,0 +1,46 @@
+"""A prediction as one figure: the node's total and the controller per training step, one line per codec.
+
+Drawn from the plain data of :class:`~picklescope.investigate.predict.prediction.CodecPrediction`
+(or its ``--json`` document), never measured here. Ray's threshold is a horizontal line; a predicted
+kill is a marker at the step and height of the crossing, labelled with the process Ray would kill.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import plotly.graph_objects as go
+
+COLORS = ("#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#17becf")
+
+
+def _gib(v: float) -> float:
+    return v / 2**30
+
+
+def predict_figure(predictions: Sequence[Any]) -> go.Figure:
+    """Node total (solid) and controller (dotted) per training step for each codec, Ray's threshold, kills."""
+    docs = [p if isinstance(p, dict) else p.to_json_dict() for p in predictions]
+    fig = go.Figure()
+    for i, doc in enumerate(docs):
+        color = COLORS[i % len(COLORS)]
+        steps = [s["index"] for s in doc["training_steps"]]
+        fig.add_trace(go.Scatter(x=steps, y=[_gib(s["node_bytes"]) for s in doc["training_steps"]],
+                                 mode="lines+markers", name=f"{doc['codec']}: node", line={"color": color}))
+        fig.add_trace(go.Scatter(x=steps, y=[_gib(s["controller_bytes"]) for s in doc["training_steps"]],
+                                 mode="lines", name=f"{doc['codec']}: controller",
+                                 line={"color": color, "dash": "dot"}))
+        k = doc.get("killed")
+        if k:
+            fig.add_trace(go.Scatter(x=[k["training_step"]], y=[_gib(k["node_bytes"])], mode="markers+text",
+                                     marker={"symbol": "x", "size": 14, "color": color}, showlegend=False,
+                                     text=[f"Ray kills {k['process']}"], textposition="top center"))
+    first = docs[0] if docs else {}
+    if first.get("node_memory_bytes"):
+        limit = first["threshold"] * first["node_memory_bytes"]
+        fig.add_hline(y=_gib(limit), line={"color": "#7f7f7f", "dash": "dash"},
+                      annotation_text=f"Ray's threshold ({first['threshold']:g} of the node)")
+    fig.update_layout(title="Predicted node memory per training step", xaxis_title="training step",
+                      yaxis_title="GiB (peak during the step)", template="plotly_white", height=420)
+    return fig
