@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import urllib.request
@@ -123,7 +124,8 @@ def test_notebook_executes_headless(stem, executed):
         assert "round trip was exact" in shown and "1.00x the payload lower than numpy-legacy" in shown
         assert "<b>" not in out  # the explorer's status line is displayed, not printed as raw HTML
         status = [o["data"] for c in nb.cells for o in c.get("outputs", [])
-                  if "<b>numpy finished</b>: the sender peaked at" in str(o.get("data", {}).get("text/html", ""))]
+                  if re.search(r"<b>run \d+ · numpy finished after [\d.]+ s</b>: the sender peaked at",
+                               str(o.get("data", {}).get("text/html", "")))]
         assert status and "<" not in str(status[0]["text/plain"])  # rendered in Jupyter, plain elsewhere
 
 
