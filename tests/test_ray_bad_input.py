@@ -174,4 +174,5 @@ def test_ray_not_installed_names_the_package_and_the_install_command():
     for transport, line in zip(("ray", "ray-arg", "transferqueue"), lines):
         assert line.startswith(f"picklescope: error: transport {transport!r} is unavailable here: the ray package "
                                "is not installed: install it with pip install"), line
-        assert f"pip install '{pin}'" in line, (pin, line)
+        # the extra that brings Ray, and the oldest Ray the package accepts (pyproject.toml's range)
+        assert "pip install 'picklescope[ray]'" in line and f"Ray {pin.split('>=')[1]} or later" in line, (pin, line)
