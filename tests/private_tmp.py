@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 UNSHARE = shutil.which("unshare")
+TORCH_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 
 def private_tmp(command: list[str], tmpdir: str, timeout_s: float) -> tuple[int, str, str, list[str]]:
@@ -27,7 +28,11 @@ def private_tmp(command: list[str], tmpdir: str, timeout_s: float) -> tuple[int,
               'ls -A /tmp >"$LEFT"\n')
     control = tempfile.mkdtemp(prefix="ps-c-", dir="/var/tmp")  # beside TMPDIR, not in it
     files = {k: os.path.join(control, k.lower()) for k in ("OUT", "ERR", "RC", "LEFT")}
-    env = {**os.environ, "TMPDIR": tmpdir, **files}
+    # as from a user's shell where it is unset: importing tensordict anywhere in this test process made torch
+    # write its own default cache folder (/tmp/torchinductor_<user>) into os.environ as TORCHINDUCTOR_CACHE_DIR,
+    # which the command would take for the user's choice and keep
+    env = {k: v for k, v in os.environ.items() if k != TORCH_CACHE_ENV}
+    env.update({"TMPDIR": tmpdir, **files})
     try:
         subprocess.run([UNSHARE, "--mount", "--propagation", "private", "sh", "-c", script, "sh", *command],
                        env=env, timeout=timeout_s, check=False)
