@@ -179,8 +179,8 @@ def test_fit_on_small_replays_predicts_a_held_out_replay(tmp_path, monkeypatch):
         assert c is not None and c.outcome == "ok", p.summary()
         # the node peak's held-out error measured -14% to +14% at x0.5 (benchmarks/README.md, the prediction
         # rows) and up to +21% in this test (docs/predict.md says why: glibc's mmap threshold, which no fit size
-        # crosses, and the store's late growth), so this bound only catches a term off by about two payloads on the legacy
-        # codec or one on the fixed codec; the controller, which the model does follow, is held to 15%
+        # crosses, and the store's late growth), so this bound only catches a term off by about two payloads
+        # on the legacy codec or one on the fixed codec; the controller, which the model follows, is held to 15%
         assert abs(c.error(c.predicted_node_peak_bytes, c.measured_node_peak_bytes)) < NODE_TOLERANCE, p.summary()
         if p.codec == "numpy-legacy":
             assert abs(c.error(c.predicted_controller_peak_bytes, c.measured_controller_peak_bytes)) < 0.15, \
