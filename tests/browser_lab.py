@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -280,3 +281,26 @@ def leftover_processes(names: tuple[str, ...] = ("jupyter", "chrom", "ipykernel"
             if any(n in cmd for n in names):
                 found.append(f"{c.pid}: {cmd[:200]}")
     return found
+
+
+def wait_cells_done(page, timeout_s: float) -> None:
+    """Wait until no code cell is queued or running ([*]) and every one has run; fail on an error (a cell's
+    error output). Used by every test that runs a notebook in Lab."""
+    deadline = time.monotonic() + timeout_s
+    prompts = page.locator(".jp-NotebookPanel .jp-CodeCell .jp-InputArea-prompt")
+    # textContent, not innerText: cells scrolled out of view are skipped by rendering (content-visibility).
+    stable_since = None
+    while time.monotonic() < deadline:
+        texts = [t.strip() for t in prompts.all_text_contents()]
+        done = bool(texts) and all(re.fullmatch(r"\[\d+\]:", t) for t in texts)
+        if done and page.locator(".jp-StatusBar-TextItem", has_text=re.compile(r"\|\s*Idle\b")).count():
+            stable_since = stable_since or time.monotonic()
+            if time.monotonic() - stable_since > 1.5:
+                break
+        else:
+            stable_since = None
+        time.sleep(0.3)
+    else:
+        raise AssertionError(f"cells did not finish within {timeout_s:.0f}s; prompts: {texts}")
+    errors = page.locator(".jp-NotebookPanel [data-mime-type='application/vnd.jupyter.error']")
+    assert errors.count() == 0, "a cell raised:\n" + "\n".join(errors.all_text_contents())[-3000:]

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
-from browser_lab import chromium, lab_server, leftover_processes, require_browser  # noqa: E402
+from browser_lab import chromium, lab_server, leftover_processes, require_browser, wait_cells_done  # noqa: E402
 from notebook_params import LAB_PARAMETERS, small_copy  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -121,28 +121,6 @@ def _wait_kernel_idle(page, timeout_s: float) -> None:
                          f"{page.locator('.jp-StatusBar-Widget').all_inner_texts()}")
 
 
-def _wait_cells_done(page, timeout_s: float) -> None:
-    """Wait until no code cell is queued or running ([*]) and every one has run; fail on an error."""
-    deadline = time.monotonic() + timeout_s
-    prompts = page.locator(".jp-NotebookPanel .jp-CodeCell .jp-InputArea-prompt")
-    # textContent, not innerText: cells scrolled out of view are skipped by rendering (content-visibility).
-    stable_since = None
-    while time.monotonic() < deadline:
-        texts = [t.strip() for t in prompts.all_text_contents()]
-        done = bool(texts) and all(re.fullmatch(r"\[\d+\]:", t) for t in texts)
-        if done and page.locator(".jp-StatusBar-TextItem", has_text=re.compile(r"\|\s*Idle\b")).count():
-            stable_since = stable_since or time.monotonic()
-            if time.monotonic() - stable_since > 1.5:
-                break
-        else:
-            stable_since = None
-        time.sleep(0.3)
-    else:
-        raise AssertionError(f"cells did not finish within {timeout_s:.0f}s; prompts: {texts}")
-    errors = page.locator(".jp-NotebookPanel [data-mime-type='application/vnd.jupyter.error']")
-    assert errors.count() == 0, "a cell raised:\n" + "\n".join(errors.all_text_contents())[-3000:]
-
-
 def _finished_leftovers(*runs) -> list[str]:
     """Processes of the server/browser ``runs`` (or Jupyter/Chromium children of this test) still alive.
 
@@ -212,7 +190,7 @@ def _drive_explorer(page, server, output_dir: Path) -> dict:
     page.locator(".lm-MenuBar-item", has_text="Run").click()
     page.locator(".lm-Menu-item", has_text=re.compile(r"^Run All Cells")).click()
     t_run_all = time.monotonic()
-    _wait_cells_done(page, RUN_ALL_S)
+    wait_cells_done(page, RUN_ALL_S)
     run_all_s = time.monotonic() - t_run_all
     server.remember_children()
 
@@ -454,7 +432,7 @@ def test_every_notebook_runs_in_lab_and_leaves_the_checkout_clean(output_dir, tm
             page.locator(".lm-Menu-item", has_text=re.compile(r"^Run All Cells")).click()
             t0 = time.monotonic()
             try:
-                _wait_cells_done(page, ALL_NOTEBOOK_S)
+                wait_cells_done(page, ALL_NOTEBOOK_S)
             except BaseException:
                 page.screenshot(path=str(output_dir / f"{Path(name).stem}_FAILED.png"))
                 raise

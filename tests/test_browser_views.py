@@ -26,7 +26,7 @@ import nbformat
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
-from browser_lab import chromium, lab_server, leftover_processes, require_browser  # noqa: E402
+from browser_lab import chromium, lab_server, leftover_processes, require_browser, wait_cells_done  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
@@ -78,24 +78,7 @@ def _run_all(page, timeout_s: float) -> None:
     """Run All Cells and wait until every code cell has a number and the kernel is idle."""
     page.locator(".lm-MenuBar-item", has_text="Run").click()
     page.locator(".lm-Menu-item", has_text=re.compile(r"^Run All Cells")).click()
-    prompts = page.locator(".jp-NotebookPanel .jp-CodeCell .jp-InputArea-prompt")
-    deadline = time.monotonic() + timeout_s
-    stable_since = None
-    texts: list[str] = []
-    while time.monotonic() < deadline:
-        texts = [t.strip() for t in prompts.all_text_contents()]
-        done = bool(texts) and all(re.fullmatch(r"\[\d+\]:", t) for t in texts)
-        if done and page.locator(".jp-StatusBar-TextItem", has_text=re.compile(r"\|\s*Idle\b")).count():
-            stable_since = stable_since or time.monotonic()
-            if time.monotonic() - stable_since > 1.5:
-                break
-        else:
-            stable_since = None
-        time.sleep(0.3)
-    else:
-        raise AssertionError(f"cells did not finish within {timeout_s:.0f}s; prompts: {texts}")
-    errors = page.locator(".jp-NotebookPanel [data-mime-type='application/vnd.jupyter.error']")
-    assert errors.count() == 0, "a cell raised:\n" + "\n".join(errors.all_text_contents())[-3000:]
+    wait_cells_done(page, timeout_s)
 
 
 def _open(page, name: str) -> None:
