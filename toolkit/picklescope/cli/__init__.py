@@ -70,18 +70,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     from picklescope.core.quiet_start import restore
 
     restore()  # from here on, Ctrl-C is a KeyboardInterrupt that ends the run's children first
+    owns_process = argv is None  # the command line's own process, not a caller's (a test, a notebook)
     argv = _join_negative_values(list(sys.argv[1:] if argv is None else argv))
     debug = "--debug" in argv
     installed = threading.current_thread() is threading.main_thread()  # signals only go to the main thread
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if installed else None
     try:
-        return _main(argv, debug)
+        return _main(argv, debug, owns_process)
     finally:
         if installed:
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
-def _main(argv: list[str], debug: bool) -> int:
+def _remove_own_temporaries() -> None:
+    """An interrupted command leaves no temporary of its own, whichever thread made it (only when the
+    process is the command's own: a caller's process keeps what its other parts made)."""
+    from picklescope.core.leftovers import remove_own
+
+    remove_own()
+
+
+def _main(argv: list[str], debug: bool, owns_process: bool = False) -> int:
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
@@ -95,9 +104,13 @@ def _main(argv: list[str], debug: bool) -> int:
         print(f"picklescope: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        if owns_process:
+            _remove_own_temporaries()
         print("picklescope: interrupted", file=sys.stderr)
         return 130
     except Terminated:
+        if owns_process:
+            _remove_own_temporaries()
         print("picklescope: terminated", file=sys.stderr)
         return 143
     except BrokenPipeError:  # output piped into 'head' and closed: not an error of ours or the user's

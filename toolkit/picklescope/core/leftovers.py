@@ -82,6 +82,25 @@ def sweep_orphans(extra_roots: list[str] | None = None) -> list[str]:
     return removed
 
 
+def remove_own(pid: int | None = None) -> list[str]:
+    """Remove every temporary this process made (its pid is in the name) and returns what went.
+
+    The last step of a command that was interrupted: each run removes its own temporaries, but a run
+    in another thread that had not finished its clean-up when the process ends (``reproduce``'s Ray lane
+    given up after its wait) would otherwise leave its folder until a later run's sweep."""
+    pid = os.getpid() if pid is None else pid
+    removed = []
+    for path in sorted(_entries(temp_roots())[0]):
+        if creator_pid(path) != pid:
+            continue
+        try:
+            _remove(path)
+            removed.append(path)
+        except OSError:
+            pass
+    return removed
+
+
 def kill_naming(path: str) -> list[int]:
     """SIGKILL every process of this user whose command line names ``path`` (a dead run's Ray temp dir)."""
     killed = []

@@ -259,80 +259,82 @@ def _run_once(
     sweep_orphans([handoff_base] if handoff_base else None)  # what a parent killed with SIGKILL could not remove
     run_dir = tempfile.mkdtemp(prefix=temp_name("picklescope-"), dir=handoff_base)  # creator pid: see leftovers.py
     result.extra["run_dir"] = run_dir  # removed when the run ends; kept here so tests can check
-    t0 = time.monotonic()
-    cfg = {"codec": codec, "transport": transport, "workload": spec.source or spec.name, "scale": scale,
-           "receiver_codec": receiver_codec, "run_dir": run_dir, "t0": t0, "env": env or {}, "probe": probe or {},
-           "plugins": plugins, "limits": limits.child_cfg(), "tracers": tracer_names}
-    from picklescope.measure import child
+    try:  # removed however the run ends, even if its own clean-up fails or Ctrl-C lands before it
+        t0 = time.monotonic()
+        cfg = {"codec": codec, "transport": transport, "workload": spec.source or spec.name, "scale": scale,
+               "receiver_codec": receiver_codec, "run_dir": run_dir, "t0": t0, "env": env or {}, "probe": probe or {},
+               "plugins": plugins, "limits": limits.child_cfg(), "tracers": tracer_names}
+        from picklescope.measure import child
 
-    guard = Watchdog(limits, run_dir, t0)  # budgets, and the machine guard that protects this process
-    state.on_event = guard.chain(on_event)
-    collector = tracers.Collector(tracer_names)  # gathers what the tracers stream, reads their files
-    state.on_event = collector.hook(state.on_event)
-    if isinstance(chosen, OwnsItsReceiver):  # Ray, TransferQueue: the transport starts its receiver (an actor)
-        ray_result = chosen.run_sides(state, cfg, timeout_s=timeout_s, sample_interval_s=sample_interval_s,
-                                      on_sample=on_sample, options=transport_options or {}, guard=guard,
-                                      limits=limits)
-        guard.check_refused()
-        _raise_bad_setup(state)
-        _armed_budgets(ray_result, limits)
-        return ray_result
+        guard = Watchdog(limits, run_dir, t0)  # budgets, and the machine guard that protects this process
+        state.on_event = guard.chain(on_event)
+        collector = tracers.Collector(tracer_names)  # gathers what the tracers stream, reads their files
+        state.on_event = collector.hook(state.on_event)
+        if isinstance(chosen, OwnsItsReceiver):  # Ray, TransferQueue: the transport starts its receiver (an actor)
+            ray_result = chosen.run_sides(state, cfg, timeout_s=timeout_s, sample_interval_s=sample_interval_s,
+                                          on_sample=on_sample, options=transport_options or {}, guard=guard,
+                                          limits=limits)
+            guard.check_refused()
+            _raise_bad_setup(state)
+            _armed_budgets(ray_result, limits)
+            return ray_result
 
-    session = Session(t0, run_dir, sample_interval_s, reading="rss")  # a side's curve is its whole RSS
-    if on_sample:  # live views (the notebook explorer) see each RSS sample as it is taken
-        session.watchers.append(on_sample)
-    session.watchers.append(guard.watch)
-    session.start()
-    procs: dict[str, Any] = {}
-    conns: dict[str, Any] = {}
-    tracker = RunTracker()  # the sides and every descendant, whatever session it starts: ended with the run
-    try:
-        for name, target in (("receiver", child.receiver_main), ("sender", child.sender_main)):
-            procs[name], conns[name] = launcher.start(target, (cfg,), f"picklescope-{name}")
-            tracker.add(procs[name].pid)
-            result.sides[name].pid = procs[name].pid
-            if tracer_names:  # tracer "none": no sampling at all (overhead baseline)
-                session.adopt(name, procs[name].pid, role=name)
-            guard.add(name, procs[name].pid)
-        _drive(session, state, procs, conns, t0 + timeout_s, killed=lambda: "sender" in guard.kills)
-    except BaseException:  # Ctrl-C (or a failure of ours): end the children now, not after their grace
-        for p in procs.values():
-            p.kill()
-        raise
-    finally:
-        session.stop()
-        tracker.snapshot()  # while the sides live, their descendants are still in their tree
-        for name in procs:
-            try:
-                conns[name].send(Release(type="release"))
-            except (OSError, BrokenPipeError):
-                pass
-        for p in procs.values():
-            p.join(timeout=5)
-            if p.is_alive():
+        session = Session(t0, run_dir, sample_interval_s, reading="rss")  # a side's curve is its whole RSS
+        if on_sample:  # live views (the notebook explorer) see each RSS sample as it is taken
+            session.watchers.append(on_sample)
+        session.watchers.append(guard.watch)
+        session.start()
+        procs: dict[str, Any] = {}
+        conns: dict[str, Any] = {}
+        tracker = RunTracker()  # the sides and every descendant, whatever session it starts: ended with the run
+        try:
+            for name, target in (("receiver", child.receiver_main), ("sender", child.sender_main)):
+                procs[name], conns[name] = launcher.start(target, (cfg,), f"picklescope-{name}")
+                tracker.add(procs[name].pid)
+                result.sides[name].pid = procs[name].pid
+                if tracer_names:  # tracer "none": no sampling at all (overhead baseline)
+                    session.adopt(name, procs[name].pid, role=name)
+                guard.add(name, procs[name].pid)
+            _drive(session, state, procs, conns, t0 + timeout_s, killed=lambda: "sender" in guard.kills)
+        except BaseException:  # Ctrl-C (or a failure of ours): end the children now, not after their grace
+            for p in procs.values():
                 p.kill()
+            raise
+        finally:
+            session.stop()
+            tracker.snapshot()  # while the sides live, their descendants are still in their tree
+            for name in procs:
+                try:
+                    conns[name].send(Release(type="release"))
+                except (OSError, BrokenPipeError):
+                    pass
+            for p in procs.values():
                 p.join(timeout=5)
-        for name, p in procs.items():
-            result.sides[name].exit_code = p.exitcode
-            conns[name].close()
-        stray = [pid for pid in tracker.end(keep=launcher.started_pids) if pid not in tracker.pids]
-        if stray:
-            result.extra["killed_descendants"] = stray  # processes a side started and left running
-        guard.close()
-        cgroup_counters = limits.cleanup()
-        timelines = session.timelines()
-        collector.collect(result, run_dir, t0, timelines)  # before the capture files go
-        result.extra["sampler_priority"] = session.priority  # realtime / raised / normal: see sampler.py
+                if p.is_alive():
+                    p.kill()
+                    p.join(timeout=5)
+            for name, p in procs.items():
+                result.sides[name].exit_code = p.exitcode
+                conns[name].close()
+            stray = [pid for pid in tracker.end(keep=launcher.started_pids) if pid not in tracker.pids]
+            if stray:
+                result.extra["killed_descendants"] = stray  # processes a side started and left running
+            guard.close()
+            cgroup_counters = limits.cleanup()
+            timelines = session.timelines()
+            collector.collect(result, run_dir, t0, timelines)  # before the capture files go
+            result.extra["sampler_priority"] = session.priority  # realtime / raised / normal: see sampler.py
+        guard.check_refused()  # a whole-process limit under the side's baseline: bad input, nothing measured
+        _raise_bad_setup(state)
+        _armed_budgets(result, limits)
+        for name, tl in timelines.items():
+            result.sides[name].timeline = tl
+        finish_run(state)
+        verdicts.decide(result, state.errors, state.done, guard.kills, result.enforcement, cgroup_counters)
+        result.wall_s = time.monotonic() - t0
+        return result
+    finally:
         shutil.rmtree(run_dir, ignore_errors=True)
-    guard.check_refused()  # a whole-process limit under the side's baseline: bad input, nothing measured
-    _raise_bad_setup(state)
-    _armed_budgets(result, limits)
-    for name, tl in timelines.items():
-        result.sides[name].timeline = tl
-    finish_run(state)
-    verdicts.decide(result, state.errors, state.done, guard.kills, result.enforcement, cgroup_counters)
-    result.wall_s = time.monotonic() - t0
-    return result
 
 
 def _drive(session: Session, state: RunFold, procs: dict[str, Any], conns: dict[str, Any], deadline: float,

@@ -8,7 +8,6 @@ could be a user-wide ``python3`` pointing at another Python that has no picklesc
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -23,7 +22,7 @@ KERNEL_NAME = "python3"
 KERNEL_SHUTDOWN_S = 30.0
 
 
-def _kernel_manager_class() -> type:
+def _kernel_manager_class(ipc_dir: str) -> type:
     from jupyter_client.kernelspec import KernelSpec
     from jupyter_client.manager import AsyncKernelManager
 
@@ -33,22 +32,16 @@ def _kernel_manager_class() -> type:
         It gets 30 s to shut down instead of jupyter_client's 5: after half of that the whole process
         group gets SIGTERM, and a kernel that is still ending its forkserver and Ray session on a busy
         machine would die without removing its temporaries. It talks to its kernel over local (IPC)
-        sockets in a temporary folder of its own, not TCP: nothing else on the machine can connect,
-        and the kernel has no reason to warn that its traffic is unencrypted."""
+        sockets in ``ipc_dir`` (the caller's temporary folder, which the caller removes however the kernel
+        ended), not TCP: nothing else on the machine can connect, and the kernel has no reason to warn
+        that its traffic is unencrypted."""
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs.setdefault("shutdown_wait_time", KERNEL_SHUTDOWN_S)
             kwargs.setdefault("transport", "ipc")
             if kwargs["transport"] == "ipc":
-                self._ipc_dir = tempfile.mkdtemp(prefix=temp_name("picklescope-kernel-"))
-                kwargs.setdefault("ip", os.path.join(self._ipc_dir, "k"))
+                kwargs.setdefault("ip", os.path.join(ipc_dir, "k"))
             super().__init__(*args, **kwargs)
-
-        async def _async_cleanup_resources(self, restart: bool = False) -> None:
-            await super()._async_cleanup_resources(restart)
-            ipc = getattr(self, "_ipc_dir", None)
-            if ipc and not restart:
-                shutil.rmtree(ipc, ignore_errors=True)
 
         @property
         def kernel_spec(self) -> KernelSpec:
@@ -103,7 +96,7 @@ def execute(source: str | Path, out_ipynb: str | Path, parameters: dict[str, Any
             return papermill.execute_notebook(
                 str(src), str(out), parameters=parameters or {}, kernel_name=KERNEL_NAME, language="python",
                 cwd=str(cwd or out.parent), progress_bar=False, execution_timeout=timeout_s,
-                kernel_manager_class=_kernel_manager_class(),
+                kernel_manager_class=_kernel_manager_class(tmp),
             )
         finally:  # a kernel killed at shutdown (or by a failing cell) could not remove its own temporaries
             sweep_orphans()

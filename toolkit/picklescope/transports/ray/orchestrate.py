@@ -245,33 +245,35 @@ def run_sides(state: RunFold, cfg: dict[str, Any], *, ray_path: str, timeout_s: 
     session.start()
     proc, conn = None, None
     try:
-        proc, conn = launcher.start(driver_main, (cfg,), "picklescope-ray-driver")
-        run.tracking["driver_pid"] = result.sender.pid = proc.pid
-        run.driver_start = cluster.start_ticks(proc.pid)
-        session.adopt("sender", proc.pid, role="sender")
-        if guard is not None:
-            guard.add("sender", proc.pid)
-        _drive(run, proc, conn, listener, session, t0 + timeout_s)
-    finally:
-        session.stop()
-        if proc is not None:
-            try:
-                conn.send(Release(type="release"))
-            except (OSError, BrokenPipeError):
-                pass
-            proc.join(timeout=RELEASE_WAIT_S)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(timeout=5)
-            result.sender.exit_code = proc.exitcode
-            conn.close()
-            run.mark("driver exited")
-        run.reap_cluster()
-        run.mark("cluster reaped")
-        listener.close()
-        if guard is not None:
-            guard.close()
-        counters = limits.cleanup() if limits is not None else {}
+        try:
+            proc, conn = launcher.start(driver_main, (cfg,), "picklescope-ray-driver")
+            run.tracking["driver_pid"] = result.sender.pid = proc.pid
+            run.driver_start = cluster.start_ticks(proc.pid)
+            session.adopt("sender", proc.pid, role="sender")
+            if guard is not None:
+                guard.add("sender", proc.pid)
+            _drive(run, proc, conn, listener, session, t0 + timeout_s)
+        finally:
+            session.stop()
+            if proc is not None:
+                try:
+                    conn.send(Release(type="release"))
+                except (OSError, BrokenPipeError):
+                    pass
+                proc.join(timeout=RELEASE_WAIT_S)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join(timeout=5)
+                result.sender.exit_code = proc.exitcode
+                conn.close()
+                run.mark("driver exited")
+            run.reap_cluster()
+            run.mark("cluster reaped")
+            listener.close()
+            if guard is not None:
+                guard.close()
+            counters = limits.cleanup() if limits is not None else {}
+    finally:  # the temporaries go however the run ends, even if a clean-up step above fails
         if ray_tmp and not os.environ.get("PICKLESCOPE_KEEP_RAY_LOGS"):  # set it to read Ray's own logs
             shutil.rmtree(ray_tmp, ignore_errors=True)
         shutil.rmtree(cfg["run_dir"], ignore_errors=True)
