@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 TINY = {"workload": "tiny", "scale": 1.0}
 # Lab's output cells are 968 px wide in a 1400 px window with the file browser open (measured by
-# tests/test_browser_views.py, tables_1400.json); nbconvert's page adds 122 px around its cells
+# tests/test_browser.py, all_notebooks.json); nbconvert's page adds 122 px around its cells
 LAB_PAGE_WIDTH = 968 + 122
 SMALL = {
     "01_reproduce_the_oom": TINY,

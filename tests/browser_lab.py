@@ -304,3 +304,29 @@ def wait_cells_done(page, timeout_s: float) -> None:
         raise AssertionError(f"cells did not finish within {timeout_s:.0f}s; prompts: {texts}")
     errors = page.locator(".jp-NotebookPanel [data-mime-type='application/vnd.jupyter.error']")
     assert errors.count() == 0, "a cell raised:\n" + "\n".join(errors.all_text_contents())[-3000:]
+
+
+LAB_WIDTH = (1400, 1000)  # a laptop's browser window; the file browser stays open, as Lab opens it
+
+
+def file_browser_open(page) -> bool:
+    """Open the left file browser if it is closed (Lab opens with it shown); True when it is shown."""
+    panel = page.locator("#filebrowser")
+    if not panel.is_visible():
+        page.locator(".jp-SideBar [data-id='filebrowser']").first.click()
+        page.wait_for_timeout(500)
+    return panel.is_visible()
+
+
+# Tables wider than the output cell they are in: what a user would have to scroll sideways to read.
+WIDE_TABLES_JS = """() => {
+  const out = [];
+  document.querySelectorAll('.jp-OutputArea-output table').forEach(t => {
+    const cell = t.closest('.jp-OutputArea-output');
+    if (!t.offsetParent || !cell) return;  // folded (details) or not rendered
+    const w = t.getBoundingClientRect().width, room = cell.getBoundingClientRect().width;
+    if (w > room + 1) out.push({table: (t.querySelector('thead') || t).textContent.slice(0, 120),
+                                 width: Math.round(w), cell: Math.round(room)});
+  });
+  return out;
+}"""

@@ -27,7 +27,16 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
-from browser_lab import chromium, lab_server, leftover_processes, require_browser, wait_cells_done  # noqa: E402
+from browser_lab import (  # noqa: E402
+    LAB_WIDTH,
+    WIDE_TABLES_JS,
+    chromium,
+    file_browser_open,
+    lab_server,
+    leftover_processes,
+    require_browser,
+    wait_cells_done,
+)
 from notebook_params import LAB_PARAMETERS, small_copy  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -402,10 +411,25 @@ def _legacy_stepthrough_first_row(page) -> str:
     return out.locator("table tbody tr").first.text_content() or ""
 
 
+def _tables_that_do_not_fit(page) -> dict:
+    """Scroll through the notebook (Lab renders only cells near the view) and collect every table wider
+    than its output cell; also how many tables there are and how wide an output cell is."""
+    cells = page.locator(".jp-NotebookPanel .jp-Cell")
+    wide: list = []
+    for k in range(cells.count()):
+        cells.nth(k).scroll_into_view_if_needed()
+        wide += [w for w in page.evaluate(WIDE_TABLES_JS) if w not in wide]
+    tables = page.evaluate("() => document.querySelectorAll('.jp-NotebookPanel .jp-OutputArea-output table').length")
+    width = page.evaluate("() => { const o = document.querySelector('.jp-NotebookPanel .jp-OutputArea-output');"
+                          " return o ? Math.round(o.getBoundingClientRect().width) : null; }")
+    return {"wide": wide, "tables": tables, "cell_width": width}
+
+
 def test_every_notebook_runs_in_lab_and_leaves_the_checkout_clean(output_dir, tmp_path):
     """Open each notebook in Lab, Run All, save it (Ctrl+S), close it: no cell fails, no tracked file
     changes, nothing new appears outside ignored folders; notebook 02's legacy table leads with the
-    consolidate line.
+    consolidate line; and at 1400 px with the file browser open (Lab's default) no table is wider than
+    the output cell it sits in (what a user would have to scroll sideways to read).
 
     Lab opens a copy of notebooks/ whose parameters cells hold the small values of
     tests/notebook_params.py (what a person types into the first cell for a quick look): this checks
@@ -422,11 +446,12 @@ def test_every_notebook_runs_in_lab_and_leaves_the_checkout_clean(output_dir, tm
     settings = {**LAB_SETTINGS, "@jupyterlab/docmanager-extension:plugin": {"autosave": False}}
     seen: dict[str, dict] = {}
     with lab_server(folder, tmp_path / "lab", user_settings=settings) as server, \
-            chromium(tmp_path, viewport=(1500, 1400)) as browser:
+            chromium(tmp_path, viewport=LAB_WIDTH) as browser:
         page = browser.context.new_page()
         page.goto(server.url("lab"))
         for name in shas:
             _open_as_notebook(page, name)
+            assert file_browser_open(page), "the file browser was not open beside the notebook"
             _wait_kernel_idle(page, KERNEL_READY_S)
             page.locator(".lm-MenuBar-item", has_text="Run").click()
             page.locator(".lm-Menu-item", has_text=re.compile(r"^Run All Cells")).click()
@@ -439,6 +464,8 @@ def test_every_notebook_runs_in_lab_and_leaves_the_checkout_clean(output_dir, tm
             seen[name] = {"run_all_s": round(time.monotonic() - t0, 1), "parameters": LAB_PARAMETERS[Path(name).stem]}
             if name.startswith("02_"):
                 seen[name]["legacy_first_row"] = _legacy_stepthrough_first_row(page)
+            seen[name].update(_tables_that_do_not_fit(page))
+            page.screenshot(path=str(output_dir / f"{Path(name).stem}_lab_{LAB_WIDTH[0]}.png"))
             server.remember_children()
             page.keyboard.press("Control+s")  # what a user does; jupytext writes the .py back
             page.wait_for_timeout(1500)
@@ -465,5 +492,8 @@ def test_every_notebook_runs_in_lab_and_leaves_the_checkout_clean(output_dir, tm
     new = set(after.splitlines()) - set(before.splitlines())
     ours = [e for e in new if "notebooks/" in e or e.endswith((".html", ".json", ".ipynb", ".png"))]
     assert ours == [], f"running the notebooks left files in the checkout: {ours}"
+    assert sum(s["tables"] for s in seen.values()) > 0, "no table was rendered in any notebook"
+    wide = {n: s["wide"] for n, s in seen.items() if s["wide"]}
+    assert wide == {}, f"tables wider than their cell at {LAB_WIDTH[0]} px: {wide}"
     first = seen["02_step_through_getstate.py"]["legacy_first_row"]
     assert "consolidate()" in first, f"the legacy step-through table does not lead with consolidate: {first!r}"

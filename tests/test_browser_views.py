@@ -1,13 +1,14 @@
 """The views as a user meets them in JupyterLab: explorers that always draw, tables that fit.
 
-Two checks in a real ``jupyter lab`` driven by Debian's Chromium (harness: ``tests/browser_lab.py``):
+A check in a real ``jupyter lab`` driven by Debian's Chromium (harness: ``tests/browser_lab.py``):
 
 - five explorers in one notebook, each run three times: after every run the figure holds a trace
   whose last x is where the status line says the run ended, and the status line and the figure's
   title name the same run (its number, codec and outcome). Each run's time from the press of
   **run** to its final figure, as the browser saw it, goes to ``explorer_times.json``.
-- every notebook, executed with tiny parameters and opened in Lab at 1400 px with the file browser
-  open (Lab's default): no table is wider than the cell it sits in.
+
+Every notebook's tables are checked against the width of their cells where the notebooks run in Lab
+(``tests/test_browser.py``), so no notebook is executed a second time for it.
 
 Without Chromium or Playwright the tests are skipped with the reason, except under CI (``CI=true``).
 """
@@ -26,7 +27,16 @@ import nbformat
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
-from browser_lab import chromium, lab_server, leftover_processes, require_browser, wait_cells_done  # noqa: E402
+from browser_lab import (  # noqa: E402
+    LAB_WIDTH,
+    WIDE_TABLES_JS,
+    chromium,
+    file_browser_open,
+    lab_server,
+    leftover_processes,
+    require_browser,
+    wait_cells_done,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
@@ -35,22 +45,11 @@ LAB_SETTINGS = {
     "@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False},
     "@jupyterlab/docmanager-extension:plugin": {"autosave": False},
 }
-LAB_WIDTH = (1400, 1000)  # a laptop's browser window; the file browser stays open, as Lab opens it
 CODECS = ["numpy", "numpy-legacy", "torch", "numpy", "numpy-legacy"]  # five explorers, one notebook
 RUNS = 3
 KERNEL_READY_S = 180
 RUN_ALL_S = 300
 RUN_S = 240  # one tiny run, pressed in the browser, on a loaded two-core machine
-TINY = {"workload": "tiny", "scale": 1.0}
-# every notebook at a size that runs in seconds (the same figures and tables as at full size)
-SMALL = {
-    "01_reproduce_the_oom": TINY,
-    "02_step_through_getstate": {**TINY, "codecs": ["numpy-legacy", "numpy"]},
-    "03_allocation_timelines": {**TINY, "cycle_mib": 8, "show_ray": False},
-    "04_switch_codecs_confirm_fix": TINY,
-    "05_postmortem_template": {**TINY, "headroom": False},
-    "06_node_replay": {"workload": "flowgrpo", "scale": 0.05, "workers": 2, "steps": 2, "gc_modes": ["off"]},
-}
 
 pytestmark = pytest.mark.browser
 
@@ -88,15 +87,6 @@ def _open(page, name: str) -> None:
     page.locator(".jp-NotebookPanel").first.wait_for(timeout=60_000)
 
 
-def _file_browser_open(page) -> bool:
-    """Open the left file browser if it is closed (Lab opens with it shown); True when it is shown."""
-    panel = page.locator("#filebrowser")
-    if not panel.is_visible():
-        page.locator(".jp-SideBar [data-id='filebrowser']").first.click()
-        page.wait_for_timeout(500)
-    return panel.is_visible()
-
-
 # What plotly.js holds in an explorer's graph div: its title, and each trace's name and last x.
 _FIGURE_JS = """el => {
   const gds = el.querySelectorAll('.js-plotly-plot');
@@ -115,20 +105,6 @@ _RECORD_STATUS_JS = """el => {
     new MutationObserver(() => el.__statuses.push([performance.now(), el.textContent])).observe(
         el, {childList: true, subtree: true, characterData: true});
 }"""
-
-# Tables wider than the output cell they are in: what a user would have to scroll sideways to read.
-_WIDE_TABLES_JS = """() => {
-  const out = [];
-  document.querySelectorAll('.jp-OutputArea-output table').forEach(t => {
-    const cell = t.closest('.jp-OutputArea-output');
-    if (!t.offsetParent || !cell) return;  // folded (details) or not rendered
-    const w = t.getBoundingClientRect().width, room = cell.getBoundingClientRect().width;
-    if (w > room + 1) out.push({table: (t.querySelector('thead') || t).textContent.slice(0, 120),
-                                 width: Math.round(w), cell: Math.round(room)});
-  });
-  return out;
-}"""
-
 
 def _status(explorer) -> str:
     status = explorer.locator(".widget-html").first
@@ -233,7 +209,7 @@ def test_five_explorers_always_draw_the_run_their_status_names(output_dir, tmp_p
         try:
             page.goto(server.url("lab"))
             _open(page, "explorers.ipynb")
-            browser_open = _file_browser_open(page)
+            browser_open = file_browser_open(page)
             _wait_kernel_idle(page, KERNEL_READY_S)
             _run_all(page, RUN_ALL_S)
             server.remember_children()
@@ -249,7 +225,7 @@ def test_five_explorers_always_draw_the_run_their_status_names(output_dir, tmp_p
                     server.remember_children()
                     if got["problem"] is not None:
                         explorers.nth(i).screenshot(path=str(output_dir / f"explorer_{i}_run_{number}_FAILED.png"))
-            wide = page.evaluate(_WIDE_TABLES_JS)
+            wide = page.evaluate(WIDE_TABLES_JS)
             explorers.nth(0).scroll_into_view_if_needed()
             explorers.nth(0).screenshot(path=str(output_dir / "five_explorers_first.png"))
         finally:
@@ -267,71 +243,3 @@ def test_five_explorers_always_draw_the_run_their_status_names(output_dir, tmp_p
     firsts = [s["first_status_after_press"] for s in seen]
     assert all(f is not None and f.startswith("running run ") for f in firsts), firsts
     assert wide == [], f"explorer tables wider than their cell at {LAB_WIDTH[0]} px: {wide}"
-
-
-def _execute_small(out: Path) -> tuple[list[Path], dict[str, str]]:
-    """Every notebook executed headless with tiny parameters, saved with its outputs into ``out``.
-
-    A notebook that fails is kept as far as it ran (papermill saves it), so its tables are checked
-    too; the failures are returned (name -> error) for the test to report."""
-    from papermill.exceptions import PapermillExecutionError
-
-    from picklescope.views import nbrun
-
-    done, failed = [], {}
-    for src in sorted(NOTEBOOKS.glob("*.py")):
-        params = dict(SMALL.get(src.stem, TINY))
-        if src.stem == "05_postmortem_template":
-            params["out_dir"] = str(out / "postmortem")
-        path = out / f"{src.stem}.ipynb"
-        try:
-            nbrun.execute(src, path, params, cwd=out, timeout_s=900)
-        except PapermillExecutionError as exc:
-            failed[src.stem] = f"{exc.ename}: {str(exc.evalue).splitlines()[0][:200]}"
-        if path.is_file():
-            done.append(path)
-    return done, failed
-
-
-def test_every_notebooks_tables_fit_lab_at_1400_px(output_dir, tmp_path):
-    require_browser()
-    root = tmp_path / "root"
-    root.mkdir()
-    executed, failed = _execute_small(root)
-    wide: dict[str, list] = {}
-    counted: dict[str, int] = {}
-    widths: dict[str, int] = {}  # an output cell's width: what a figure or table has in Lab at this size
-    with lab_server(root, tmp_path / "lab", user_settings=LAB_SETTINGS) as server, \
-            chromium(tmp_path, viewport=LAB_WIDTH) as browser:
-        page = browser.context.new_page()
-        page.goto(server.url("lab"))
-        for path in executed:
-            _dismiss_dialogs(page)
-            _open(page, path.name)
-            assert _file_browser_open(page), "the file browser was not open beside the notebook"
-            page.locator(".jp-NotebookPanel .jp-OutputArea-output").first.wait_for(timeout=60_000)
-            page.wait_for_timeout(1500)
-            # scroll through so that Lab renders every cell (it skips cells far out of view)
-            cells = page.locator(".jp-NotebookPanel .jp-Cell")
-            bad: list = []
-            for k in range(cells.count()):
-                cells.nth(k).scroll_into_view_if_needed()
-                bad += [w for w in page.evaluate(_WIDE_TABLES_JS) if w not in bad]
-            counted[path.stem] = page.evaluate("() => document.querySelectorAll('.jp-OutputArea-output table').length")
-            widths[path.stem] = page.evaluate(
-                "() => Math.round(document.querySelector('.jp-OutputArea-output').getBoundingClientRect().width)")
-            wide[path.stem] = bad
-            page.screenshot(path=str(output_dir / f"{path.stem}_tables_1400.png"))
-            page.locator(".lm-MenuBar-item", has_text="File").click()
-            page.locator(".lm-Menu-item", has_text=re.compile(r"^Close Tab")).click()
-            page.wait_for_timeout(500)
-            dialog = page.locator(".jp-Dialog")
-            if dialog.count():
-                dialog.locator("button", has_text=re.compile("Discard|Don't Save|No")).first.click()
-        server.remember_children()
-    seen = {"wide": wide, "tables": counted, "cell_width": widths, "failed": failed}
-    (output_dir / "tables_1400.json").write_text(json.dumps(seen, indent=2))
-    assert not {*leftover_processes(), *server.leftovers(), *browser.leftovers()}, "processes left running"
-    assert sum(counted.values()) > 0, "no table was rendered in any notebook"
-    assert all(not v for v in wide.values()), {k: v for k, v in wide.items() if v}
-    assert not failed, f"notebooks that did not run to the end (their tables up to there were checked): {failed}"
