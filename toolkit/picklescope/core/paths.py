@@ -21,6 +21,8 @@ import fcntl
 import hashlib
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from importlib import resources
 from pathlib import Path
@@ -176,10 +178,16 @@ class OutFolder:
     SIGTERM or an error removes the folder it created, when it holds nothing but ``own`` files (the
     run's own outputs), so an interrupted run leaves nothing behind; a folder that existed before is
     left as it was. Call :meth:`keep` once the outputs are written.
+
+    A run killed with SIGKILL cannot remove anything itself. So a folder the run created is watched by a
+    small process of its own (:data:`_UNDERTAKER`, plain Python, no import of the toolkit): it waits on a
+    pipe from the run, and when the pipe ends without the word "keep" (the run died, whatever killed
+    it) it removes the folder under the same rule.
     """
 
     def __init__(self, path: str, own: tuple[str, ...] = (), flag: str = "--out") -> None:
         self.path, self.own, self.flag = path, own, flag
+        self._undertaker: subprocess.Popen[bytes] | None = None
         self.created = False
         self.kept = False
         self._fd: int | None = None
@@ -198,18 +206,71 @@ class OutFolder:
                                    f"wait for that run to end, or give this one another folder with {self.flag}") \
                 from None
         self._fd = fd
+        if self.created:
+            self._undertaker = _watch_for_death(self.path, self.own)
         return self
 
     def keep(self) -> None:
         """The run wrote its outputs: the folder stays whatever happens next."""
         self.kept = True
+        self._tell_undertaker(b"keep")
+
+    def _tell_undertaker(self, word: bytes) -> None:
+        u, self._undertaker = self._undertaker, None
+        if u is None:
+            return
+        try:
+            u.stdin.write(word)
+            u.stdin.close()
+        except OSError:
+            pass
+        try:
+            u.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            u.kill()
+            u.wait()
 
     def __exit__(self, *exc: object) -> None:
         try:
             if (self.created and not self.kept and os.path.isdir(self.path)
                     and set(os.listdir(self.path)) <= set(self.own)):
                 shutil.rmtree(self.path, ignore_errors=True)
+            self._tell_undertaker(b"done")
         finally:
             if self._fd is not None:
                 os.close(self._fd)  # closing the descriptor releases the lock
                 self._fd = None
+
+
+# The watcher of a run's new output folder (see OutFolder). Its own session and SIGINT ignored, so a
+# Ctrl-C to the terminal's group does not end it before the run does; it reads the run's pipe (and
+# checks once a second that its parent is the run still) and, if the run ended without saying "keep",
+# removes the folder when the folder holds only the run's own files.
+_UNDERTAKER = """
+import os, select, shutil, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+path, own, parent = sys.argv[1], set(sys.argv[2:]), os.getppid()
+said = b""
+while True:
+    ready, _, _ = select.select([0], [], [], 1.0)
+    if ready:
+        chunk = os.read(0, 64)
+        if not chunk:
+            break
+        said += chunk
+    elif os.getppid() != parent:
+        break
+if said not in (b"keep", b"done") and os.path.isdir(path) and set(os.listdir(path)) <= own:
+    shutil.rmtree(path, ignore_errors=True)
+"""
+
+
+def _watch_for_death(path: str, own: tuple[str, ...]) -> subprocess.Popen[bytes] | None:
+    """Start the undertaker of ``path`` (None if it cannot start: the folder is then removed only on the
+    paths this process survives)."""
+    try:
+        return subprocess.Popen([sys.executable, "-I", "-S", "-c", _UNDERTAKER, os.path.abspath(path), *own],
+                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True, close_fds=True)
+    except OSError:
+        return None
