@@ -22,6 +22,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -149,8 +150,13 @@ def main(argv: list[str]) -> int:
             # a container's default user is root; Jupyter refuses to start as root without this flag
             print("dev.py: running as root (user id 0), so JupyterLab gets --allow-root", file=sys.stderr)
             extra.append("--allow-root")
-        return subprocess.call([str(bindir / "jupyter"), "lab", "--notebook-dir", str(ROOT / "notebooks"), *extra,
-                                *rest], env=env, cwd=ROOT)
+        with tempfile.TemporaryDirectory(prefix="picklescope-lab-sockets-") as sockets:
+            if not any(a.startswith("--KernelManager.transport") for a in rest):
+                # kernels talk to Lab over local sockets in a private folder: no "running over TCP without
+                # encryption" warning, and nothing else on the machine can connect
+                extra += ["--KernelManager.transport=ipc", f"--KernelManager.ip={os.path.join(sockets, 'k')}"]
+            return subprocess.call([str(bindir / "jupyter"), "lab", "--notebook-dir", str(ROOT / "notebooks"),
+                                    *extra, *rest], env=env, cwd=ROOT)
     print(f"dev.py: unknown command {cmd!r}: use reproduce, test, lab or picklescope", file=sys.stderr)
     return 2
 

@@ -198,7 +198,9 @@ def lab_server(root_dir: Path, work: Path, extra_args: list[str] | None = None,
         f"--ServerApp.root_dir={root_dir}", f"--IdentityProvider.token={token}",
         "--ServerApp.port_retries=0", "--LabApp.news_url=", "--LabApp.check_for_updates_class="
         "jupyterlab.NeverCheckForUpdate", "--LabApp.extension_manager=readonly",
-        "--ServerApp.terminals_enabled=False", *(extra_args or []),
+        "--ServerApp.terminals_enabled=False",
+        # as `picklescope lab` starts Lab: kernels over local sockets, so none warns of unencrypted TCP
+        "--KernelManager.transport=ipc", f"--KernelManager.ip={work / 'k'}", *(extra_args or []),
     ]
     if os.geteuid() == 0:  # CI runs as root
         cmd.append("--allow-root")

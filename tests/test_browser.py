@@ -492,6 +492,7 @@ def test_every_notebook_runs_in_lab_and_leaves_the_checkout_clean(output_dir, tm
     new = set(after.splitlines()) - set(before.splitlines())
     ours = [e for e in new if "notebooks/" in e or e.endswith((".html", ".json", ".ipynb", ".png"))]
     assert ours == [], f"running the notebooks left files in the checkout: {ours}"
+    assert "without encryption" not in server.log(), "a kernel warned that it runs over TCP without encryption"
     assert sum(s["tables"] for s in seen.values()) > 0, "no table was rendered in any notebook"
     wide = {n: s["wide"] for n, s in seen.items() if s["wide"]}
     assert wide == {}, f"tables wider than their cell at {LAB_WIDTH[0]} px: {wide}"

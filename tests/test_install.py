@@ -138,3 +138,72 @@ def test_lab_without_jupyterlab_says_what_to_install(tmp_path, monkeypatch, caps
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "pip install 'picklescope[notebooks]'" in err, err
     assert not (tmp_path / "nb").exists(), "nothing is copied when Lab cannot start"
+
+
+def _kernel_sockets(pid: int) -> list[str]:
+    """The local sockets kernels bound in ``picklescope lab``'s private folder (process ``pid``)."""
+    import os
+
+    from picklescope.core import leftovers
+
+    found = []
+    for root in leftovers.temp_roots():
+        for e in os.listdir(root):
+            folder = os.path.join(root, e)
+            if e.startswith("picklescope-lab-") and leftovers.creator_pid(folder) == pid and os.path.isdir(folder):
+                found += [n for n in os.listdir(folder) if n.startswith("k-")]
+    return found
+
+
+def test_lab_starts_kernels_that_do_not_warn_of_unencrypted_tcp_and_leaves_nothing(tmp_path):
+    """``picklescope lab`` as a user starts it: a kernel started through Lab binds its sockets, Lab's output
+    never says the kernel runs over TCP without encryption (its kernels use local sockets in the
+    command's private folder), and after SIGTERM nothing of the command is left in the temp folder."""
+    import json
+    import os
+    import signal
+    import time
+    import urllib.request
+
+    from picklescope.core import leftovers
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from browser_lab import free_port
+
+    port, token = free_port(), "t" * 32
+    p = subprocess.Popen([sys.executable, "-m", "picklescope", "lab", str(tmp_path / "nb"), "--", "--no-browser",
+                          f"--port={port}", "--ip=127.0.0.1", f"--IdentityProvider.token={token}",
+                          "--ServerApp.port_retries=0"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+    def call(path: str, method: str = "GET", body: bytes | None = None) -> dict:
+        req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, method=method,
+                                     headers={"Authorization": f"token {token}"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read() or b"{}")
+
+    try:
+        deadline = time.monotonic() + 240  # Lab's start-up on a loaded two-core machine
+        while True:
+            assert p.poll() is None and time.monotonic() < deadline, "Lab did not answer"
+            try:
+                call("/api/status")
+                break
+            except OSError:
+                time.sleep(0.5)
+        kernel = call("/api/kernels", "POST", json.dumps({"name": "python3"}).encode())
+        # the kernel binds its sockets (files k-<n> in the command's private folder) right after the
+        # point where it would warn of TCP: once they exist, the warning would have been printed
+        while len(_kernel_sockets(p.pid)) < 5:
+            assert p.poll() is None and time.monotonic() < deadline + 120, "the kernel never bound its sockets"
+            time.sleep(0.5)
+        sockets_seen = _kernel_sockets(p.pid)
+        call(f"/api/kernels/{kernel['id']}", "DELETE")
+    finally:
+        os.kill(p.pid, signal.SIGTERM)
+        out, _ = p.communicate(timeout=120)
+    assert "without encryption" not in out, out[-3000:]
+    assert sockets_seen, "the kernel's sockets were not in the command's private folder"
+    assert "Kernel started" in out, out[-3000:]
+    assert [e for root in leftovers.temp_roots() for e in os.listdir(root)
+            if leftovers.creator_pid(os.path.join(root, e)) == p.pid] == []

@@ -64,6 +64,10 @@ def main(args: argparse.Namespace) -> int:
         config = _settings_config_dir(tmp)
         paths = [str(config), *filter(None, os.environ.get("JUPYTER_CONFIG_PATH", "").split(os.pathsep))]
         env = dict(os.environ, JUPYTER_CONFIG_PATH=os.pathsep.join(paths))
+        if not any(a.startswith("--KernelManager.transport") for a in extra):
+            # kernels talk to Lab over local sockets in this run's private folder: no "running over TCP
+            # without encryption" warning at each kernel start, and nothing else on the machine can connect
+            extra += ["--KernelManager.transport=ipc", f"--KernelManager.ip={tmp / 'k'}"]
         proc = subprocess.Popen([sys.executable, "-m", "jupyterlab", "--notebook-dir", str(folder), *extra], env=env)
         try:
             while True:
