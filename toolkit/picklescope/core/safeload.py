@@ -46,6 +46,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
+from picklescope.core.safefile import BoundedFile
 from picklescope.errors import PicklescopeError
 
 _INLINE = 1 << 16  # byte strings and strings up to this size are read (dtype codes, keys); larger ones are skipped
@@ -206,7 +207,7 @@ class InertUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
 
     # -- bounds
     def _where(self) -> str:
-        return getattr(self._f, "where", "the stream")
+        return self._f.where if isinstance(self._f, BoundedFile) else "the stream"
 
     def _too_many(self, what: str, count: int, limit: int) -> Refused:
         return Refused(f"{self._where()}: {what} holds {count:,} entries by byte {self._f.tell():,}, over the "

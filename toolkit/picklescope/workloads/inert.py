@@ -20,6 +20,7 @@ from picklescope.workloads.inert_records import (
     _opaque_type,
     _Storage,
     _storage_type,
+    _StorageType,
     _TorchDType,
     _type_name,
 )
@@ -74,12 +75,13 @@ class _Unpickler(InertUnpickler):
     def persistent_load(self, pid: Any) -> Any:
         if isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage":
             _, stype, key, _loc, numel = pid
-            dtype = getattr(stype, "dtype", None)
-            if getattr(stype, "storage_name", "") == "UntypedStorage":
+            known = isinstance(stype, type) and issubclass(stype, _StorageType)
+            dtype = stype.dtype if known else None
+            if known and stype.storage_name == "UntypedStorage":
                 dtype = "untyped"  # the tensor record names its dtype (_rebuild_tensor_v3)
             if dtype is None:
-                raise Refused(f"a storage of type {getattr(stype, 'storage_name', stype)!r} the workload format has "
-                              "no dtype for", "use one of: " + ", ".join(_ITEMSIZE))
+                raise Refused(f"a storage of type {stype.storage_name if known else stype!r} the workload format "
+                              "has no dtype for", "use one of: " + ", ".join(_ITEMSIZE))
             return _Storage(dtype, str(key), int(numel), self._archive)
         raise Refused("the stream refers to a persistent object that is not a torch storage",
                       "save the batch with torch.save or DataProto.save_to_disk")

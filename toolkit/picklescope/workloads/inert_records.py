@@ -138,9 +138,15 @@ def _frombuffer(buf: Any, dtype: Any, shape: Any, order: Any = "C") -> _NDArray:
     return _NDArray(dtype, tuple(shape), length)
 
 
-def _storage_type(name: str) -> type:
-    dtype = _STORAGE_DTYPE.get(name)
-    return type(name, (), {"dtype": dtype, "storage_name": name})
+class _StorageType:
+    """``torch.FloatStorage`` and friends, named in a stream: the class its storage records name."""
+
+    dtype: str | None = None
+    storage_name = ""
+
+
+def _storage_type(name: str) -> type[_StorageType]:
+    return type(name, (_StorageType,), {"dtype": _STORAGE_DTYPE.get(name), "storage_name": name})
 
 
 def _rebuild_tensor_v2(storage: Any, offset: int, size: Any, stride: Any, *rest: Any) -> Any:
