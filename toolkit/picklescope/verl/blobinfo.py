@@ -20,8 +20,9 @@ import re
 import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
+from picklescope.core.safefile import BoundedFile
 from picklescope.core.safeload import Damaged, InertUnpickler, Skipped, Unreadable
 from picklescope.errors import PicklescopeError
 
@@ -60,9 +61,9 @@ class BlobInfo:
         return asdict(self)
 
 
-def _is_torch_archive(data: bytes) -> bool:
+def _is_torch_archive(data: bytes | BinaryIO) -> bool:
     try:
-        with zipfile.ZipFile(io.BytesIO(data)) as z:
+        with zipfile.ZipFile(io.BytesIO(data) if isinstance(data, bytes) else data) as z:
             return any(n.endswith("/data.pkl") or n == "data.pkl" for n in z.namelist())
     except zipfile.BadZipFile:
         return False
@@ -152,7 +153,12 @@ class _Identify(InertUnpickler):
     def _bytes(self, n: int) -> Skipped:
         b = super()._bytes(n)
         if b.head == ZIP_MAGIC:
-            raw = b.data if b.data is not None else self.data[b.offset:b.offset + b.length] if b.offset >= 0 else b""
+            # a skipped one is read where it lies, through a window on the blob (no copy of its bytes)
+            raw: bytes | BinaryIO = b""
+            if b.data is not None:
+                raw = b.data
+            elif b.offset >= 0:
+                raw = BoundedFile(io.BytesIO(self.data), b.length, "a byte string", max_read=b.length, start=b.offset)
             if _is_torch_archive(raw):
                 self.archives += 1
                 self.archive_bytes += b.length
