@@ -165,6 +165,16 @@ class _Counting(dict):  # type: ignore[type-arg]
         return dict.__getitem__(self, key)
 
 
+def _pusher(text: bool, fmt: str) -> Callable[[Any], None]:
+    """The opcode handler that reads a length packed as ``fmt`` and pushes a string (``text``) or a byte
+    string, through the unpickler's own pusher (a subclass's included)."""
+    size = struct.calcsize(fmt)
+
+    def load(self: Any) -> None:
+        (self._push_text if text else self._push_bytes)(fmt, size)
+    return load
+
+
 class InertUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
     """The standard library's pickle machine with every global replaced by an inert stand-in.
 
@@ -314,27 +324,6 @@ class InertUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
         self.kept += n
         self.append(str(data, "utf-8", "surrogatepass") if self.kept <= self.bounds.kept else Text(n))
 
-    def load_short_binunicode(self) -> None:
-        self._push_text("<B", 1)
-
-    def load_binbytes(self) -> None:
-        self._push_bytes("<I", 4)
-
-    def load_short_binbytes(self) -> None:
-        self._push_bytes("<B", 1)
-
-    def load_binbytes8(self) -> None:
-        self._push_bytes("<Q", 8)
-
-    def load_bytearray8(self) -> None:
-        self._push_bytes("<Q", 8)
-
-    def load_binunicode(self) -> None:
-        self._push_text("<I", 4)
-
-    def load_binunicode8(self) -> None:
-        self._push_text("<Q", 8)
-
     def load_next_buffer(self) -> None:
         self.buffers += 1
         self.append(Skipped(-1, 0))
@@ -346,20 +335,17 @@ class InertUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
                           self.bounds.damaged)
         self.append(pickle.decode_long(self.read(n)))
 
-    dispatch[pickle.BINBYTES[0]] = load_binbytes
-    dispatch[pickle.SHORT_BINBYTES[0]] = load_short_binbytes
-    dispatch[pickle.BINBYTES8[0]] = load_binbytes8
-    dispatch[pickle.BYTEARRAY8[0]] = load_bytearray8
-    dispatch[pickle.BINUNICODE[0]] = load_binunicode
-    dispatch[pickle.SHORT_BINUNICODE[0]] = load_short_binunicode
-    dispatch[pickle.BINUNICODE8[0]] = load_binunicode8
-    dispatch[pickle.NEXT_BUFFER[0]] = load_next_buffer
-    dispatch[pickle.LONG4[0]] = load_long4
-    dispatch[pickle.SETITEMS[0]] = load_setitems
-    dispatch[pickle.SETITEM[0]] = load_setitem
-    dispatch[pickle.APPENDS[0]] = load_appends
-    dispatch[pickle.APPEND[0]] = load_append
-    dispatch[pickle.ADDITEMS[0]] = load_additems
+    # each opcode that pushes a byte string or a string: (opcode, how its length is packed, a string?)
+    for _op, _fmt, _text in ((pickle.BINBYTES, "<I", False), (pickle.SHORT_BINBYTES, "<B", False),
+                             (pickle.BINBYTES8, "<Q", False), (pickle.BYTEARRAY8, "<Q", False),
+                             (pickle.BINUNICODE, "<I", True), (pickle.SHORT_BINUNICODE, "<B", True),
+                             (pickle.BINUNICODE8, "<Q", True)):
+        dispatch[_op[0]] = _pusher(_text, _fmt)
+    dispatch.update({pickle.NEXT_BUFFER[0]: load_next_buffer, pickle.LONG4[0]: load_long4,
+                     pickle.SETITEMS[0]: load_setitems, pickle.SETITEM[0]: load_setitem,
+                     pickle.APPENDS[0]: load_appends, pickle.APPEND[0]: load_append,
+                     pickle.ADDITEMS[0]: load_additems})
+    del _op, _fmt, _text
 
     def run(self) -> Any:
         """The stream's top object, built of stand-ins. A refusal is a :class:`PicklescopeError`; a zip member
