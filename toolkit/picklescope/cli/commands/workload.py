@@ -10,7 +10,7 @@ from typing import Any
 from picklescope.cli.commands.common import print_json
 from picklescope.core.units import fmt_bytes
 from picklescope.errors import PicklescopeError, safe_text
-from picklescope.workloads.schema import workload_name
+from picklescope.workloads.schema import workload_name, write_workload
 from picklescope.workloads.spec import check_name, load_workload
 
 ORDER = 50
@@ -49,7 +49,7 @@ def register(sub: Any) -> None:
 
 def main(args: argparse.Namespace) -> int:
     # deferred: the trusted load's allow-list (picklescope.codecs) imports torch, which --help need not wait for
-    from picklescope.investigate.workload_from import describe_file, write_workload
+    from picklescope.investigate.workload_from import describe_file
 
     if args.name is not None:  # before reading FILE: a name no workload may have is refused at once
         check_name(args.name, "--name", "choose another with --name (1 to 200 printable characters)")
