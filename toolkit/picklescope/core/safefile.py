@@ -25,7 +25,7 @@ import stat
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from picklescope.core.units import fmt_bytes
+from picklescope.core.units import fmt_bytes, parse_size
 from picklescope.errors import PicklescopeError, safe_text
 
 WORKLOAD_LIMIT = 4 * 1024**2
@@ -41,8 +41,6 @@ def blob_limit() -> int:
     raw = os.environ.get(BLOB_LIMIT_ENV)
     if not raw:
         return DEFAULT_BLOB_LIMIT
-    from picklescope.core.units import parse_size
-
     size = parse_size(raw, BLOB_LIMIT_ENV)
     if size.bytes is None:
         raise PicklescopeError(f"{BLOB_LIMIT_ENV}={safe_text(raw)!r} is a multiple, not a size",
@@ -66,8 +64,6 @@ def check_file(path: str | os.PathLike, what: str, limit: int, way_out: str = "c
 
     Never blocks: the file is opened with ``O_NONBLOCK`` (a FIFO opens at once) and only inspected.
     """
-    from picklescope.core.units import fmt_bytes
-
     text = os.fspath(path)
     shown = _describe(text)
     try:
@@ -106,8 +102,6 @@ def _limit_hint(what: str) -> str:
 def read_bytes(path: str | os.PathLike, what: str, limit: int, way_out: str = "check the path") -> bytes:
     """The bytes of a regular file of at most ``limit`` bytes (checked first by :func:`check_file`)."""
     check_file(path, what, limit, way_out)
-    from picklescope.core.units import fmt_bytes
-
     with open(os.fspath(path), "rb", buffering=0) as f:
         data = f.read(limit + 1)
     if len(data) > limit:  # the file grew after the check
@@ -147,12 +141,22 @@ class BoundedFile(io.RawIOBase):
     lines at :data:`LINE_LIMIT`: an opcode or a header that asks for more is refused with one line
     naming the size, instead of allocating it. ``seek`` past the end stops at the end, so a length
     that points past the data is noticed (``tell`` differs) rather than silently accepted.
+
+    ``start`` makes it a window on part of ``f`` (a zip archive carried inside a pickle, the bytes after
+    a pickle's STOP): positions count from ``start``, and every read seeks ``f`` first, because ``f`` is
+    shared with the reader of the whole file.
     """
 
-    def __init__(self, f: BinaryIO, size: int, where: str, max_read: int = READ_LIMIT, owned: bool = False) -> None:
+    def __init__(self, f: BinaryIO, size: int, where: str, max_read: int = READ_LIMIT, owned: bool = False,
+                 start: int | None = None) -> None:
         super().__init__()
         self._f, self.size, self.where, self.max_read, self._owned = f, size, where, max_read, owned
-        self._pos = f.tell()
+        self._start = start
+        self._pos = f.tell() if start is None else 0
+
+    def _sync(self) -> None:
+        if self._start is not None:
+            self._f.seek(self._start + self._pos)
 
     def close(self) -> None:
         if self._owned and not self.closed:
@@ -171,7 +175,7 @@ class BoundedFile(io.RawIOBase):
     def seek(self, pos: int, whence: int = 0) -> int:
         target = {0: pos, 1: self._pos + pos, 2: self.size + pos}[whence]
         self._pos = min(max(0, target), self.size)
-        self._f.seek(self._pos)
+        self._f.seek(self._pos + (self._start or 0))
         return self._pos
 
     def _room(self, n: int | None) -> int:
@@ -185,7 +189,9 @@ class BoundedFile(io.RawIOBase):
         return max(0, min(n, left))
 
     def read(self, n: int | None = -1) -> bytes:
-        data = self._f.read(self._room(n))
+        n = self._room(n)
+        self._sync()
+        data = self._f.read(n)
         self._pos += len(data)
         return data
 
@@ -196,6 +202,7 @@ class BoundedFile(io.RawIOBase):
 
     def readline(self, size: int | None = -1) -> bytes:
         cap = min(self.size - self._pos, LINE_LIMIT + 1 if size is None or size < 0 else size)
+        self._sync()
         line = self._f.readline(cap)
         self._pos += len(line)
         if len(line) > LINE_LIMIT and not line.endswith(b"\n"):

@@ -1,11 +1,13 @@
-"""Which codec wrote a blob, read from its pickle opcodes without running any of it.
+"""Which codec wrote a blob, read from its pickle stream without running any of it.
 
-A blob is a pickle, and unpickling runs code, so identification must not unpickle.
-``pickletools.genops`` walks the opcode stream: the classes it names (``verl.protocol.DataProto``,
+A blob is a pickle, and unpickling runs code, so identification must not unpickle. The stream is read
+by the toolkit's one inert pickle machine (:class:`picklescope.core.safeload.InertUnpickler`), where
+every global is an opaque record: the classes it names (``verl.protocol.DataProto``,
 ``picklescope.batch.Batch``), byte strings that are ``torch.save`` zip archives (torch mode), numpy
 array reconstructors (numpy mode) and out-of-band buffer markers (pickle protocol 5) are enough to
-say who wrote it and which ``VERL_DATAPROTO_SERIALIZATION_METHOD`` the reader needs. Nothing here
-imports verl or torch.
+say who wrote it and which ``VERL_DATAPROTO_SERIALIZATION_METHOD`` the reader needs. A stream the
+machine cannot finish is worded from ``pickletools.genops``, which says at which opcode and byte it
+stops. Nothing here imports verl or torch.
 """
 
 from __future__ import annotations
@@ -18,13 +20,13 @@ import re
 import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
+from picklescope.core.safefile import BoundedFile
+from picklescope.core.safeload import Damaged, InertUnpickler, Skipped, Unreadable
 from picklescope.errors import PicklescopeError
 
 ZIP_MAGIC = b"PK\x03\x04"
-_STRING_OPS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "SHORT_BINSTRING", "BINSTRING", "STRING"}
-_BYTES_OPS = {"SHORT_BINBYTES", "BINBYTES", "BINBYTES8", "BYTEARRAY8"}
 _NUMPY_GLOBALS = {("numpy._core.multiarray", "_reconstruct"), ("numpy.core.multiarray", "_reconstruct"),
                   ("numpy._core.numeric", "_frombuffer"), ("numpy.core.numeric", "_frombuffer")}
 CONTAINERS = {
@@ -59,9 +61,9 @@ class BlobInfo:
         return asdict(self)
 
 
-def _is_torch_archive(data: bytes) -> bool:
+def _is_torch_archive(data: bytes | BinaryIO) -> bool:
     try:
-        with zipfile.ZipFile(io.BytesIO(data)) as z:
+        with zipfile.ZipFile(io.BytesIO(data) if isinstance(data, bytes) else data) as z:
             return any(n.endswith("/data.pkl") or n == "data.pkl" for n in z.namelist())
     except zipfile.BadZipFile:
         return False
@@ -127,6 +129,65 @@ def describe_blob(path: str | Path, data: bytes | None = None) -> BlobInfo:
     return _describe_bytes(p, data)
 
 
+class _Identify(InertUnpickler):
+    """The inert machine over a blob held in memory, counting what tells its writer apart."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(io.BytesIO(data))
+        self.data = data
+        self.numpy_arrays = 0
+        self.archives = 0
+        self.archive_bytes = 0
+        self.says_numpy = False  # the string "numpy" appears (verl's numpy mode names itself)
+
+    def resolve(self, module: str, name: str) -> Any:
+        made = super().resolve(module, name)
+        if (module, name) not in _NUMPY_GLOBALS:
+            return made
+
+        def counted(*args: Any) -> Any:  # one call rebuilds one array: a leaf or a non_tensor object array
+            self.numpy_arrays += 1
+            return made(*args)
+        return counted
+
+    def _bytes(self, n: int) -> Skipped:
+        b = super()._bytes(n)
+        if b.head == ZIP_MAGIC:
+            # a skipped one is read where it lies, through a window on the blob (no copy of its bytes)
+            raw: bytes | BinaryIO = b""
+            if b.data is not None:
+                raw = b.data
+            elif b.offset >= 0:
+                raw = BoundedFile(io.BytesIO(self.data), b.length, "a byte string", max_read=b.length, start=b.offset)
+            if _is_torch_archive(raw):
+                self.archives += 1
+                self.archive_bytes += b.length
+        return b
+
+    def _push_text(self, fmt: str, size: int) -> None:
+        super()._push_text(fmt, size)
+        if self.stack[-1] == "numpy":
+            self.says_numpy = True
+
+
+def _where_it_stops(data: bytes) -> tuple[int, str] | None:
+    """Where ``pickletools`` stops walking ``data`` and its message, or None when the stream is whole."""
+    stream = io.BytesIO(data)
+    at = 0  # where the opcode being read starts
+    try:
+        for _op, _arg, _pos in pickletools.genops(stream):
+            at = stream.tell()
+    except (ValueError, IndexError) as exc:
+        return at, str(exc)
+    return None
+
+
+def _counts(info: BlobInfo, u: _Identify, data: bytes) -> None:
+    info.pickle_protocol = u.proto if data[:1] == b"\x80" and len(data) > 1 else None  # PROTO is read whole
+    info.out_of_band_buffers = u.buffers
+    info.torch_archives, info.torch_archive_bytes = u.archives, u.archive_bytes
+
+
 def _describe_bytes(p: Path, data: bytes) -> BlobInfo:
     info = BlobInfo(str(p), len(data), hashlib.sha256(data).hexdigest(), "unknown")
     if data.startswith(ZIP_MAGIC):
@@ -135,61 +196,31 @@ def _describe_bytes(p: Path, data: bytes) -> BlobInfo:
         info.writer = ("a bare torch.save archive (not a pickled DataProto): torch mode's inner payload"
                        if info.mode else "a zip file, not a pickle")
         return info
-    strings: list[str] = []
-    memo: dict[int, Any] = {}
-    last: Any = None
-    seen: list[tuple[str, str]] = []  # each global once, in order
-    uses: list[tuple[str, str]] = []  # every use (memo gets included)
-    stream = io.BytesIO(data)
-    at = 0  # where the opcode being read starts
+    u = _Identify(data)
     try:
-        for op, arg, _pos in pickletools.genops(stream):
-            at = stream.tell()
-            name = op.name
-            if name == "PROTO":
-                info.pickle_protocol = arg
-            elif name in _STRING_OPS:
-                last = arg
-                strings.append(arg)
-            elif name == "MEMOIZE":
-                memo[len(memo)] = last
-            elif name in ("BINPUT", "LONG_BINPUT", "PUT"):
-                memo[int(arg)] = last
-            elif name in ("BINGET", "LONG_BINGET", "GET"):
-                last = memo.get(int(arg))
-                strings.append(last if isinstance(last, str) else "")
-                if isinstance(last, tuple):
-                    uses.append(last)
-            elif name in ("GLOBAL", "STACK_GLOBAL"):
-                if name == "GLOBAL":
-                    module, _, qual = str(arg).partition(" ")
-                else:
-                    module, qual = (strings[-2], strings[-1]) if len(strings) >= 2 else ("?", "?")
-                seen.append((module, qual))
-                uses.append((module, qual))
-                last = (module, qual)
-            elif name in _BYTES_OPS:
-                last = None
-                if bytes(arg[:4]) == ZIP_MAGIC and _is_torch_archive(bytes(arg)):
-                    info.torch_archives += 1
-                    info.torch_archive_bytes += len(arg)
-            elif name == "NEXT_BUFFER":
-                info.out_of_band_buffers += 1
-            else:
-                last = None
-    except (ValueError, IndexError) as exc:
-        _classify(info, data, at, str(exc))
+        u.run()
+    except (PicklescopeError, Damaged, Unreadable) as exc:
+        _counts(info, u, data)  # what was read before it stopped
+        stop = _where_it_stops(data)
+        if stop is not None:
+            _classify(info, data, *stop)
+        else:  # whole by its opcodes, yet not a stream of plain data the machine can build
+            info.problem, info.problem_at = "not-pickle", 0
+            info.problem_detail = f"its opcodes cannot be followed without running code ({exc})"
+            info.writer = f"not a pickle stream ({info.problem_detail})"
         return info
     info.kind = "pickle"
-    info.globals = list(dict.fromkeys(f"{m}.{q}" for m, q in seen))
-    info.numpy_arrays = sum(1 for g in uses if g in _NUMPY_GLOBALS)
-    container = next((CONTAINERS[g] for g in seen if g in CONTAINERS), None)
-    info.container = container or (f"{seen[0][0]}.{seen[0][1]}" if seen else "plain Python data")
+    _counts(info, u, data)
+    info.globals = list(u.named)
+    info.numpy_arrays = u.numpy_arrays
+    by_name = {f"{m}.{q}": word for (m, q), word in CONTAINERS.items()}
+    container = next((by_name[g] for g in u.named if g in by_name), None)
+    info.container = container or (u.named[0] if u.named else "plain Python data")
     if info.torch_archives:
         info.mode = "torch"
         info.writer = (f"{info.container} in torch mode: the TensorDict consolidated and torch.save'd into one "
                        f"zip archive ({info.torch_archive_bytes} bytes) carried in-band")
-    elif container and (info.numpy_arrays or info.out_of_band_buffers or ("numpy" in strings)):
+    elif container and (info.numpy_arrays or info.out_of_band_buffers or u.says_numpy):
         info.mode = "numpy"
         where = f"{info.out_of_band_buffers} out-of-band buffers" if info.out_of_band_buffers else "in-band"
         info.writer = (f"{info.container} in numpy mode: a tuple of (dtype, shape, uint8 numpy array) per leaf, "

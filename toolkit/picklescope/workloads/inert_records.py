@@ -13,8 +13,15 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from picklescope.core.safeload import Opaque as _Opaque
+from picklescope.core.safeload import Refused
+from picklescope.core.safeload import Skipped as _Bytes
+from picklescope.core.safeload import opaque_type as _opaque_type
 from picklescope.errors import PicklescopeError
 from picklescope.workloads.spec import _ITEMSIZE
+
+# the shared records of core.safeload, under the names this reader has always given them
+__all__ = ["NeedsCode", "Refused", "_Bytes", "_Opaque", "_opaque_type"]
 
 _NUMPY_TO_TORCH = {
     "float64": "float64", "float32": "float32", "float16": "float16", "int64": "int64", "int32": "int32",
@@ -28,8 +35,6 @@ _STORAGE_DTYPE = {
     "ComplexDoubleStorage": "complex128", "Float8_e4m3fnStorage": "float8_e4m3fn",
     "Float8_e5m2Storage": "float8_e5m2",
 }
-class Refused(PicklescopeError):
-    """The file holds something the workload format cannot describe (one line: the leaf and why)."""
 
 
 class NeedsCode(PicklescopeError):
@@ -38,60 +43,6 @@ class NeedsCode(PicklescopeError):
     def __init__(self, problem: str, way_out: str, names: list[str]) -> None:
         super().__init__(problem, way_out)
         self.names = names
-
-
-# -- inert stand-ins for what a stream names ------------------------------------------------------------
-@dataclass
-class _Bytes:
-    """A byte string of the stream, skipped: where it lies in the file and how long it is."""
-
-    offset: int
-    length: int
-    head: bytes = b""
-    data: bytes | None = None  # kept only when small
-
-
-class _Opaque:
-    """Anything built by a global the reader does not know; remembers only the name."""
-
-    _g = ("?", "?")
-
-    def __new__(cls, *args: Any, **kw: Any) -> _Opaque:
-        self = object.__new__(cls)
-        self.args, self.state, self.items = args, None, []
-        return self
-
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        pass
-
-    def __call__(self, *args: Any, **kw: Any) -> _Opaque:
-        return _opaque_type(*self._g)(*args)
-
-    def __setstate__(self, state: Any) -> None:
-        self.state = state
-
-    def append(self, x: Any) -> None:
-        self.items.append(x)
-
-    def extend(self, xs: Any) -> None:
-        self.items.extend(xs)
-
-    def __setitem__(self, k: Any, v: Any) -> None:
-        self.items.append((k, v))
-
-    @property
-    def name(self) -> str:
-        return f"{self._g[0]}.{self._g[1]}"
-
-
-_OPAQUE: dict[tuple[str, str], type] = {}
-
-
-def _opaque_type(module: str, name: str) -> type:
-    key = (module, name)
-    if key not in _OPAQUE:
-        _OPAQUE[key] = type(f"Opaque_{name}", (_Opaque,), {"_g": key})
-    return _OPAQUE[key]
 
 
 @dataclass
@@ -187,9 +138,15 @@ def _frombuffer(buf: Any, dtype: Any, shape: Any, order: Any = "C") -> _NDArray:
     return _NDArray(dtype, tuple(shape), length)
 
 
-def _storage_type(name: str) -> type:
-    dtype = _STORAGE_DTYPE.get(name)
-    return type(name, (), {"dtype": dtype, "storage_name": name})
+class _StorageType:
+    """``torch.FloatStorage`` and friends, named in a stream: the class its storage records name."""
+
+    dtype: str | None = None
+    storage_name = ""
+
+
+def _storage_type(name: str) -> type[_StorageType]:
+    return type(name, (_StorageType,), {"dtype": _STORAGE_DTYPE.get(name), "storage_name": name})
 
 
 def _rebuild_tensor_v2(storage: Any, offset: int, size: Any, stride: Any, *rest: Any) -> Any:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import struct
 import zipfile
 import zlib
@@ -12,39 +11,6 @@ from picklescope.core.safefile import READ_LIMIT, BoundedFile
 from picklescope.core.units import fmt_bytes
 from picklescope.errors import PicklescopeError, safe_text
 from picklescope.workloads.inert import MAX_ZIP_ENTRIES, _Damaged, _read, _Unpickler, _Unreadable
-
-
-class _Window(io.RawIOBase):
-    """A read-only, seekable window on part of a file: a zip archive carried inside a pickle."""
-
-    def __init__(self, f: BinaryIO, start: int, length: int) -> None:
-        self._f, self._start, self._len, self._pos = f, start, length, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, pos: int, whence: int = 0) -> int:
-        self._pos = max(0, {0: pos, 1: self._pos + pos, 2: self._len + pos}[whence])
-        return self._pos
-
-    def read(self, n: int = -1) -> bytes:
-        n = self._len - self._pos if n is None or n < 0 else min(n, self._len - self._pos)
-        self._f.seek(self._start + self._pos)
-        data = self._f.read(max(0, n))
-        self._pos += len(data)
-        return data
-
-    def readinto(self, b: Any) -> int:
-        data = self.read(len(b))
-        b[:len(data)] = data
-        return len(data)
-
 
 _EOCD = b"PK\x05\x06"
 _EOCD64_LOCATOR = b"PK\x06\x07"

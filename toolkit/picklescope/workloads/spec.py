@@ -4,13 +4,18 @@ A workload is a small YAML file (``data/workloads/NAME.yaml``); a user passes a 
 file of their own in the same format. The payload size is computed from the spec before anything is
 allocated, so budgets given as a multiple of the payload and the "does this fit the machine" check
 happen before a child process spends memory. Errors in a file name the field and its line.
+
+This module owns the format both ways: :func:`parse_workload` reads it, :func:`workload_text` writes it
+(for ``workload from`` and the capture probe) and checks what it wrote with the same parser.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -507,3 +512,56 @@ def _tensor(value_of: _Values, key: str, node: Any, where: str) -> TensorSpec:
         raise _fail(f"{where}.min_len", f.get("min_len") or node, "need 0 < min_len <= max_len")
     return TensorSpec(name=key, shape=tuple(shape), dtype=dtype, kind=kind, high=high, min_len=min_len,
                       max_len=max_len)
+
+
+# -- writing the format ------------------------------------------------------------------------------------
+_PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
+_YAML_WORDS = {"yes", "no", "on", "off", "true", "false", "null", "none", "~"}
+
+
+def _yaml_value(v: Any) -> str:
+    """One value in YAML flow style, written directly (no YAML library on the capture probe's path)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "null"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        text = repr(v)
+        return text if ("." in text or "n" in text) else text.replace("e", ".0e", 1)  # 1e-05 -> 1.0e-05
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_yaml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_yaml_key(str(k))}: {_yaml_value(x)}" for k, x in v.items()) + "}"
+    return _yaml_key(str(v))
+
+
+def _yaml_key(k: str) -> str:
+    if _PLAIN_KEY.match(k) and k.lower() not in _YAML_WORDS:
+        return k
+    return json.dumps(k)  # a JSON string is a YAML double-quoted scalar
+
+
+def workload_text(name: str, description: str, batch_size: int, seed: int, tensors: dict[str, dict[str, Any]],
+                  non_tensor: dict[str, dict[str, Any]], meta_info: dict[str, Any], comments: Sequence[str] = (),
+                  validate: bool = True) -> str:
+    """A workload file's text: ``comments`` first, then the fields, one leaf a line.
+
+    ``validate`` parses the text back with :func:`parse_workload` (what is written must load); the
+    capture probe skips it, because parsing costs more than the call it watches.
+    """
+    lines = [f"# {c}" for c in comments]
+    lines += [f"name: {_yaml_key(name)}", f"description: {_yaml_key(description)}", f"batch_size: {batch_size}",
+              f"seed: {seed}"]
+    width = max((len(_yaml_key(k)) for k in [*tensors, *non_tensor]), default=0) + 1
+    lines.append("tensors:" + ("" if tensors else " {}"))
+    lines += [f"  {(_yaml_key(k) + ':').ljust(width + 1)} {_yaml_value(v)}" for k, v in tensors.items()]
+    lines.append("non_tensor:" + ("" if non_tensor else " {}"))
+    lines += [f"  {(_yaml_key(k) + ':').ljust(width + 1)} {_yaml_value(v)}" for k, v in non_tensor.items()]
+    lines.append("meta_info:" + ("" if meta_info else " {}"))
+    lines += [f"  {_yaml_key(str(k))}: {_yaml_value(v)}" for k, v in meta_info.items()]
+    text = "\n".join(lines) + "\n"
+    if validate:
+        parse_workload(text, "<derived workload>")
+    return text

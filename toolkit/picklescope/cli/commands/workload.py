@@ -8,13 +8,15 @@ from pathlib import Path
 from typing import Any
 
 from picklescope.cli.commands.common import print_json
+from picklescope.core.units import fmt_bytes
+from picklescope.errors import PicklescopeError, safe_text
+from picklescope.workloads.schema import workload_name, write_workload
+from picklescope.workloads.spec import check_name, load_workload
 
 ORDER = 50
 
 
 def _positive_int(text: str) -> int:
-    from picklescope.errors import PicklescopeError
-
     try:
         value = int(text)
     except ValueError:
@@ -46,10 +48,8 @@ def register(sub: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from picklescope.core.units import fmt_bytes
-    from picklescope.errors import PicklescopeError, safe_text
-    from picklescope.investigate.workload_from import describe_file, workload_name, write_workload
-    from picklescope.workloads.spec import check_name, load_workload
+    # deferred: the trusted load's allow-list (picklescope.codecs) imports torch, which --help need not wait for
+    from picklescope.investigate.workload_from import describe_file
 
     if args.name is not None:  # before reading FILE: a name no workload may have is refused at once
         check_name(args.name, "--name", "choose another with --name (1 to 200 printable characters)")
