@@ -17,11 +17,10 @@ from typing import Any
 
 import yaml
 
-from picklescope.core.paths import package_folder
+from picklescope.core.paths import DATA_DIR  # noqa: F401 - re-exported: the package data folder
 from picklescope.core.units import require_tensor_payload  # noqa: F401 - re-exported: headroom imports it from here
 from picklescope.errors import PicklescopeError, UnknownNameError, safe_text
 
-DATA_DIR = package_folder("data")  # package data: the presets and the reference blobs
 WORKLOAD_DIR = DATA_DIR / "workloads"
 DEFAULT_WORKLOAD = "flowgrpo"
 KINDS = ("dense", "non-contiguous", "jagged-nested", "strided-nested")
