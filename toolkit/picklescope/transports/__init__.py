@@ -29,7 +29,7 @@ from picklescope.errors import PicklescopeError, safe_text
 
 if TYPE_CHECKING:
     from picklescope.core.result import RunResult
-    from picklescope.measure.runner import RunFold
+    from picklescope.measure.fold import RunFold
 
 ALIGN = 64
 SHM = "/dev/shm"
@@ -241,14 +241,9 @@ for _cls in (PickleInBand, Pickle5OutOfBand):
     TRANSPORTS.register(_cls.name, _cls())
 
 
-def _cluster_transports() -> dict[str, Transport]:
-    """Ray and TransferQueue (:mod:`picklescope.transports.ray`): they own their receiver process."""
-    from picklescope.transports.ray import transports
-
-    return dict(transports())
-
-
-TRANSPORTS.add_provider(_cluster_transports)
+# Ray and TransferQueue (:mod:`picklescope.transports.ray`) own their receiver process and build on this module's
+# base classes: they are named as a provider, imported on the first lookup, so that this module imports none of them.
+TRANSPORTS.add_provider("picklescope.transports.ray:transports")
 
 
 def get_transport(name: str) -> Transport:
