@@ -115,3 +115,75 @@ def test_one_place_sets_an_outcome():
     assert [s for s in setters if not s.startswith("views/widgets.py")] == [
         s for s in setters if s.startswith("measure/verdicts.py")], setters
     assert len([s for s in setters if s.startswith("measure/verdicts.py")]) == 1, setters
+
+
+def _import_cycles() -> list[list[str]]:
+    """The groups of modules of the package that import each other in a ring (strongly connected components of
+    grimp's graph, which counts imports inside functions as well as at the top: what import-linter checks)."""
+    import grimp
+
+    graph = grimp.build_graph("picklescope", exclude_type_checking_imports=True, cache_dir=None)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph.modules):  # Tarjan's algorithm, iterative: the graph is a few hundred modules deep
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.find_modules_directly_imported_by(root))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            module, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.find_modules_directly_imported_by(child)))))
+                elif child in on_stack:
+                    low[module] = min(low[module], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[module])
+            if low[module] == index[module]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == module:
+                        break
+                if len(group) > 1:
+                    found.append(sorted(group))
+    return found
+
+
+def test_no_two_modules_of_the_package_import_each_other_even_inside_functions():
+    """No import cycle anywhere in the package, counting the imports inside functions that the layers contract
+    between siblings of one layer lets through (``:`` in pyproject.toml). A ring such as batch -> codecs ->
+    batch runs only because one of its imports waits inside a function; it still ties the modules together."""
+    cycles = _import_cycles()
+    assert not cycles, "modules that import each other (directly or through others):\n" + "\n".join(
+        " <-> ".join(group) for group in cycles)
+
+
+def test_the_cycle_finder_finds_a_ring(tmp_path, monkeypatch):
+    """The search above can fail: a three-module ring inside a throwaway package is found, its tail is not."""
+    pkg = tmp_path / "ringpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def f():\n    from ringpkg import b\n")
+    (pkg / "b.py").write_text("from ringpkg import c\n")
+    (pkg / "c.py").write_text("import ringpkg.a\n")
+    (pkg / "d.py").write_text("import ringpkg.a\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import grimp
+
+    real = grimp.build_graph
+    monkeypatch.setattr(grimp, "build_graph", lambda _name, **kw: real("ringpkg", **kw))
+    assert _import_cycles() == [["ringpkg.a", "ringpkg.b", "ringpkg.c"]]
