@@ -28,6 +28,7 @@ from typing import Any
 from picklescope.core.cache import cache_root
 from picklescope.core.checksum import file_sha256  # noqa: F401 - re-exported: blobs and tests read it here
 from picklescope.core.paths import DATA_DIR
+from picklescope.core.safefile import blob_limit, check_file
 from picklescope.errors import PicklescopeError
 
 LEDGER = "written-by-picklescope.json"
@@ -75,8 +76,6 @@ def why_trusted(path: str | Path) -> str | None:
 
 def check_trusted(path: str | Path, trust: bool = False, what: str = "blob") -> Path:
     """``path`` resolved, if it may be unpickled; otherwise a PicklescopeError naming the file, why, and ``--trust``."""
-    from picklescope.core.safefile import blob_limit, check_file
-
     p = Path(path).expanduser().resolve()
     if p.is_dir():
         raise PicklescopeError(f"{path} is a directory, not a {what}", "give the path of a file inside it")

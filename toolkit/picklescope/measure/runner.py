@@ -19,14 +19,16 @@ from picklescope.codecs import get_codec
 from picklescope.core import procmem
 from picklescope.core.events import Go, Release
 from picklescope.core.leftovers import RunTracker, sweep_orphans, temp_name
+from picklescope.core.plugins import load_plugins
 from picklescope.core.result import RunResult, Side, Variation
+from picklescope.core.units import fmt_bytes
 from picklescope.errors import PicklescopeError
-from picklescope.measure import launcher, verdicts
+from picklescope.measure import child, launcher, verdicts
 from picklescope.measure.budget import plan as plan_limits
 from picklescope.measure.fold import EventHook, RunFold, finish_run
 from picklescope.measure.session import Session
 from picklescope.measure.watchdog import Watchdog
-from picklescope.transports import OwnsItsReceiver, get_transport
+from picklescope.transports import OwnsItsReceiver, check_handoff_space, get_transport, handoff_root
 from picklescope.workloads.spec import DEFAULT_WORKLOAD, check_scale, load_workload
 
 DEFAULT_TIMEOUT_S = 900.0
@@ -39,8 +41,6 @@ def _check_fits(payload: int) -> None:
     avail = procmem.machine_memory()["available"]
     need = 3 * payload  # the batch, one copy in flight, the hand-off
     if avail and need > avail:
-        from picklescope.core.units import fmt_bytes
-
         raise PicklescopeError(
             f"workload payload {fmt_bytes(payload)} needs about {fmt_bytes(need)} but the machine has "
             f"{fmt_bytes(avail)} available",
@@ -166,8 +166,6 @@ def _run_once(
     handoff_dir: str | None,
 ) -> RunResult:
     """One run of :func:`run`: two fresh children, one result."""
-    from picklescope.core.plugins import load_plugins
-
     plugins = [str(p) for p in plugins or []]
     load_plugins(plugins)
     get_codec(codec)
@@ -183,7 +181,6 @@ def _run_once(
     spec = load_workload(workload)
     payload = spec.payload_bytes(scale)
     _check_fits(payload)
-    from picklescope.transports import check_handoff_space, handoff_root
 
     handoff_base = handoff_root(handoff_dir) if handoff_dir is not None else SHM_DIR
     if not isinstance(chosen, OwnsItsReceiver):  # Ray's object store is not our hand-off
@@ -211,7 +208,6 @@ def _run_once(
         cfg = {"codec": codec, "transport": transport, "workload": spec.source or spec.name, "scale": scale,
                "receiver_codec": receiver_codec, "run_dir": run_dir, "t0": t0, "env": env or {}, "probe": probe or {},
                "plugins": plugins, "limits": limits.child_cfg(), "tracers": tracer_names}
-        from picklescope.measure import child
 
         guard = Watchdog(limits, run_dir, t0)  # budgets, and the machine guard that protects this process
         state.on_event = guard.chain(on_event)
