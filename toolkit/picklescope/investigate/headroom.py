@@ -23,6 +23,7 @@ from typing import Any
 from picklescope.core.result import VARIES_FRACTION, RunResult
 from picklescope.core.units import Size, fmt_bytes
 from picklescope.measure.runner import run
+from picklescope.workloads.spec import load_workload, require_tensor_payload
 
 RESOLUTION = 0.02  # of the payload
 MAX_RUNS = 16
@@ -99,7 +100,6 @@ def find_headroom(
     ``repeat`` of them are run first. ``on_run`` is told before each run.
     """
 
-    from picklescope.workloads.spec import load_workload, require_tensor_payload
 
     payload = load_workload(workload).payload_bytes(scale)
     require_tensor_payload(payload, "a headroom (a budget as a multiple of the payload)")

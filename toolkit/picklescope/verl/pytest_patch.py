@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from picklescope.verl.loader import apply_patch
+
 
 def pytest_configure(config: Any) -> None:
     path = os.environ.get("PICKLESCOPE_VERL_PATCH")
@@ -19,7 +21,6 @@ def pytest_configure(config: Any) -> None:
         return
     import verl.protocol
 
-    from picklescope.verl.loader import apply_patch
 
     apply_patch(verl.protocol.DataProto, path)
 
