@@ -120,6 +120,7 @@ class Workload:
 
     def build(self, scale: float = 1.0):  # -> Batch
         """Allocate the batch deterministically (same seed and scale, same bytes)."""
+        # Deferred on purpose: build imports torch, which reading a spec and predicting its payload never need.
         from picklescope.workloads.build import build_batch
 
         return build_batch(self, scale)
