@@ -241,3 +241,23 @@ def test_imports_inside_functions_are_rare_and_each_says_why_outside_the_files_b
 def test_at_most_five_imports_inside_functions_in_the_whole_package():
     found = _function_level_imports()
     assert len(found) <= 5 and all(said for *_, said in found), found
+
+
+def _cycles_between_children_of_the_package() -> list[tuple[str, str]]:
+    """Imports whose removal would leave the children of ``picklescope`` (its subpackages and top-level modules,
+    each taken whole) without a cycle: what an ``acyclic_siblings`` contract on ``picklescope`` itself reports."""
+    import grimp
+
+    graph = grimp.build_graph("picklescope", exclude_type_checking_imports=True, cache_dir=None)
+    return sorted(graph.nominate_cycle_breakers("picklescope"))
+
+
+@pytest.mark.xfail(strict=True, reason="verl/ holds modules of several layers (verl/confirm uses investigate/headroom, "
+                   "verl/confirm_text uses views/table, while investigate/ and views/ use verl/), and measure/ and "
+                   "transports/ use each other (transports/ray runs on measure's child, session and fold; measure's "
+                   "runner and child use the pickle transports)")
+def test_the_children_of_the_package_import_each_other_in_no_cycle():
+    """The subpackages taken whole form no ring: when this passes, ``acyclic_siblings`` can name ``picklescope``."""
+    breakers = _cycles_between_children_of_the_package()
+    assert not breakers, "imports that close a cycle between children of picklescope: " + ", ".join(
+        f"{a} -> {b}" for a, b in breakers)
