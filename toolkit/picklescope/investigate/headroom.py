@@ -23,7 +23,8 @@ from typing import Any
 from picklescope.core.result import VARIES_FRACTION, RunResult
 from picklescope.core.units import Size, fmt_bytes
 from picklescope.measure.runner import run
-from picklescope.workloads.spec import load_workload, require_tensor_payload
+from picklescope.workloads import spec as workload_spec
+from picklescope.workloads.spec import require_tensor_payload
 
 RESOLUTION = 0.02  # of the payload
 MAX_RUNS = 16
@@ -101,10 +102,10 @@ def find_headroom(
     """
 
 
-    payload = load_workload(workload).payload_bytes(scale)
+    payload = workload_spec.load_workload(workload).payload_bytes(scale)
     require_tensor_payload(payload, "a headroom (a budget as a multiple of the payload)")
     res = max(1, math.ceil(resolution * payload))
-    h = Headroom(codec, transport, load_workload(workload).name, scale, payload, res)
+    h = Headroom(codec, transport, workload_spec.load_workload(workload).name, scale, payload, res)
 
     def budgeted(budget: int) -> str:
         if on_run:

@@ -17,9 +17,9 @@ from picklescope.core.procmem import machine_memory
 from picklescope.core.result import RunResult
 from picklescope.core.units import Size, fmt_bytes, parse_size
 from picklescope.errors import PicklescopeError
+from picklescope.investigate import ray_matrix
 from picklescope.investigate.headroom import find_headroom
 from picklescope.investigate.node import NodeResult, compare_drivers, node_series
-from picklescope.investigate.ray_matrix import cluster_rows
 from picklescope.measure import launcher, verdicts
 from picklescope.measure.budget import plan as plan_limits
 from picklescope.measure.runner import check_repeat, fresh_forkserver, run, worst_of
@@ -312,7 +312,7 @@ class _RayLane:
             if self.with_node_pair else None
         with cancellable(self.cancel):
             try:
-                self.rows, self.info = cluster_rows(self.workload, self.scale, self.codecs,
+                self.rows, self.info = ray_matrix.cluster_rows(self.workload, self.scale, self.codecs,
                                                     ray_address=self.ray_address, progress=self._say, also=pair,
                                                     before_runs=self._wait_for_forkserver, **self.run_kw)
             except Cancelled:

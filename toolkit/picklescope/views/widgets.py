@@ -30,8 +30,7 @@ from picklescope.codecs import CODECS
 from picklescope.core.result import RunResult
 from picklescope.core.units import fmt_bytes, parse_size
 from picklescope.errors import PicklescopeError
-from picklescope.measure import verdicts
-from picklescope.measure.runner import run
+from picklescope.measure import runner, verdicts
 from picklescope.tracers import TRACERS
 from picklescope.transports import TRANSPORTS
 from picklescope.views import table
@@ -293,7 +292,7 @@ class Explorer(widgets.VBox):
                     snap = live.snapshot()
                     self.status.value = self._progress(snap, s)
 
-            result = run(s["codec"], s["transport"], s["workload"], s["scale"], on_event=on_event,
+            result = runner.run(s["codec"], s["transport"], s["workload"], s["scale"], on_event=on_event,
                          on_sample=live.on_sample, **kw)
             end_redraws()
             self.results.append(result)
