@@ -252,10 +252,9 @@ def _cycles_between_children_of_the_package() -> list[tuple[str, str]]:
     return sorted(graph.nominate_cycle_breakers("picklescope"))
 
 
-@pytest.mark.xfail(strict=True, reason="verl/ holds modules of several layers (verl/confirm uses investigate/headroom, "
-                   "verl/confirm_text uses views/table, while investigate/ and views/ use verl/), and measure/ and "
-                   "transports/ use each other (transports/ray runs on measure's child, session and fold; measure's "
-                   "runner and child use the pickle transports)")
+@pytest.mark.xfail(strict=True, reason="measure/ and transports/ use each other: transports/ray runs its processes on "
+                   "measure's child, launcher, session and fold, while measure's runner, child and inprocess use the "
+                   "pickle transports")
 def test_the_children_of_the_package_import_each_other_in_no_cycle():
     """The subpackages taken whole form no ring: when this passes, ``acyclic_siblings`` can name ``picklescope``."""
     breakers = _cycles_between_children_of_the_package()

@@ -1,6 +1,6 @@
 """A pytest plugin that puts a candidate patch on verl's ``DataProto`` before tests run.
 
-Used by :func:`picklescope.verl.emit.run_emitted` to run an emitted regression test "on the
+Used by :func:`picklescope.investigate.emit.run_emitted` to run an emitted regression test "on the
 candidate" when the candidate is a patch file rather than a checkout: ``-p
 picklescope.verl.pytest_patch`` with ``PICKLESCOPE_VERL_PATCH`` naming the file. The verl on the
 path (``PYTHONPATH``) is imported here, then the patch's ``__getstate__`` / ``__setstate__`` replace

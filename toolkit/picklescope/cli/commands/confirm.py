@@ -8,10 +8,10 @@ import sys
 from typing import Any
 
 from picklescope.cli.commands.common import add_run_args, print_json, run_kwargs
+from picklescope.investigate.confirm import confirm
+from picklescope.investigate.emit import emit_test, run_emitted
 from picklescope.investigate.reproduce import DEFAULT_SCALE
-from picklescope.verl.confirm import confirm
-from picklescope.verl.confirm_text import render
-from picklescope.verl.emit import emit_test, run_emitted
+from picklescope.views.confirm_text import render
 
 ORDER = 45
 
