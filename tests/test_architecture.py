@@ -12,6 +12,8 @@ import re
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_DIR = ROOT / "toolkit" / "picklescope"
 # Packages whose modules sit in different layers: their own __init__ holds only a docstring or re-exports.
@@ -65,6 +67,14 @@ def test_the_contracts_forbid_cycles_and_layer_breaks_without_exceptions():
     assert not [c["id"] for c in contracts if c.get("ignore_imports")], "a contract hides imports"
 
 
+def test_siblings_of_a_layer_are_independent_but_for_the_one_row_that_says_why():
+    """Siblings joined with ``|`` may not import each other, so no cycle forms among them; ``:`` lets them. Only the
+    row of the child, the session and the transports keeps ``:`` (pyproject.toml says why)."""
+    (layers,) = [c["layers"] for c in _contracts() if c["type"] == "layers"]
+    joined = [" ".join(layer.split()) for layer in layers if ":" in layer]
+    assert joined == ["picklescope.measure.child : picklescope.measure.session : picklescope.transports"], joined
+
+
 def test_the_top_level_holds_at_most_eight_modules():
     top = sorted(p.name for p in PACKAGE_DIR.glob("*.py"))
     assert len(top) <= 8, f"the package's top level is for its entry points and public data only: {top}"
@@ -73,8 +83,8 @@ def test_the_top_level_holds_at_most_eight_modules():
 def test_every_module_sits_in_a_subpackage_named_for_its_layer():
     """Each subpackage's modules are in the layers its docstring names: no module is filed by accident."""
     layer_of = {n: i for i, layer in enumerate(_layers()) for n in layer}
-    for sub, allowed in {"views": range(1, 3), "investigate": range(3, 5), "measure": range(5, 7),
-                         "core": range(8, 9)}.items():
+    for sub, allowed in {"views": range(2, 8), "investigate": range(8, 11), "measure": range(11, 15),
+                         "core": range(18, 19)}.items():
         for path in (PACKAGE_DIR / sub).glob("*.py"):
             if path.stem == "__init__":
                 continue
@@ -115,3 +125,138 @@ def test_one_place_sets_an_outcome():
     assert [s for s in setters if not s.startswith("views/widgets.py")] == [
         s for s in setters if s.startswith("measure/verdicts.py")], setters
     assert len([s for s in setters if s.startswith("measure/verdicts.py")]) == 1, setters
+
+
+def _import_cycles() -> list[list[str]]:
+    """The groups of modules of the package that import each other in a ring (strongly connected components of
+    grimp's graph, which counts imports inside functions as well as at the top: what import-linter checks)."""
+    import grimp
+
+    graph = grimp.build_graph("picklescope", exclude_type_checking_imports=True, cache_dir=None)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph.modules):  # Tarjan's algorithm, iterative: the graph is a few hundred modules deep
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.find_modules_directly_imported_by(root))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            module, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.find_modules_directly_imported_by(child)))))
+                elif child in on_stack:
+                    low[module] = min(low[module], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[module])
+            if low[module] == index[module]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == module:
+                        break
+                if len(group) > 1:
+                    found.append(sorted(group))
+    return found
+
+
+def test_no_two_modules_of_the_package_import_each_other_even_inside_functions():
+    """No import cycle anywhere in the package, counting the imports inside functions that the layers contract
+    between siblings of one layer lets through (``:`` in pyproject.toml). A ring such as batch -> codecs ->
+    batch runs only because one of its imports waits inside a function; it still ties the modules together."""
+    cycles = _import_cycles()
+    assert not cycles, "modules that import each other (directly or through others):\n" + "\n".join(
+        " <-> ".join(group) for group in cycles)
+
+
+def test_the_cycle_finder_finds_a_ring(tmp_path, monkeypatch):
+    """The search above can fail: a three-module ring inside a throwaway package is found, its tail is not."""
+    pkg = tmp_path / "ringpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def f():\n    from ringpkg import b\n")
+    (pkg / "b.py").write_text("from ringpkg import c\n")
+    (pkg / "c.py").write_text("import ringpkg.a\n")
+    (pkg / "d.py").write_text("import ringpkg.a\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import grimp
+
+    real = grimp.build_graph
+    monkeypatch.setattr(grimp, "build_graph", lambda _name, **kw: real("ringpkg", **kw))
+    assert _import_cycles() == [["ringpkg.a", "ringpkg.b", "ringpkg.c"]]
+
+
+def _function_level_imports() -> list[tuple[str, int, bool]]:
+    """Every import of a picklescope module inside a function: (file, line, whether a comment says why), read as
+    code (ast), so imports for type hints and code inside strings do not count."""
+    import ast
+
+    found = []
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        lines = path.read_text().splitlines()
+        tree = ast.parse("\n".join(lines), str(path))
+        functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        for node in {id(i): i for f in functions for i in ast.walk(f)}.values():
+            if isinstance(node, ast.ImportFrom):
+                names = ["." if node.level else node.module or ""]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            if any(n == "." or n.split(".")[0] == "picklescope" for n in names):
+                said = "#" in lines[node.lineno - 1] or lines[node.lineno - 2].strip().startswith("#")
+                found.append((str(path.relative_to(PACKAGE_DIR)), node.lineno, said))
+    return sorted(found)
+
+
+# The node replay and `workload from` are being split into rooms of one job each; until they are, these files
+# still import picklescope modules inside functions.
+_BEING_SPLIT = ("investigate/node.py", "investigate/node_verl.py", "investigate/workload_from.py",
+                "core/safefile.py", "cli/commands/workload.py")
+
+
+def test_imports_inside_functions_are_rare_and_each_says_why_outside_the_files_being_split():
+    """An import inside a function hides a dependency until it runs; one is kept only to defer a heavy third-party
+    package that the importer's own importers must not pay for, with a comment naming it."""
+    found = [f for f in _function_level_imports() if not f[0].startswith(_BEING_SPLIT)]
+    assert len(found) <= 5, found
+    assert all(said for *_, said in found), [f"{path}:{line}" for path, line, said in found if not said]
+
+
+@pytest.mark.xfail(strict=True, reason="investigate/node.py, investigate/node_verl.py, investigate/workload_from.py, "
+                   "core/safefile.py and cli/commands/workload.py still import picklescope modules inside functions")
+def test_at_most_five_imports_inside_functions_in_the_whole_package():
+    found = _function_level_imports()
+    assert len(found) <= 5 and all(said for *_, said in found), found
+
+
+def _cycles_between_children_of_the_package() -> list[tuple[str, str]]:
+    """Imports whose removal would leave the children of ``picklescope`` (its subpackages and top-level modules,
+    each taken whole) without a cycle: what an ``acyclic_siblings`` contract on ``picklescope`` itself reports."""
+    import grimp
+
+    graph = grimp.build_graph("picklescope", exclude_type_checking_imports=True, cache_dir=None)
+    return sorted(graph.nominate_cycle_breakers("picklescope"))
+
+
+@pytest.mark.xfail(strict=True, reason="measure/ and transports/ use each other: transports/ray runs its processes on "
+                   "measure's child, launcher, session and fold, while measure's runner, child and inprocess use the "
+                   "pickle transports")
+def test_the_children_of_the_package_import_each_other_in_no_cycle():
+    """The subpackages taken whole form no ring: when this passes, ``acyclic_siblings`` can name ``picklescope``."""
+    breakers = _cycles_between_children_of_the_package()
+    assert not breakers, "imports that close a cycle between children of picklescope: " + ", ".join(
+        f"{a} -> {b}" for a, b in breakers)

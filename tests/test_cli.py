@@ -71,3 +71,43 @@ def test_errors_are_one_line_with_exit_2(cli, args, needle):
 def test_debug_shows_traceback(cli):
     p = cli("--debug", "run", "--codec", "zstd")
     assert p.returncode == 2 and "Traceback" in p.stderr
+
+
+def test_the_command_table_names_every_command_module_with_its_own_help():
+    """``picklescope --help`` lists commands from the table in :mod:`picklescope.cli` without importing them: the
+    table names every module of cli/commands (``common`` holds shared helpers) and repeats each one's own help."""
+    import argparse
+    import pkgutil
+
+    from picklescope import cli
+    from picklescope.cli import commands
+
+    modules = {m.name for m in pkgutil.iter_modules(commands.__path__)} - {"common"}
+    assert set(cli.COMMANDS) == modules
+    for name, help_text in cli.COMMANDS.items():
+        parser = cli._Parser(prog="picklescope")
+        sub = parser.add_subparsers(dest="command", parser_class=cli._Parser)
+        cli.command_module(name).register(sub)
+        (action,) = [a for a in sub._choices_actions if a.dest == name]
+        assert action.help == help_text, name
+    full = cli.build_parser()
+    (choices,) = [a.choices for a in full._actions if isinstance(a, argparse._SubParsersAction)]
+    assert list(choices) == list(cli.COMMANDS)
+
+
+def test_help_imports_no_command_module_and_a_command_imports_only_its_own():
+    code = ("import sys, contextlib, io; from picklescope.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    try:\n"
+            "        code = main(sys.argv[1:])\n"
+            "    except SystemExit as exc:\n"
+            "        code = exc.code\n"
+            "print(code, sorted(m.rsplit('.', 1)[1] for m in sys.modules\n"
+            "                   if m.startswith('picklescope.cli.commands.')))")
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code, "--help"], capture_output=True, text=True, timeout=600)
+    assert out.stdout.strip() == "0 []", out.stdout[-2000:] + out.stderr[-2000:]
+    out = subprocess.run([sys.executable, "-c", code, "notebooks", "--help"], capture_output=True, text=True,
+                         timeout=600)
+    assert out.stdout.strip() == "0 ['notebooks']", out.stdout[-2000:] + out.stderr[-2000:]

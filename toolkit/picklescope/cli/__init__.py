@@ -1,8 +1,11 @@
 """The ``picklescope`` command: one subcommand per module in :mod:`picklescope.cli.commands`.
 
-Each command module defines ``register(subparsers)`` and a handler; adding a command means adding a
-file. Errors the user can fix end with one line on stderr and exit status 2; ``--debug`` shows the
-traceback.
+Each command module defines ``register(subparsers)`` and a handler, and imports what its handler needs at
+its top. The command table (:data:`COMMANDS`) names each command's module, papermill-style (a registry of
+names resolved with :func:`importlib.import_module`): only the module of the command being run is imported,
+so ``picklescope --help`` and a light command never load what another command needs (torch, plotly,
+Jupyter), and no import waits inside a function. Adding a command means adding a file and a table row.
+Errors the user can fix end with one line on stderr and exit status 2; ``--debug`` shows the traceback.
 """
 
 from __future__ import annotations
@@ -10,15 +13,38 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import pkgutil
 import re
 import signal
 import sys
 import threading
 import traceback
 from collections.abc import Sequence
+from types import ModuleType
 
+from picklescope.core.leftovers import remove_own
+from picklescope.core.quiet_start import restore
 from picklescope.errors import PicklescopeError
+
+COMMANDS_PACKAGE = "picklescope.cli.commands"
+# command -> its one-line help, in the order ``picklescope --help`` lists them. The module of a command is
+# ``picklescope.cli.commands.<command>``; its ``register`` gives the same help (tests/test_cli.py checks).
+COMMANDS: dict[str, str] = {
+    "reproduce": "the main job: every codec x transport, headroom, an OOM under a budget, a report",
+    "list": "list codecs, transports and workloads",
+    "capabilities": "which codec carries which leaf kind (declared, then checked)",
+    "run": "measure one codec over one transport in isolated processes",
+    "headroom": "find the smallest sender budget a codec survives (to 2%% of payload)",
+    "node": "replay a verl node: a driver and N worker actors over K training steps",
+    "predict": "predict a node you cannot run here: peaks per step, Ray's kill, the largest batch that survives",
+    "postmortem": "execute the postmortem notebook and export it as offline HTML",
+    "verl": "install and inspect real verl versions (one folder each)",
+    "confirm": "run a real verl baseline and a candidate fix side by side and judge it",
+    "workload": "make a workload file from your own saved batch (workload from FILE)",
+    "inspect": "tell which codec wrote a blob; --as CODEC also loads it in a child",
+    "notebooks": "copy the notebooks (jupytext .py files) into a folder of yours",
+    "lab": "open JupyterLab on a folder of the notebooks (copied there if missing)",
+    "stepthrough": "run a __getstate__/__setstate__ line by line with exact per-line memory",
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -26,16 +52,24 @@ class _Parser(argparse.ArgumentParser):
         raise PicklescopeError(message, f"see '{self.prog} --help'")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The command's parser. Given the arguments, only the command they name is imported and registered in
+    full; the others are listed by name and help. Without arguments every command is registered."""
     parser = _Parser(prog="picklescope", description="What serializing a training batch costs in host memory.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    from picklescope.cli import commands
-
-    mods = [importlib.import_module(f"{commands.__name__}.{m.name}") for m in pkgutil.iter_modules(commands.__path__)]
-    for mod in sorted(mods, key=lambda m: getattr(m, "ORDER", 100)):
-        mod.register(sub)
+    chosen = None if argv is None else next((a for a in argv if not a.startswith("-")), "")
+    for name, help_text in COMMANDS.items():
+        if chosen is None or name == chosen:
+            command_module(name).register(sub)
+        else:
+            sub.add_parser(name, help=help_text)
     return parser
+
+
+def command_module(name: str) -> ModuleType:
+    """The module that implements command ``name``, imported by name from the command table."""
+    return importlib.import_module(f"{COMMANDS_PACKAGE}.{name}")
 
 
 _NEGATIVE = re.compile(r"^-\.?[0-9]")
@@ -67,8 +101,6 @@ def _on_sigterm(signum: int, frame: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from picklescope.core.quiet_start import restore
-
     restore()  # from here on, Ctrl-C is a KeyboardInterrupt that ends the run's children first
     owns_process = argv is None  # the command line's own process, not a caller's (a test, a notebook)
     argv = _join_negative_values(list(sys.argv[1:] if argv is None else argv))
@@ -85,14 +117,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _remove_own_temporaries() -> None:
     """An interrupted command leaves no temporary of its own, whichever thread made it (only when the
     process is the command's own: a caller's process keeps what its other parts made)."""
-    from picklescope.core.leftovers import remove_own
-
     remove_own()
 
 
 def _main(argv: list[str], debug: bool, owns_process: bool = False) -> int:
     try:
-        parser = build_parser()
+        parser = build_parser(argv)
         args = parser.parse_args(argv)
         if not getattr(args, "func", None):
             parser.print_help()

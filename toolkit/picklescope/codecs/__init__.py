@@ -7,26 +7,21 @@ cell, for example).
 
 from __future__ import annotations
 
+from picklescope.batch import use_codec_lookup
 from picklescope.codecs.base import FEATURES, Codec, ModeMismatch, Unsupported, batch_features, describe_state
 from picklescope.codecs.numpy_codec import NumpyCodec, NumpyLegacyCodec
 from picklescope.codecs.torch_codec import TorchCodec
 from picklescope.codecs.zerocopy_codec import NumpyZeroCopyCodec
+from picklescope.core.cache import CACHE_ENV, cache_problem
 from picklescope.core.registry import Registry
 from picklescope.errors import PicklescopeError, UnknownNameError
 
 CODECS: Registry[Codec] = Registry("codec")
 for _cls in (TorchCodec, NumpyLegacyCodec, NumpyCodec, NumpyZeroCopyCodec):
     CODECS.register(_cls.name, _cls())
-
-
-def _real_verl_codecs() -> dict[str, Codec]:
-    """``verl-<version>:<mode>`` for every verl installed with ``picklescope verl install``."""
-    from picklescope.verl.codec import installed_codecs
-
-    return installed_codecs()
-
-
-CODECS.add_provider(_real_verl_codecs)
+# ``verl-<version>:<mode>`` for every verl installed with ``picklescope verl install``, named rather than imported:
+# the real-verl codecs build on this package's base classes, so importing them here would close a cycle.
+CODECS.add_provider("picklescope.verl.codec:installed_codecs")
 
 
 def get_codec(name: str) -> Codec:
@@ -39,8 +34,6 @@ def get_codec(name: str) -> Codec:
         return CODECS.get(name)
     except UnknownNameError:
         if name.startswith("verl-"):
-            from picklescope.verl.envs import CACHE_ENV, cache_problem
-
             problem = cache_problem()
             if problem:
                 label = name[len("verl-"):].partition(":")[0]
@@ -48,6 +41,9 @@ def get_codec(name: str) -> Codec:
                                        f"point {CACHE_ENV} at a readable folder (or unset it), then run "
                                        f"'picklescope verl install {label}'") from None
         raise
+
+
+use_codec_lookup(get_codec)  # Batch pickles through this registry from now on (batch.py says why it is handed in)
 
 
 def register_codec(codec: Codec, *, replace: bool = False) -> Codec:

@@ -17,7 +17,6 @@ Identifying a file (``picklescope inspect`` without ``--as``) never unpickles it
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -26,26 +25,18 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from picklescope.core.cache import cache_root
+from picklescope.core.checksum import file_sha256  # noqa: F401 - re-exported: blobs and tests read it here
+from picklescope.core.paths import DATA_DIR
+from picklescope.core.safefile import blob_limit, check_file
 from picklescope.errors import PicklescopeError
-from picklescope.workloads.spec import DATA_DIR
 
 LEDGER = "written-by-picklescope.json"
 
 
 def ledger_path() -> Path:
     """Where picklescope records the files it wrote: ``<cache>/written-by-picklescope.json``."""
-    from picklescope.verl.envs import cache_root
-
     return cache_root() / LEDGER
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    """The file's sha256, read in 1 MiB chunks (blobs may be large); every file checksum in the toolkit."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _read_ledger() -> dict[str, str]:
@@ -85,8 +76,6 @@ def why_trusted(path: str | Path) -> str | None:
 
 def check_trusted(path: str | Path, trust: bool = False, what: str = "blob") -> Path:
     """``path`` resolved, if it may be unpickled; otherwise a PicklescopeError naming the file, why, and ``--trust``."""
-    from picklescope.core.safefile import blob_limit, check_file
-
     p = Path(path).expanduser().resolve()
     if p.is_dir():
         raise PicklescopeError(f"{path} is a directory, not a {what}", "give the path of a file inside it")

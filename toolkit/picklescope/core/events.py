@@ -4,7 +4,7 @@ Every measured process (a sender or receiver child, the cell magic's child, the 
 receiver actor, a node's driver and workers) reports to the parent with small dicts sent as they
 happen, over a ``multiprocessing`` pipe (our own children) or a socket (Ray actors, see
 :mod:`picklescope.transports.ray.events`). A SIGKILL therefore loses nothing already sent. The
-parent folds them into a result: :class:`picklescope.measure.runner.RunFold` (a two-sided run),
+parent folds them into a result: :class:`picklescope.measure.fold.RunFold` (a two-sided run),
 :func:`picklescope.measure.cellrun.run_cell` (a cell), :class:`picklescope.transports.ray.orchestrate.RayRun`
 (a run over Ray) and :meth:`picklescope.measure.session.Session.fold` (a node of processes).
 Every event is also handed to the caller's ``on_event`` hook (the live views) and to the

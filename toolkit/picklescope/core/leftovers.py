@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from picklescope.core import cgroup
+
 SESSION_ENV = "PICKLESCOPE_SESSION"
 # Every temporary name the toolkit creates: runs and cell runs (/dev/shm), a run's private Ray temp
 # dir, a shared LocalCluster's temp dir, a notebook execution, emitted verl blobs (temp dir).
@@ -63,8 +65,6 @@ def sweep_orphans(extra_roots: list[str] | None = None) -> list[str]:
     next run, not forever. Only names that carry a creator pid (:func:`temp_name`) are touched, and
     only when no process with that pid exists; returns what was removed.
     """
-    from picklescope.core import cgroup
-
     removed = cgroup.remove_stale_everywhere()  # dead creators' cgroups, with whatever still runs in them
     kill_dead_creators_ray()  # Ray processes of a dead creator whose temp dir is already gone
     roots = temp_roots() + [r for r in extra_roots or () if r and os.path.isdir(r)]
@@ -181,8 +181,6 @@ class RunTracker:
     _count = 0
 
     def __init__(self) -> None:
-        from picklescope.core import cgroup
-
         RunTracker._count += 1
         self.path: str | None = None
         base = cgroup.tracking_base()
@@ -196,8 +194,6 @@ class RunTracker:
 
     def add(self, pid: int) -> None:
         """Track ``pid`` (a side just started) and everything it will start."""
-        from picklescope.core import cgroup
-
         self.pids.append(pid)
         if self.path is not None:
             cgroup.add_process(self.path, pid)
@@ -218,8 +214,6 @@ class RunTracker:
 
         ``keep`` names the parent's own live children (other runs' sides), which an orphan sweep of the
         forkserver's children must spare; without it, every live ``multiprocessing`` child is spared."""
-        from picklescope.core import cgroup
-
         killed: list[int] = []
         if self.path is not None:
             killed += cgroup.kill_all(self.path)

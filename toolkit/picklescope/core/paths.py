@@ -93,6 +93,19 @@ def package_folder(*parts: str) -> Path:
     return target
 
 
+def __getattr__(name: str) -> Path:
+    """``DATA_DIR``, the package's ``data`` folder (workload presets, reference blobs), found on first use.
+
+    It is looked up lazily (PEP 562) because in a zipped package finding it extracts the folder, which
+    importing this module (done by light entry points) must not pay.
+    """
+    if name == "DATA_DIR":
+        value = package_folder("data")
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def copy_notebooks(dest: str | os.PathLike[str], force: bool = False, keep: bool = False) -> list[Path]:
     """Copy the packaged notebooks (jupytext ``.py`` files and their ``jupytext.toml``) into ``dest``.
 

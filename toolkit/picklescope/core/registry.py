@@ -7,6 +7,7 @@ this package.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterator
 from importlib.metadata import entry_points
 from typing import Generic, TypeVar
@@ -33,9 +34,14 @@ class Registry(Generic[T]):
         self._items[name] = item
         return item
 
-    def add_provider(self, provider: Callable[[], dict[str, T]]) -> None:
-        """Register a function that lists dynamic entries (e.g. installed verl versions) on lookup."""
-        self._providers.append(provider)
+    def add_provider(self, provider: Callable[[], dict[str, T]] | str) -> None:
+        """Register a function that lists dynamic entries (e.g. installed verl versions) on lookup.
+
+        The function may be named as ``"module:function"``, the form of an entry point's value: the module
+        is imported on the first lookup, so a registry can list entries of a package that itself imports
+        the registry (the real-verl codecs use the codec base classes) without an import cycle.
+        """
+        self._providers.append(provider if callable(provider) else _named(provider))
 
     def _load_plugins(self) -> None:
         if self._plugins_loaded:
@@ -68,3 +74,16 @@ class Registry(Generic[T]):
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._all())
+
+
+def _named(target: str) -> Callable[[], dict]:
+    """The function ``"module:function"`` names, resolved with :func:`importlib.import_module` when first called."""
+    module, _, attr = target.partition(":")
+    if not module or not attr:
+        raise ValueError(f"a provider is named 'module:function', not {target!r}")
+
+    def provider() -> dict:
+        return getattr(importlib.import_module(module), attr)()
+
+    provider.__qualname__ = target
+    return provider

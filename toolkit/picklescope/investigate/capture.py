@@ -176,6 +176,7 @@ class Probe:
         self._owner: Any = None
         self._attr = ""
         self._original: Any = None
+        self._describer: Any = None  # picklescope.investigate.workload_from, imported when the probe wraps its target
         self._lock = threading.Lock()
         self._warned = False
         self._meter: Meter | None = None
@@ -218,8 +219,11 @@ class Probe:
         self.calls, self.records = 0, []  # the limit counts per process
 
     def _wrap(self) -> None:
-        from picklescope.investigate import workload_from  # noqa: F401 - imported now, not on a recorded call
+        # Deferred on purpose: workload_from imports numpy and YAML, which installing the probe in a job's start-up
+        # must not pay (tests/test_install.py); it is imported here, once, rather than on a recorded call.
+        from picklescope.investigate import workload_from
 
+        self._describer = workload_from
         owner, attr, original = self._resolve()
         probe = self
 
@@ -336,8 +340,7 @@ class Probe:
 
     def _record(self, n: int, snap: tuple[Any, type | None], m0: int | None, statm0: bytes | None, m1: int | None,
                 status1: bytes | None, statm1: bytes, wall: float) -> None:
-        from picklescope.investigate.workload_from import describe_live, to_yaml
-
+        describe_live, to_yaml = self._describer.describe_live, self._describer.to_yaml
         c_start = time.thread_time()
         when = time.time()
         # right after the reset the mark is the resident size: that is the size before the call

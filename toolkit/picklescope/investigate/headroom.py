@@ -23,6 +23,8 @@ from typing import Any
 from picklescope.core.result import VARIES_FRACTION, RunResult
 from picklescope.core.units import Size, fmt_bytes
 from picklescope.measure.runner import run
+from picklescope.workloads import spec as workload_spec
+from picklescope.workloads.spec import require_tensor_payload
 
 RESOLUTION = 0.02  # of the payload
 MAX_RUNS = 16
@@ -99,12 +101,11 @@ def find_headroom(
     ``repeat`` of them are run first. ``on_run`` is told before each run.
     """
 
-    from picklescope.workloads.spec import load_workload, require_tensor_payload
 
-    payload = load_workload(workload).payload_bytes(scale)
+    payload = workload_spec.load_workload(workload).payload_bytes(scale)
     require_tensor_payload(payload, "a headroom (a budget as a multiple of the payload)")
     res = max(1, math.ceil(resolution * payload))
-    h = Headroom(codec, transport, load_workload(workload).name, scale, payload, res)
+    h = Headroom(codec, transport, workload_spec.load_workload(workload).name, scale, payload, res)
 
     def budgeted(budget: int) -> str:
         if on_run:

@@ -12,16 +12,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from picklescope.codecs import CODECS
+from picklescope.core import envinfo
 from picklescope.core.procmem import machine_memory
 from picklescope.core.result import RunResult
 from picklescope.core.units import Size, fmt_bytes, parse_size
 from picklescope.errors import PicklescopeError
+from picklescope.investigate import ray_matrix
+from picklescope.investigate.headroom import find_headroom
 from picklescope.investigate.node import NodeResult, compare_drivers, node_series
 from picklescope.measure import launcher, verdicts
 from picklescope.measure.budget import plan as plan_limits
 from picklescope.measure.runner import check_repeat, fresh_forkserver, run, worst_of
 from picklescope.measure.session import Cancelled, cancellable, raise_if_cancelled
 from picklescope.transports import TRANSPORTS
+from picklescope.transports.ray import ray_available
 from picklescope.transports.ray.startup import RayStartError
 from picklescope.workloads.spec import DEFAULT_WORKLOAD, load_workload
 
@@ -200,10 +204,6 @@ def investigate(
     unbudgeted run of the legacy codec with those tracers (``None``: skip it), so the report can show
     what each tracker saw of the copy that caused the OOM and who allocated it.
     """
-    from picklescope.core import envinfo
-    from picklescope.investigate.headroom import find_headroom
-    from picklescope.transports.ray import ray_available
-
     spec = load_workload(workload)
     scale = default_scale(workload) if scale is None else scale
     given = None if budget is None else parse_size(budget, "--budget")
@@ -308,13 +308,11 @@ class _RayLane:
             raise_if_cancelled()
 
     def _main(self) -> None:
-        from picklescope.investigate.ray_matrix import cluster_rows
-
         pair = _node_pair(self, self.workload, self.scale, self.codecs, self._say, self.run_kw.get("timeout_s")) \
             if self.with_node_pair else None
         with cancellable(self.cancel):
             try:
-                self.rows, self.info = cluster_rows(self.workload, self.scale, self.codecs,
+                self.rows, self.info = ray_matrix.cluster_rows(self.workload, self.scale, self.codecs,
                                                     ray_address=self.ray_address, progress=self._say, also=pair,
                                                     before_runs=self._wait_for_forkserver, **self.run_kw)
             except Cancelled:

@@ -59,11 +59,17 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from picklescope.batch import Batch
+from picklescope.codecs import get_codec
+from picklescope.codecs.base import PreparesInChild
 from picklescope.core import procmem
+from picklescope.core.plugins import load_plugin, load_plugins
 from picklescope.core.units import fmt_bytes as _fmt
 from picklescope.errors import PicklescopeError
-from picklescope.measure import verdicts
+from picklescope.measure import launcher, verdicts
 from picklescope.measure.linetrace import LineRow, LineTracer
+from picklescope.transports import get_transport
+from picklescope.workloads.spec import check_scale, load_workload
 
 METHODS = {"__getstate__": "__getstate__", "getstate": "__getstate__",
            "__setstate__": "__setstate__", "setstate": "__setstate__"}
@@ -185,12 +191,6 @@ def stepthrough(
     Returns a :class:`StepThrough` in every case; bad input (unknown codec, workload, method, a
     missing target) raises :class:`~picklescope.errors.PicklescopeError`.
     """
-    from picklescope.codecs import get_codec
-    from picklescope.core.plugins import load_plugins
-    from picklescope.measure import launcher
-    from picklescope.transports import get_transport
-    from picklescope.workloads.spec import check_scale, load_workload
-
     if function is None and codec is None:
         raise PicklescopeError("nothing to step through",
                                "give a codec (--codec) or a function (--function module:qualname)")
@@ -245,8 +245,6 @@ def _transported(state: Any, transport: str) -> Any:
 
 def _resolve(function: str) -> tuple[Any, Any]:
     """(owner, attribute) for ``module:qualname``; the module part may be a ``.py`` file."""
-    from picklescope.core.plugins import load_plugin
-
     module_name, _, qualname = function.partition(":")
     if module_name.endswith(".py") or os.path.isfile(module_name):
         owner: Any = load_plugin(module_name)
@@ -270,8 +268,6 @@ def _resolve(function: str) -> tuple[Any, Any]:
 
 def _instance(cls: type, b: Any) -> Any:
     """An instance of ``cls`` over the batch's parts (no tensor copied)."""
-    from picklescope.batch import Batch
-
     if isinstance(cls, type) and issubclass(cls, Batch):
         return b
     parts = {"batch": b.batch, "non_tensor_batch": b.non_tensor_batch, "meta_info": b.meta_info}
@@ -293,10 +289,6 @@ def _code_of(fn: Any) -> Any:
 
 def _prepare(cfg: dict[str, Any], b: Any) -> tuple[Callable[[], Any], Any, str, set[str]]:
     """(zero-argument call, code object to trace, label, packages to expand) for the configured target."""
-    from picklescope.batch import Batch
-    from picklescope.codecs import get_codec
-    from picklescope.codecs.base import PreparesInChild
-
     setstate = cfg["method"] == "__setstate__"
     if cfg["function"] is None:
         c = get_codec(cfg["codec"])
@@ -328,9 +320,6 @@ def _prepare(cfg: dict[str, Any], b: Any) -> tuple[Callable[[], Any], Any, str, 
 
 def _child_main(conn: Any, cfg: dict[str, Any]) -> None:
     """Build the batch and the target, trace one call, send the rows."""
-    from picklescope.core.plugins import load_plugins
-    from picklescope.workloads.spec import load_workload
-
     target = None
     try:
         for p in reversed(cfg["sys_path"]):

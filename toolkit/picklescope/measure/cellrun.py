@@ -38,7 +38,7 @@ from picklescope.errors import PicklescopeError
 from picklescope.measure import launcher, verdicts
 from picklescope.measure.budget import Limits, check_machine, machine_reserve
 from picklescope.measure.child import begin_measure, end_measure
-from picklescope.measure.runner import RunFold
+from picklescope.measure.fold import RunFold
 from picklescope.measure.session import Session
 from picklescope.measure.watchdog import Watchdog
 from picklescope.tracers import DEFAULT_TRACER, ChildContext, ChildTracing

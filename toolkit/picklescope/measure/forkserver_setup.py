@@ -16,6 +16,9 @@ import shutil
 import sys
 import warnings
 
+from picklescope.core.leftovers import become_subreaper
+from picklescope.measure.launcher import MP_TEMP_PREFIX
+
 
 def _in_forkserver() -> bool:
     argv = getattr(sys, "orig_argv", None) or []
@@ -39,7 +42,6 @@ def _own_folder() -> tuple[str, int] | None:
     (its starter's). Read from the socket itself: the starter may already be gone when this runs."""
     import socket
 
-    from picklescope.measure.launcher import MP_TEMP_PREFIX
 
     for fd in range(3, 64):
         try:
@@ -66,7 +68,6 @@ def _remove_starters_folder(folder: str, starter: int) -> None:
 if _in_forkserver():
     import gc
 
-    from picklescope.core.leftovers import become_subreaper
 
     warnings.filterwarnings("ignore", message="forkserver: waitpid returned unexpected pid")
     become_subreaper()

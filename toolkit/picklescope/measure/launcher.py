@@ -24,6 +24,7 @@ from multiprocessing import context as mp_context
 from multiprocessing import forkserver, popen_forkserver, spawn
 from typing import Any
 
+from picklescope.core.leftovers import become_subreaper, temp_name
 from picklescope.core.paths import torch_cache_env
 
 PRELOAD = ["torch", "tensordict", "numpy", "picklescope.measure.child", "picklescope.measure.forkserver_setup"]
@@ -100,7 +101,6 @@ class ChildProcess(mp_context.ForkServerProcess):
     def run(self) -> None:
         die_with_parent()
         _let_go_of_forkserver()
-        from picklescope.core.leftovers import become_subreaper
 
         become_subreaper()  # a descendant that starts its own session stays in this tree (see RunTracker)
         try:  # the forkserver (and so our starter) may have ended before the request took effect
@@ -161,7 +161,6 @@ def _own_mp_tempdir() -> None:
     import tempfile
     from multiprocessing import process, util
 
-    from picklescope.core.leftovers import temp_name
 
     config = process.current_process()._config
     if config.get("tempdir"):

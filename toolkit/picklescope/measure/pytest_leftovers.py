@@ -17,12 +17,13 @@ from typing import Any
 
 import pytest
 
+from picklescope.core import leftovers
+from picklescope.measure import launcher
+
 _KEY = pytest.StashKey[Any]()
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    from picklescope.core import leftovers
-
     session.config.stash[_KEY] = leftovers.begin()
 
 
@@ -39,8 +40,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     snap = session.config.stash.get(_KEY, None)
     if snap is None:
         return
-    from picklescope.core import leftovers
-    from picklescope.measure import launcher
 
     launcher.shutdown()
     report = leftovers.check(snap)

@@ -17,21 +17,23 @@ from typing import Any
 from picklescope import tracers
 from picklescope.codecs import get_codec
 from picklescope.core import procmem
-from picklescope.core.events import Error, Event, Go, Release
+from picklescope.core.events import Go, Release
 from picklescope.core.leftovers import RunTracker, sweep_orphans, temp_name
-from picklescope.core.result import RunResult, Side, Step, Variation
+from picklescope.core.plugins import load_plugins
+from picklescope.core.result import RunResult, Side, Variation
+from picklescope.core.units import fmt_bytes
 from picklescope.errors import PicklescopeError
-from picklescope.measure import launcher, verdicts
+from picklescope.measure import child, launcher, verdicts
 from picklescope.measure.budget import plan as plan_limits
+from picklescope.measure.fold import EventHook, RunFold, finish_run
 from picklescope.measure.session import Session
 from picklescope.measure.watchdog import Watchdog
-from picklescope.transports import OwnsItsReceiver, get_transport
+from picklescope.transports import OwnsItsReceiver, check_handoff_space, get_transport, handoff_root
 from picklescope.workloads.spec import DEFAULT_WORKLOAD, check_scale, load_workload
 
 DEFAULT_TIMEOUT_S = 900.0
 MAX_REPEAT = 1000
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
-EventHook = Callable[[Event], None]
 
 
 def _check_fits(payload: int) -> None:
@@ -39,66 +41,11 @@ def _check_fits(payload: int) -> None:
     avail = procmem.machine_memory()["available"]
     need = 3 * payload  # the batch, one copy in flight, the hand-off
     if avail and need > avail:
-        from picklescope.core.units import fmt_bytes
-
         raise PicklescopeError(
             f"workload payload {fmt_bytes(payload)} needs about {fmt_bytes(need)} but the machine has "
             f"{fmt_bytes(avail)} available",
             "use a smaller --scale",
         )
-
-
-class RunFold:
-    """Bookkeeping of one run while its events arrive: the one fold of a run's, a cell's and a Ray run's events."""
-
-    def __init__(self, result: RunResult, on_event: EventHook | None) -> None:
-        self.result = result
-        self.on_event = on_event
-        self.open_steps: dict[str, list[Step]] = {name: [] for name in result.sides}
-        self.done: dict[str, bool] = {name: False for name in result.sides}
-        self.manifest: dict[str, Any] | None = None
-        self.handoff: dict[str, Any] | None = None
-        self.errors: list[Error] = []
-
-    def handle(self, ev: Event) -> None:
-        """Fold one event of any side into the result (see :mod:`picklescope.core.events`), then pass it on."""
-        side = self.result.sides[ev["side"]]
-        kind = ev["type"]
-        if kind == "ready":
-            if "manifest" in ev:  # a run's side: what the batch must look like after the round trip
-                self.manifest = ev.pop("manifest")
-            if "import_errors" in ev:  # a cell: the kernel's imports that failed in its child
-                self.result.extra["import_errors"] = ev["import_errors"]
-        elif kind == "baseline":
-            side.baseline_bytes = ev["baseline_bytes"]
-            side.baseline_s = ev.get("t_s")
-        elif kind == "step_start":
-            st = Step(ev["name"], ev["t_s"], None, None, None, depth=ev["depth"])
-            side.steps.append(st)
-            self.open_steps[ev["side"]].append(st)
-        elif kind == "step_end" and self.open_steps[ev["side"]]:
-            st = self.open_steps[ev["side"]].pop()
-            st.end_s, st.peak_bytes, st.added_bytes = ev["end_s"], ev["peak_bytes"], ev["added_bytes"]
-            st.retained_bytes, st.error, st.line = ev["retained_bytes"], ev["error"], ev.get("line")
-        elif kind == "output":  # a cell's print()s, in order
-            self.result.extra.setdefault("output", []).append((ev["stream"], ev["text"]))
-        elif kind == "error":
-            self.errors.append(ev)
-        elif kind == "codec_info":  # what a codec loaded in this side (e.g. real verl's version and file)
-            side.extra["codec_info"] = ev["info"]
-            self.result.extra.setdefault("codec_info", {})[ev["side"]] = ev["info"]
-        elif kind == "done":
-            side.peak_bytes = ev["peak_bytes"]
-            side.held_bytes = ev["held_bytes"]
-            side.cycle_held_bytes = ev["cycle_held_bytes"]
-            side.baseline_bytes = ev["baseline_bytes"]
-            self.done[ev["side"]] = True
-            if ev["side"] == "sender":
-                self.handoff = ev.get("handoff")
-            elif ev["side"] == "receiver":
-                self.result.roundtrip = {"ok": not ev["mismatches"], "mismatches": ev["mismatches"]}
-        if self.on_event:
-            self.on_event(ev)
 
 
 def run(
@@ -219,8 +166,6 @@ def _run_once(
     handoff_dir: str | None,
 ) -> RunResult:
     """One run of :func:`run`: two fresh children, one result."""
-    from picklescope.core.plugins import load_plugins
-
     plugins = [str(p) for p in plugins or []]
     load_plugins(plugins)
     get_codec(codec)
@@ -236,7 +181,6 @@ def _run_once(
     spec = load_workload(workload)
     payload = spec.payload_bytes(scale)
     _check_fits(payload)
-    from picklescope.transports import check_handoff_space, handoff_root
 
     handoff_base = handoff_root(handoff_dir) if handoff_dir is not None else SHM_DIR
     if not isinstance(chosen, OwnsItsReceiver):  # Ray's object store is not our hand-off
@@ -264,7 +208,6 @@ def _run_once(
         cfg = {"codec": codec, "transport": transport, "workload": spec.source or spec.name, "scale": scale,
                "receiver_codec": receiver_codec, "run_dir": run_dir, "t0": t0, "env": env or {}, "probe": probe or {},
                "plugins": plugins, "limits": limits.child_cfg(), "tracers": tracer_names}
-        from picklescope.measure import child
 
         guard = Watchdog(limits, run_dir, t0)  # budgets, and the machine guard that protects this process
         state.on_event = guard.chain(on_event)
@@ -382,30 +325,3 @@ def _raise_bad_setup(state: RunFold) -> None:
     for ev in state.errors:
         if ev.get("phase") == "setup" and ev.get("bad_input"):
             raise PicklescopeError(*ev["bad_input"])
-
-
-def finish_run(state: RunFold) -> None:
-    """Turn what arrived into the verdict and the summary fields."""
-    r = state.result
-    snd, rcv = r.sender, r.receiver
-    if state.handoff:
-        r.blob_bytes = state.handoff["blob_bytes"]
-        r.inband_bytes = state.handoff["inband_bytes"]
-        r.oob_bytes = state.handoff["oob_bytes"]
-    dumps, loads = snd.step("pickle.dumps"), rcv.step("pickle.loads")
-    r.serialize_s = dumps.duration_s if dumps and dumps.error is None else None
-    r.deserialize_s = loads.duration_s if loads and loads.error is None else None
-    if r.outcome == "timeout":
-        return
-    if state.errors:
-        first = state.errors[0]
-        verdicts.conclude(r, "error", f"{first['side']}: {first['exc_type']}: {first['message']}")
-        r.extra["traceback"] = first.get("traceback")
-        return
-    for name in ("sender", "receiver"):
-        if not state.done[name]:
-            side = r.sides[name]
-            verdicts.conclude(r, "error", f"{name} process ended without a result (exit code {side.exit_code})")
-            return
-    if r.roundtrip.get("ok") is False:
-        verdicts.conclude(r, "ok")  # the run itself worked; the mismatch is reported in roundtrip

@@ -25,11 +25,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from picklescope.core.registry import Registry
 from picklescope.core.steps import step
+from picklescope.core.units import fmt_bytes, parse_size
 from picklescope.errors import PicklescopeError, safe_text
 
 if TYPE_CHECKING:
     from picklescope.core.result import RunResult
-    from picklescope.measure.runner import RunFold
+    from picklescope.measure.fold import RunFold
 
 ALIGN = 64
 SHM = "/dev/shm"
@@ -65,8 +66,6 @@ def free_bytes(directory: str) -> int:
     """
     raw = os.environ.get(FREE_BYTES_ENV) if os.path.abspath(directory) == SHM else None
     if raw:
-        from picklescope.core.units import parse_size
-
         size = parse_size(raw, FREE_BYTES_ENV)
         if size.bytes is None:
             raise PicklescopeError(f"{FREE_BYTES_ENV}={safe_text(raw)!r} is a multiple, not a size", "give e.g. 64MiB")
@@ -82,8 +81,6 @@ def check_handoff_space(directory: str | None, payload: int, chosen: bool = Fals
     otherwise end the sender with ``OSError: [Errno 28] No space left on device`` halfway through the
     hand-off, with no word about which filesystem or what to do.
     """
-    from picklescope.core.units import fmt_bytes
-
     where = directory or tempfile.gettempdir()
     need = payload + HANDOFF_SLACK
     free = free_bytes(where)
@@ -102,8 +99,6 @@ def check_handoff_space(directory: str | None, payload: int, chosen: bool = Fals
 
 def _check_room(fd: int, path: str, nbytes: int) -> None:
     """Exact check in the sender, once the stream's size is known (the parent's check used the payload)."""
-    from picklescope.core.units import fmt_bytes
-
     st = os.fstatvfs(fd)
     free = st.f_bavail * st.f_frsize
     raw = os.environ.get(FREE_BYTES_ENV) if path.startswith(SHM + os.sep) else None
@@ -241,14 +236,9 @@ for _cls in (PickleInBand, Pickle5OutOfBand):
     TRANSPORTS.register(_cls.name, _cls())
 
 
-def _cluster_transports() -> dict[str, Transport]:
-    """Ray and TransferQueue (:mod:`picklescope.transports.ray`): they own their receiver process."""
-    from picklescope.transports.ray import transports
-
-    return dict(transports())
-
-
-TRANSPORTS.add_provider(_cluster_transports)
+# Ray and TransferQueue (:mod:`picklescope.transports.ray`) own their receiver process and build on this module's
+# base classes: they are named as a provider, imported on the first lookup, so that this module imports none of them.
+TRANSPORTS.add_provider("picklescope.transports.ray:transports")
 
 
 def get_transport(name: str) -> Transport:

@@ -9,8 +9,9 @@ its ~5 s / ~360 MiB import and two versions never mix.
 - :mod:`~picklescope.verl.matrix`: what each real codec can carry (round trip per leaf kind)
 - :mod:`~picklescope.verl.blobs` / :mod:`~picklescope.verl.blobinfo`: reference blobs, ``inspect``
 - :mod:`~picklescope.verl.loader`: the child side (one verl on the path, patch, instrumentation)
-- :mod:`~picklescope.verl.confirm` (+ ``confirm_text``, ``stepview``): baseline vs candidate, side by side
-- :mod:`~picklescope.verl.emit`: a regression test for the verl repository, run both ways
+- :mod:`~picklescope.verl.stepview`: the step-through of a real codec, for the confirm investigation
+  (:mod:`picklescope.investigate.confirm`, drawn by :mod:`picklescope.views.confirm_text`; the regression
+  test it emits for the verl repository is :mod:`picklescope.investigate.emit`)
 """
 
 from __future__ import annotations

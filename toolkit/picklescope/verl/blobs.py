@@ -26,10 +26,14 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from picklescope.batch import Batch, set_active_codec
+from picklescope.codecs import get_codec
 from picklescope.codecs import trust as _trust
 from picklescope.errors import PicklescopeError
-from picklescope.verl import childcall
-from picklescope.workloads.spec import DATA_DIR
+from picklescope.verl import childcall, envs, loader
+from picklescope.verl.blobinfo import describe_blob, require_pickle
+from picklescope.verl.codec import VerlCodec
+from picklescope.workloads.spec import DATA_DIR, load_workload
 
 BLOB_DIR = DATA_DIR / "blobs"
 MANIFEST = "manifest.json"
@@ -103,8 +107,6 @@ def contents_record(b: Any) -> dict[str, Any]:
 
 def compare_recorded(expected: dict[str, Any], got: Any) -> list[str]:
     """Every difference between a recorded :func:`contents_record` and the loaded object."""
-    from picklescope.batch import Batch
-
     if not isinstance(got, Batch):
         return [f"loaded a {type(got).__name__}, expected a Batch"]
     actual = contents_record(got)
@@ -142,8 +144,6 @@ class _CapturingUnpickler(pickle.Unpickler):
 
 def _load_with(codec: Any, path: str) -> Any:
     """Unpickle ``path``; a DataProto's state goes through ``codec``'s real ``__setstate__``."""
-    from picklescope.batch import Batch, set_active_codec
-
     set_active_codec(codec.name)
     try:
         with open(path, "rb") as f:
@@ -162,9 +162,6 @@ def _load_with(codec: Any, path: str) -> Any:
 
 def load_in_child(path: str, codec_name: str, expected: dict[str, Any] | None = None) -> dict[str, Any]:
     """Child side of :func:`load_blob`: load, then compare with the expected contents if known."""
-    from picklescope.batch import Batch
-    from picklescope.codecs import get_codec
-
     codec = get_codec(codec_name)
     info = codec.prepare() if hasattr(codec, "prepare") else {}
     got = _load_with(codec, path)
@@ -175,9 +172,6 @@ def load_in_child(path: str, codec_name: str, expected: dict[str, Any] | None = 
 
 def check_in_child(label: str, patch: str | None, folder: str) -> list[dict[str, Any]]:
     """Child side of :func:`check_reference_blobs`: every blob through this verl (and patch)."""
-    from picklescope.verl import envs
-    from picklescope.verl.codec import VerlCodec
-
     env = envs.get_env(label)
     m = read_manifest(folder)
     out = []
@@ -206,9 +200,6 @@ def write_in_child(label: str, out_dir: str, spec: str) -> dict[str, Any]:
     import tensordict
     import torch
 
-    from picklescope.verl import envs, loader
-    from picklescope.verl.codec import VerlCodec
-    from picklescope.workloads.spec import load_workload
 
     env = envs.get_env(label)
     info = VerlCodec(env, "numpy").prepare()
@@ -268,8 +259,6 @@ def load_blob(path: str | Path, codec_name: str, *, trust: bool = False) -> dict
     A file that is not a whole pickle stream (empty, truncated, something else) is refused first,
     with the same one-line error as ``picklescope inspect``.
     """
-    from picklescope.verl.blobinfo import describe_blob, require_pickle
-
     p = check_trusted(path, trust)
     require_pickle(describe_blob(p))
     entry = manifest_entry(p)

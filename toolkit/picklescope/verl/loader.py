@@ -30,7 +30,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from picklescope.codecs.trust import file_sha256
+from picklescope.core.checksum import file_sha256
 from picklescope.core.steps import step
 from picklescope.errors import PicklescopeError
 from picklescope.verl.envs import VerlEnv, get_env, verl_root

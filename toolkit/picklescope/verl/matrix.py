@@ -19,7 +19,14 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from picklescope.verl import childcall
+from picklescope.batch import Batch, set_active_codec
+from picklescope.codecs import get_codec
+from picklescope.codecs.base import batch_features
+from picklescope.codecs.verify import compare, manifest
+from picklescope.errors import PicklescopeError
+from picklescope.verl import childcall, envs, loader
+from picklescope.verl.codec import VerlCodec, describe_verl_state, main_feature
+from picklescope.workloads.spec import load_workload
 
 EXTRA_CASES = ("strided-nested", "sub-tensordict", "batch-none", "empty-tensordict")
 
@@ -71,10 +78,6 @@ def _cases(workload: str, scale: float) -> list[tuple[str, str, Any]]:
     import torch
     from tensordict import TensorDict
 
-    from picklescope.batch import Batch
-    from picklescope.codecs.base import batch_features
-    from picklescope.verl.codec import main_feature
-    from picklescope.workloads.spec import load_workload
 
     full = load_workload(workload).build(scale)
     n = int(full.batch.batch_size[0])
@@ -104,10 +107,6 @@ def _cases(workload: str, scale: float) -> list[tuple[str, str, Any]]:
 
 
 def _round_trip(codec_name: str, batch: Any) -> tuple[str, str | None, str, str | None]:
-    from picklescope.batch import set_active_codec
-    from picklescope.codecs.verify import compare, manifest
-    from picklescope.errors import PicklescopeError
-
     expected = manifest(batch)
     set_active_codec(codec_name)
     side = "sender"
@@ -132,9 +131,6 @@ def _mode_read_at_call_time(codec: Any) -> bool:
     import torch
     from tensordict import TensorDict
 
-    from picklescope.batch import Batch
-    from picklescope.verl import loader
-    from picklescope.verl.codec import describe_verl_state
 
     dp = codec.to_dataproto(Batch(TensorDict({"x": torch.zeros(2, 2)}, [2]), {}, {}))
     seen = []
@@ -146,9 +142,6 @@ def _mode_read_at_call_time(codec: Any) -> bool:
 
 def matrix_in_child(label: str, workload: str = "mixed", scale: float = 1.0) -> dict[str, Any]:
     """Child side: import this verl once, run every case in both modes."""
-    from picklescope.verl import envs, loader
-    from picklescope.verl.codec import VerlCodec
-
     env = envs.get_env(label)
     codecs = {mode: VerlCodec(env, mode) for mode in loader.MODES}
     info = codecs["numpy"].prepare()
@@ -178,8 +171,6 @@ def _short(c: Cell) -> str:
 
 def matrix_rows(r: MatrixResult) -> list[dict[str, Any]]:
     """One row per case: each mode's status, and whether the matching replica codec declares the same."""
-    from picklescope.codecs import get_codec
-
     rows = []
     for case in dict.fromkeys(c.case for c in r.cells):
         row: dict[str, Any] = {"case": case}

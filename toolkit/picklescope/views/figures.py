@@ -28,6 +28,7 @@ from plotly.subplots import make_subplots
 
 from picklescope.core.result import RunResult
 from picklescope.core.units import fmt_bytes
+from picklescope.tracers.compare import attribution_rows
 from picklescope.views import steplabels
 from picklescope.views.timeline import RunTimeline
 
@@ -395,8 +396,6 @@ def attribution_figure(result: RunResult | RunTimeline, *, kind: str = "table", 
 
     Rows are those of :func:`picklescope.tracers.compare.attribution_rows`: at least 1% of the
     payload each, the rest as "other", no allocation of the toolkit's own or outside the steps."""
-    from picklescope.tracers.compare import attribution_rows
-
     rows = attribution_rows(result)  # type: ignore[arg-type]  # reads only attribution and payload_bytes
     payload = result.payload_bytes
     if not rows:

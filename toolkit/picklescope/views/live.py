@@ -14,14 +14,13 @@ import threading
 from typing import Any
 
 from picklescope.core.result import RunResult, Side, Timeline
+from picklescope.measure.fold import RunFold
 
 
 class LiveRun:
     """Thread-safe partial :class:`RunResult`: steps from child events, RSS from parent samples."""
 
     def __init__(self, result: RunResult) -> None:
-        from picklescope.measure.runner import RunFold
-
         self._lock = threading.Lock()
         self._result = result
         self._fold = RunFold(result, None)

@@ -31,6 +31,8 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
+from picklescope.codecs import Codec
+from picklescope.core.plugins import load_plugin
 from picklescope.core.result import RunResult
 from picklescope.core.units import fmt_bytes, parse_size
 from picklescope.errors import PicklescopeError
@@ -38,6 +40,8 @@ from picklescope.measure import verdicts
 from picklescope.measure.cellrun import SIDE, run_cell
 from picklescope.tracers import report_lines
 from picklescope.views.figures import timeline_figure
+from picklescope.views.offline_html import use_offline_renderer
+from picklescope.views.stepper import stepthrough_target
 
 _SKIP_NAMES = {"In", "Out", "exit", "quit", "get_ipython"}
 
@@ -253,7 +257,6 @@ class PicklescopeMagics(Magics):
             target = eval(expr, self.shell.user_ns)  # noqa: S307 - the user's own expression, in their kernel
         except Exception as exc:  # noqa: BLE001
             raise UsageError(f"cannot evaluate {expr!r}: {type(exc).__name__}: {exc}") from None
-        from picklescope.views.stepper import stepthrough_target
 
         plugins = self.shell.user_ns.get("picklescope_plugins") or None
         try:
@@ -266,9 +269,6 @@ class PicklescopeMagics(Magics):
     @cell_magic
     def picklescope_codec(self, line: str, cell: str) -> None:
         """Define a candidate codec in this cell; it is registered here and in every later run's children."""
-        from picklescope.codecs import Codec
-        from picklescope.core.plugins import load_plugin
-
         path = write_codec_plugin(self.shell.transform_cell(cell))
         try:
             module = load_plugin(path)
@@ -291,7 +291,5 @@ class PicklescopeMagics(Magics):
 
 def load_ipython_extension(ipython: Any) -> None:
     """Called by ``%load_ext picklescope``: the magics, and figures that survive HTML export."""
-    from picklescope.views.offline_html import use_offline_renderer
-
     ipython.register_magics(PicklescopeMagics)
     use_offline_renderer()

@@ -26,7 +26,11 @@ from picklescope.codecs import CODECS
 from picklescope.core.paths import package_folder
 from picklescope.core.units import parse_size
 from picklescope.errors import PicklescopeError
+from picklescope.investigate.reproduce import default_scale
+from picklescope.tracers import parse_tracers
 from picklescope.transports import TRANSPORTS
+from picklescope.views import nbrun
+from picklescope.views.offline_html import export_html
 from picklescope.workloads.spec import load_workload
 
 TEMPLATE = "05_postmortem_template"
@@ -53,14 +57,10 @@ def parameters(workload: str, codecs: list[str] | tuple[str, ...], budget: str |
     TRANSPORTS.get(transport)
     load_workload(workload)
     if trace is not None:
-        from picklescope.tracers import parse_tracers
-
         parse_tracers(trace)
     if budget is not None:
         parse_size(budget, "--budget")
     if scale is None:
-        from picklescope.investigate.reproduce import default_scale
-
         scale = default_scale(workload)
     if not Path(workload).is_absolute() and Path(workload).is_file():
         workload = str(Path(workload).resolve())  # the notebook runs in the output folder
@@ -85,8 +85,6 @@ def render(workload: str, codecs: list[str] | tuple[str, ...], budget: str | Non
     """Execute the postmortem notebook with these parameters and export it; see the module doc."""
     from papermill.exceptions import PapermillExecutionError
 
-    from picklescope.views import nbrun
-    from picklescope.views.offline_html import export_html
 
     params = parameters(workload, codecs, budget, scale=scale, transport=transport, headroom=headroom, trace=trace,
                         ray=ray)

@@ -16,8 +16,15 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from picklescope.batch import Batch, active_codec_name
+from picklescope.codecs import Codec
 from picklescope.core.result import RunResult, Step
 from picklescope.core.units import fmt_bytes
+from picklescope.errors import PicklescopeError
+from picklescope.investigate.stepthrough import METHODS, line_row, stepthrough
+from picklescope.views.figures import stepthrough_figure, timeline_figure
+from picklescope.views.table import html_table
+from picklescope.views.widgets import sync_figure
 
 
 def step_sequence(result: RunResult) -> list[tuple[str, Step]]:
@@ -78,9 +85,6 @@ class StepReveal(widgets.VBox):
 
     def show(self, index: int) -> None:
         """Reveal steps 0..index (-1: only what happened before the first step)."""
-        from picklescope.views.figures import timeline_figure
-        from picklescope.views.widgets import sync_figure
-
         index = max(-1, min(index, len(self.sequence) - 1))
         self.index = index
         if index < 0:
@@ -110,11 +114,6 @@ def target_spec(target: Any) -> dict[str, str]:
     the child can import it. A function defined in the notebook itself cannot be imported by another
     process, so it is refused with the way out.
     """
-    from picklescope.batch import Batch, active_codec_name
-    from picklescope.codecs import Codec
-    from picklescope.errors import PicklescopeError
-    from picklescope.investigate.stepthrough import METHODS
-
     owner = getattr(target, "__self__", None)
     func = getattr(target, "__func__", target)
     name = getattr(func, "__name__", "")
@@ -138,10 +137,6 @@ def target_spec(target: Any) -> dict[str, str]:
 def stepthrough_html(st: Any, limit: int = 40) -> str:
     """The per-line table of a step-through: costly lines first (by the memory their own code
     added, ties by time), each with the lines that called it; quiet lines folded below."""
-    from picklescope.core.units import fmt_bytes
-    from picklescope.investigate.stepthrough import line_row
-    from picklescope.views.table import html_table
-
     p = st.payload_bytes or 0
     culprit = st.culprit()
     verb = {"ok": "finished", "error": "failed", "timeout": "ran out of time"}.get(st.outcome, st.outcome)
@@ -178,7 +173,6 @@ def show_stepthrough(st: Any, scale_bytes: int | None = None) -> None:
     shown one after another on one absolute scale."""
     from IPython.display import display
 
-    from picklescope.views.figures import stepthrough_figure
 
     display({"text/html": stepthrough_html(st), "text/plain": f"{st.target} {st.method}: {st.outcome}"}, raw=True)
     display(stepthrough_figure(st, scale_bytes=scale_bytes))
@@ -186,8 +180,6 @@ def show_stepthrough(st: Any, scale_bytes: int | None = None) -> None:
 
 def stepthrough_target(target: Any, **options: Any) -> Any:
     """Step through ``target`` (a function or bound method) in a child and display its per-line table."""
-    from picklescope.investigate.stepthrough import stepthrough
-
     st = stepthrough(**target_spec(target), **options)
     show_stepthrough(st)
     return st

@@ -30,9 +30,11 @@ from picklescope.codecs import CODECS
 from picklescope.core.result import RunResult
 from picklescope.core.units import fmt_bytes, parse_size
 from picklescope.errors import PicklescopeError
-from picklescope.measure import verdicts
+from picklescope.measure import runner, verdicts
+from picklescope.tracers import TRACERS
 from picklescope.transports import TRANSPORTS
 from picklescope.views import table
+from picklescope.views.figures import timeline_figure
 from picklescope.views.live import LiveRun
 from picklescope.views.richtext import HtmlText, plain_text
 from picklescope.workloads.spec import available_workloads, load_workload
@@ -45,8 +47,6 @@ DEFAULT_TRACER = "sampler"
 
 def tracer_names() -> list[str]:
     """Every registered tracer, the always-on sampler first, then "all"."""
-    from picklescope.tracers import TRACERS
-
     names = list(TRACERS.names())
     return [DEFAULT_TRACER, *(n for n in names if n != DEFAULT_TRACER), "all"]
 
@@ -285,7 +285,6 @@ class Explorer(widgets.VBox):
                                    budgets={"sender": budget})
             redraw = threading.Thread(target=self._redraw_loop, args=(live, stop, s), daemon=True)
             redraw.start()
-            from picklescope.measure.runner import run
 
             def on_event(ev: dict[str, Any]) -> None:
                 live.on_event(ev)
@@ -293,7 +292,7 @@ class Explorer(widgets.VBox):
                     snap = live.snapshot()
                     self.status.value = self._progress(snap, s)
 
-            result = run(s["codec"], s["transport"], s["workload"], s["scale"], on_event=on_event,
+            result = runner.run(s["codec"], s["transport"], s["workload"], s["scale"], on_event=on_event,
                          on_sample=live.on_sample, **kw)
             end_redraws()
             self.results.append(result)
@@ -345,8 +344,6 @@ class Explorer(widgets.VBox):
         """Redraw the figure from ``result``; a partial one with no samples yet leaves the last
         drawing in place, so the figure is never blank while a run starts. The title names the run's
         number, as the status line does."""
-        from picklescope.views.figures import timeline_figure
-
         if not final and not any(side.timeline.t_s and side.baseline_bytes is not None
                                  for side in result.sides.values()):
             return

@@ -22,11 +22,14 @@ from typing import Any
 
 import yaml
 
-from picklescope.core.paths import package_folder
-from picklescope.core.units import require_tensor_payload  # noqa: F401 - re-exported: headroom imports it from here
+from picklescope.core.paths import DATA_DIR  # noqa: F401 - re-exported: the package data folder
+from picklescope.core.safefile import WORKLOAD_LIMIT, read_text
+from picklescope.core.units import (
+    fmt_bytes,
+    require_tensor_payload,  # noqa: F401 - re-exported: headroom imports it from here
+)
 from picklescope.errors import PicklescopeError, UnknownNameError, safe_text
 
-DATA_DIR = package_folder("data")  # package data: the presets and the reference blobs
 WORKLOAD_DIR = DATA_DIR / "workloads"
 DEFAULT_WORKLOAD = "flowgrpo"
 KINDS = ("dense", "non-contiguous", "jagged-nested", "strided-nested")
@@ -114,8 +117,6 @@ class Workload:
         least += n * sum(s.length + 64 for s in self.non_tensor)  # each row of a non-tensor column is an object
         physical = physical_memory()
         if physical and least > physical:
-            from picklescope.core.units import fmt_bytes
-
             raise PicklescopeError(
                 f"workload {safe_text(self.name, 80)!r} at scale {scale:g} ({n:,} rows) needs at least "
                 f"{fmt_bytes(least)}, more than this machine's {fmt_bytes(physical)} of memory",
@@ -124,6 +125,7 @@ class Workload:
 
     def build(self, scale: float = 1.0):  # -> Batch
         """Allocate the batch deterministically (same seed and scale, same bytes)."""
+        # Deferred on purpose: build imports torch, which reading a spec and predicting its payload never need.
         from picklescope.workloads.build import build_batch
 
         return build_batch(self, scale)
@@ -162,8 +164,6 @@ def load_workload(name_or_path: str | Path) -> Workload:
     A path is read only if it is a regular file of at most :data:`~picklescope.core.safefile.WORKLOAD_LIMIT`
     bytes (a FIFO, a folder or a link to ``/dev/zero`` is named as such, never read).
     """
-    from picklescope.core.safefile import WORKLOAD_LIMIT, read_text
-
     if isinstance(name_or_path, Workload):
         return name_or_path
     text = os.fspath(name_or_path)

@@ -13,6 +13,8 @@ import sys
 from typing import Any
 
 from picklescope.cli.commands.common import print_json
+from picklescope.codecs import get_codec
+from picklescope.investigate.capabilities import capability_matrix, inconsistent, render_markdown, render_text
 
 ORDER = 7
 
@@ -29,9 +31,6 @@ def register(sub: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from picklescope.codecs import get_codec
-    from picklescope.investigate.capabilities import capability_matrix, inconsistent, render_markdown, render_text
-
     for name in args.codec or []:
         get_codec(name)  # an unknown name fails here, listing the known ones
     rows = capability_matrix(args.codec, verify=not args.no_verify)

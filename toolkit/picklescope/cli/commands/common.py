@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from picklescope.errors import PicklescopeError
 from picklescope.workloads.spec import DEFAULT_WORKLOAD
 
 ORDER = 999
@@ -20,7 +21,6 @@ def seconds(text: str) -> float:
     """argparse type of ``--timeout``: a positive, finite number of seconds."""
     import math
 
-    from picklescope.errors import PicklescopeError
 
     try:
         value = float(text)
@@ -34,8 +34,6 @@ def seconds(text: str) -> float:
 
 def repeat_count(text: str) -> int:
     """argparse type of ``--repeat``: a whole number of runs, at least 1."""
-    from picklescope.errors import PicklescopeError
-
     try:
         value = int(text)
     except ValueError:

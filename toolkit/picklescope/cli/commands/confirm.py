@@ -8,6 +8,10 @@ import sys
 from typing import Any
 
 from picklescope.cli.commands.common import add_run_args, print_json, run_kwargs
+from picklescope.investigate.confirm import confirm
+from picklescope.investigate.emit import emit_test, run_emitted
+from picklescope.investigate.reproduce import DEFAULT_SCALE
+from picklescope.views.confirm_text import render
 
 ORDER = 45
 
@@ -28,10 +32,6 @@ def register(sub: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from picklescope.investigate.reproduce import DEFAULT_SCALE
-    from picklescope.verl.confirm import confirm
-    from picklescope.verl.confirm_text import render
-
     scale = DEFAULT_SCALE if args.scale is None else args.scale
     rep = confirm(args.baseline, args.candidate, workload=args.workload, scale=scale, transport=args.transport,
                   headroom=not args.no_headroom, line_trace=not args.no_trace, **run_kwargs(args))
@@ -55,8 +55,6 @@ def main(args: argparse.Namespace) -> int:
 
 def _emit(rep: Any, path: str) -> dict[str, Any]:
     """Write the test, then run it on the baseline (must fail) and on the candidate (must pass)."""
-    from picklescope.verl.emit import emit_test, run_emitted
-
     out = emit_test(rep, path)
     print("running the emitted test against baseline and candidate...", file=sys.stderr)
     base = run_emitted(out, rep.baseline.label)

@@ -7,6 +7,10 @@ import os
 from typing import Any
 
 from picklescope.cli.commands.common import print_json
+from picklescope.core.safefile import blob_limit, check_file
+from picklescope.errors import PicklescopeError, safe_text
+from picklescope.verl.blobinfo import describe_blob, mode_hint, require_pickle
+from picklescope.verl.blobs import load_blob, manifest_entry
 
 ORDER = 60
 
@@ -23,11 +27,6 @@ def register(sub: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from picklescope.core.safefile import blob_limit, check_file
-    from picklescope.errors import PicklescopeError, safe_text
-    from picklescope.verl.blobinfo import describe_blob, mode_hint, require_pickle
-    from picklescope.verl.blobs import load_blob, manifest_entry
-
     if os.path.isdir(args.blob):
         raise PicklescopeError(f"{args.blob} is a directory, not a blob", "give the path of a file inside it")
     check_file(args.blob, "blob", blob_limit())  # a FIFO, /dev/zero or a sparse giant is named, never read

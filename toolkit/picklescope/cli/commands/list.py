@@ -8,6 +8,7 @@ from typing import Any
 from picklescope.codecs import CODECS
 from picklescope.codecs.base import MeasuresItsGaps
 from picklescope.core.units import fmt_bytes
+from picklescope.tracers import availability
 from picklescope.transports import TRANSPORTS
 from picklescope.workloads.spec import available_workloads, load_workload
 
@@ -34,7 +35,6 @@ def main(args: argparse.Namespace) -> int:
     for name in available_workloads():
         w = load_workload(name)
         print(f"  {name:<16} {fmt_bytes(w.payload_bytes()):>10}  {w.description}")
-    from picklescope.tracers import availability
 
     print("tracers (--tracer; several with commas, or all):")
     for name, t in availability().items():

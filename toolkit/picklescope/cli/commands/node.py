@@ -8,6 +8,7 @@ from typing import Any
 
 from picklescope.cli.commands.common import print_json, seconds
 from picklescope.errors import PicklescopeError
+from picklescope.investigate.node import node_series
 
 ORDER = 25
 
@@ -55,8 +56,6 @@ def register(sub: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from picklescope.investigate.node import node_series
-
     codecs = [c.strip() for c in args.codec.split(",")]
     if not all(codecs):
         raise PicklescopeError(f"--codec {args.codec!r} has an empty name", "use e.g. --codec numpy-legacy,numpy")

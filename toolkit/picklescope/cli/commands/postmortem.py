@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from picklescope.views.postmortem import render
 from picklescope.workloads.spec import DEFAULT_WORKLOAD
 
 ORDER = 40
@@ -29,8 +30,6 @@ def register(sub: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from picklescope.views.postmortem import render
-
     codecs = [c.strip() for c in args.codecs.split(",") if c.strip()]
     budget = None if args.budget.lower() in ("none", "") else args.budget
     pm = render(args.workload, codecs, budget, args.out, scale=args.scale, transport=args.transport,

@@ -8,6 +8,8 @@ from typing import Any
 
 from picklescope.cli.commands.common import print_json, seconds
 from picklescope.errors import PicklescopeError
+from picklescope.investigate.predict import fit
+from picklescope.investigate.predict.prediction import predict
 
 ORDER = 26
 
@@ -65,9 +67,6 @@ def register(sub: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from picklescope.investigate.predict import fit
-    from picklescope.investigate.predict.prediction import predict
-
     codecs = [c.strip() for c in args.codec.split(",")]
     if not all(codecs):
         raise PicklescopeError(f"--codec {args.codec!r} has an empty name", "use e.g. --codec numpy-legacy,numpy")

@@ -35,6 +35,7 @@ from picklescope.investigate.reproduce import (
 )
 from picklescope.measure.budget import plan
 from picklescope.views import table
+from picklescope.views.report import OWN_FILES, prepare_out_dir, write_report
 from picklescope.workloads.spec import DEFAULT_WORKLOAD, load_workload
 
 ORDER = 1
@@ -72,8 +73,6 @@ def register(sub: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from picklescope.views.report import OWN_FILES
-
     if args.budget is not None:  # refuse a malformed or impossible budget before spending a minute on runs
         scale = default_scale(args.workload) if args.scale is None else args.scale
         plan(parse_size(args.budget, "--budget"), None, load_workload(args.workload).payload_bytes(scale))
@@ -88,7 +87,6 @@ def main(args: argparse.Namespace) -> int:
 def _reproduce(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from picklescope.views.report import prepare_out_dir, write_report
 
     out = prepare_out_dir(args.out, args.force)
     n = len(BUILTIN_CODECS) * len(IN_PROCESS_TRANSPORTS)

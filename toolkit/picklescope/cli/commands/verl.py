@@ -8,6 +8,10 @@ from typing import Any
 
 from picklescope.cli.commands.common import print_json
 from picklescope.errors import PicklescopeError
+from picklescope.verl import envs
+from picklescope.verl.childcall import call
+from picklescope.verl.matrix import capability_matrix, matrix_rows
+from picklescope.views import table
 
 ORDER = 40
 
@@ -38,8 +42,6 @@ def register(sub: Any) -> None:
 
 
 def install(args: argparse.Namespace) -> int:
-    from picklescope.verl import envs
-
     if not args.versions and not args.source:
         raise PicklescopeError("nothing to install", "give versions (e.g. 0.9.0 0.9.1) and/or --source PATH")
     t0 = time.monotonic()
@@ -60,7 +62,6 @@ def install(args: argparse.Namespace) -> int:
 def list_envs(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from picklescope.verl import envs
 
     found = envs.installed()
     if args.json:
@@ -75,9 +76,6 @@ def list_envs(args: argparse.Namespace) -> int:
 
 
 def check(args: argparse.Namespace) -> int:
-    from picklescope.verl import envs
-    from picklescope.verl.childcall import call
-
     labels = args.labels or [e.label for e in envs.installed()]
     bad = 0
     for label in labels:
@@ -92,18 +90,12 @@ def check(args: argparse.Namespace) -> int:
 
 
 def remove(args: argparse.Namespace) -> int:
-    from picklescope.verl import envs
-
     envs.remove(args.label)
     print(f"removed verl-{args.label}")
     return 0
 
 
 def matrix(args: argparse.Namespace) -> int:
-    from picklescope.verl import envs
-    from picklescope.verl.matrix import capability_matrix, matrix_rows
-    from picklescope.views import table
-
     labels = args.labels or [e.label for e in envs.installed()]
     if not labels:
         raise PicklescopeError("no verl installed", "run 'picklescope verl install 0.9.0 0.9.1' first")

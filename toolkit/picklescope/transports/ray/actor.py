@@ -26,8 +26,11 @@ from picklescope.codecs import get_codec
 from picklescope.codecs.verify import compare
 from picklescope.core import steps
 from picklescope.core.events import Done, Error, Received
+from picklescope.core.plugins import load_plugins
 from picklescope.measure.child import arm_stack_dump, begin_measure, end_measure, error_event
+from picklescope.measure.launcher import PRELOAD
 from picklescope.transports.ray import events, hooks, received
+from picklescope.transports.ray import transferqueue as tq
 
 SIDE = "receiver"
 
@@ -45,8 +48,6 @@ class ReceiverActor:
             os.environ[key] = value
         import importlib
 
-        from picklescope.core.plugins import load_plugins
-        from picklescope.measure.launcher import PRELOAD
 
         for module in PRELOAD:  # what the forkserver gives our own children: no first-import cost measured
             importlib.import_module(module)
@@ -87,15 +88,11 @@ class ReceiverActor:
 
     def attach_tq(self) -> None:
         """TransferQueue path: connect this process's client to the driver's TransferQueue, unmeasured."""
-        from picklescope.transports.ray import transferqueue as tq
-
         tq.activate().init()
 
     def receive_tq(self, keys: list[str], layout: dict[str, Any], meta_info: dict[str, Any],
                    manifest: dict[str, Any]) -> bool:
         """TransferQueue path: read the rows back and rebuild the batch inside the meter."""
-        from picklescope.transports.ray import transferqueue as tq
-
         self._start(manifest)
         obj, error = None, None
         try:

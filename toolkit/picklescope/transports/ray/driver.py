@@ -25,10 +25,14 @@ from picklescope.codecs.verify import manifest
 from picklescope.core import steps
 from picklescope.core.events import Done, Error, Handoff, Note, RayInfo, Ready, StoreProcess
 from picklescope.core.leftovers import creator_pid
+from picklescope.core.plugins import load_plugins
 from picklescope.measure import launcher
 from picklescope.measure.child import arm_stack_dump, begin_measure, end_measure, error_event
 from picklescope.transports.ray import events, hooks, startup
+from picklescope.transports.ray import transferqueue as tq
+from picklescope.transports.ray.actor import ReceiverActor
 from picklescope.transports.ray.cluster import ParentWatch, cluster_processes, kill, parent_of
+from picklescope.transports.ray.transferqueue import tq_dir
 from picklescope.workloads.spec import load_workload
 
 SIDE = "sender"
@@ -48,7 +52,6 @@ def init_args(cfg: dict[str, Any]) -> dict[str, Any]:
     common: dict[str, Any] = {"logging_level": "WARNING", "log_to_driver": False}
     num_cpus = 1
     if cfg["ray_path"] == "tq":  # TransferQueue's controller and storage unit each reserve one CPU
-        from picklescope.transports.ray.transferqueue import tq_dir
 
         common["runtime_env"] = {"env_vars": {"PYTHONPATH": str(tq_dir())}}
         num_cpus = 3
@@ -243,8 +246,6 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
 
 def _run(conn: Any, cfg: dict[str, Any]) -> None:
     try:
-        from picklescope.core.plugins import load_plugins
-
         load_plugins(cfg.get("plugins") or [])
         set_active_codec(cfg["codec"])
         get_codec(cfg["codec"])
@@ -253,7 +254,6 @@ def _run(conn: Any, cfg: dict[str, Any]) -> None:
         expected = manifest(batch)
         import ray
 
-        from picklescope.transports.ray.actor import ReceiverActor
 
         init_ray(conn, cfg)
         if isinstance(cfg["events_address"], list) and not cfg["events_address"][0]:
@@ -261,8 +261,6 @@ def _run(conn: Any, cfg: dict[str, Any]) -> None:
         conn.send(RayInfo(type="ray_info", side=SIDE, **cluster_info()))
         hooks.install(serialize=True)
         if cfg["ray_path"] == "tq":
-            from picklescope.transports.ray import transferqueue as tq
-
             conn.send(StoreProcess(type="store_process", side=SIDE, pid=tq.start(conn),
                                    what="TransferQueue storage unit"))
         actor_cls = ray.remote(num_cpus=0, max_restarts=0)(ReceiverActor)

@@ -25,7 +25,7 @@ from picklescope.core.procmem import StatmReader
 from picklescope.core.result import RunResult
 from picklescope.errors import PicklescopeError
 from picklescope.measure import launcher, verdicts
-from picklescope.measure.runner import RunFold, finish_run
+from picklescope.measure.fold import RunFold, finish_run
 from picklescope.measure.session import Session
 from picklescope.transports.ray import cluster
 from picklescope.transports.ray import costs as report

@@ -24,6 +24,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from picklescope.batch import Batch
+from picklescope.core import steps
+
 TQ_VERSION = "0.1.11"
 PARTITION = "picklescope"
 
@@ -87,8 +90,6 @@ def fields_of(batch: Any) -> Any:
 
 def put(batch: Any) -> list[str]:
     """Driver, measured: write every row of the batch; returns the keys."""
-    from picklescope.core import steps
-
     tq = activate()
     n = int(batch.batch.batch_size[0])
     keys = keys_for(n)
@@ -122,8 +123,6 @@ def get(keys: list[str], layout: dict[str, Any], meta_info: dict[str, Any]) -> A
     import numpy as np
     from tensordict import TensorDict
 
-    from picklescope.batch import Batch
-    from picklescope.core import steps
 
     tq = activate()
     with steps.step("kv_batch_get"):

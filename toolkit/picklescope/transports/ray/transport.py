@@ -19,6 +19,8 @@ from typing import Any, ClassVar
 from picklescope.core.result import RunResult
 from picklescope.errors import PicklescopeError
 from picklescope.transports import Transport
+from picklescope.transports.ray.address import check as check_address
+from picklescope.transports.ray.orchestrate import run_sides
 from picklescope.transports.ray.transferqueue import INSTALL_HINT, TQ_VERSION, missing
 
 RAY_MISSING = "the ray package is not installed"
@@ -92,8 +94,6 @@ class RayTransport(ProcessTransport):
     def check_options(self, options: dict[str, Any]) -> None:
         """Ray's presence and ``ray_address``, checked by the runner before anything of the run exists:
         ``ray.init`` given an address where no cluster answers would retry for minutes."""
-        from picklescope.transports.ray.address import check as check_address
-
         self.check()
         address = options.get("ray_address")
         if address:
@@ -101,8 +101,6 @@ class RayTransport(ProcessTransport):
 
     def run_sides(self, state: Any, cfg: dict[str, Any], **kw: Any) -> RunResult:
         """Run the driver and the actor (see :mod:`.orchestrate`); ``options`` may hold ``ray_address``."""
-        from picklescope.transports.ray.orchestrate import run_sides
-
         return run_sides(state, cfg, ray_path=self.ray_path, **kw)
 
 

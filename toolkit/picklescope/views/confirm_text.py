@@ -1,6 +1,6 @@
 """A confirm report as terminal text: the side-by-side table, the step-through, old blobs, verdict.
 
-Only formatting: every figure comes from the :class:`~picklescope.verl.confirm.ConfirmReport`.
+Only formatting: every figure comes from the :class:`~picklescope.investigate.confirm.ConfirmReport`.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from picklescope.core.units import fmt_bytes
-from picklescope.verl.confirm import ConfirmReport, Role, side_by_side
+from picklescope.investigate.confirm import ConfirmReport, Role, side_by_side
 from picklescope.views import table
 
 _OWN = str(Path(__file__).resolve().parents[1])  # the picklescope package: instrumentation, not the code judged

@@ -28,9 +28,9 @@ from pathlib import Path
 
 from picklescope.core.leftovers import temp_name
 from picklescope.errors import PicklescopeError
+from picklescope.investigate.confirm import ConfirmReport
 from picklescope.verl import envs
 from picklescope.verl.codec import PATCH_ENV, split_name
-from picklescope.verl.confirm import ConfirmReport
 
 TEST_PAYLOAD = 64 << 20
 _HEADER = '''"""Regression test for DataProto serialization memory, emitted by ``picklescope confirm``.
