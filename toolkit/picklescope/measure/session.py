@@ -389,15 +389,25 @@ class Session:
         self.kill = kill
         dump_stack_then_kill(rec.pid, os.path.join(self.run_dir, f"{victim}.stack"), self.t0, kill)
 
-    def step_at_kill(self, victim: str) -> tuple[str | None, str | None]:
+    def step_at_kill(self, victim: str, at: float | None = None) -> tuple[str | None, str | None]:
         """The innermost step open in ``victim`` and whose it is: its own, else the driver's (a worker
-        between its steps, or a process the session does not follow); (None, None) when neither has one."""
-        rec = self.processes.get(victim)
-        if rec is not None and rec.open_steps:
-            return rec.open_steps[-1].name, victim
-        driver = self.processes.get("driver")
-        if driver is not None and driver.open_steps:
-            return driver.open_steps[-1].name, "driver"
+        between its steps, or a process the session does not follow); (None, None) when neither has one.
+
+        ``at``: the kill's time, when it is read afterwards (the kernel's OOM killer in a cgroup is seen
+        on a later tick, by when the driver may have closed the step it was in on hearing of the death):
+        the step open at that time, closed since or not."""
+        for name in (victim, "driver"):
+            rec = self.processes.get(name)
+            if rec is None:
+                continue
+            if at is None:
+                if rec.open_steps:
+                    return rec.open_steps[-1].name, name
+                continue
+            spans = [s for s in rec.steps  # open steps are in it too
+                     if s.start_s <= at and (s.end_s is None or s.end_s >= at)]
+            if spans:
+                return max(spans, key=lambda s: (s.depth, s.start_s)).name, name
         return None, None
 
     # -- events ---------------------------------------------------------------------------------------
