@@ -14,7 +14,6 @@ from __future__ import annotations
 import gc
 import os
 import signal
-import sys
 from typing import Any
 
 from picklescope.core import cgroup, procmem, steps
@@ -29,7 +28,14 @@ from picklescope.measure import launcher
 from picklescope.measure.child import arm_stack_dump, begin_measure, end_measure, error_event
 from picklescope.transports.ray import events, hooks
 from picklescope.transports.ray.cluster import ParentWatch, cluster_processes, stop_all
-from picklescope.transports.ray.driver import _exit_on_sigterm, cluster_info, init_args, init_ray, restore_priority
+from picklescope.transports.ray.driver import (
+    _exit_on_sigterm,
+    cluster_info,
+    end_session,
+    init_args,
+    init_ray,
+    restore_priority,
+)
 from picklescope.workloads.spec import load_workload
 
 DRIVER_LOG = "driver.log"  # the driver's stdout and stderr, in the run's folder
@@ -65,15 +71,7 @@ def driver_main(conn: Any, cfg: dict[str, Any]) -> None:
         except (OSError, BrokenPipeError):
             pass
     finally:
-        if not watch.parent_alive():  # nobody reads this run any more: no graceful shutdown, just end it
-            watch.end_orphaned()
-        watch.stop()
-        ray = sys.modules.get("ray")
-        if ray is not None:
-            try:
-                ray.shutdown()
-            except BaseException:  # noqa: BLE001 - a Ray error while stopping: the kill that follows still runs
-                pass
+        end_session(watch)
         me = os.getpid()
         stop_all(lambda: cluster_processes(me, None))  # whatever ray.shutdown left of this session
 

@@ -21,18 +21,7 @@ from picklescope.transports.ray.cluster import running, start_ticks
 
 def limit(path: str, budget: int) -> dict[str, Any]:
     """Cap the cgroup at what it holds now (the node's baseline) plus ``budget``; swap counted too."""
-    with open(os.path.join(path, "memory.usage_in_bytes")) as f:
-        usage = int(f.read().split()[0])
-    cap = usage + budget
-    with open(os.path.join(path, "memory.limit_in_bytes"), "w") as f:
-        f.write(str(cap))
-    memsw = os.path.join(path, "memory.memsw.limit_in_bytes")
-    if os.path.exists(memsw):  # with swap, the limit alone would swap instead of kill
-        try:
-            with open(memsw, "w") as f:
-                f.write(str(cap))
-        except OSError:
-            pass
+    usage, cap = cgroup.limit_above_usage(path, budget)
     return {"baseline_usage_bytes": usage, "limit_bytes": cap}
 
 
