@@ -1,6 +1,6 @@
 """The parent's side of a node replay: start the driver, follow the run, leave nothing behind.
 
-The parent imports neither Ray nor torch's computations: it checks the input (:mod:`.checks`),
+The parent never imports Ray and never computes on a batch: it checks the input (:mod:`.checks`),
 starts the driver from the warm forkserver, adopts every process into one
 :class:`~picklescope.measure.session.Session` per replay (sampled on one clock with the object store
 counted once), folds the events they stream (:mod:`.follow`), enforces the node budget and, whatever
