@@ -57,7 +57,7 @@ def test_the_scan_finds_the_known_producers():
     assert "core/steps.py" in found["step_end"]
     assert "measure/runner.py" in found["go"]
     assert "transports/ray/orchestrate.py" in found["store_process"]  # read by a consumer (kind == ...)
-    assert "investigate/node.py" in found["finished"]
+    assert "investigate/node/driver.py" in found["finished"]
 
 
 def test_every_kind_in_the_source_is_declared():

@@ -615,16 +615,16 @@ def test_on_a_busy_machine_a_replay_completes_or_ends_at_its_timeout_naming_what
 
 def test_a_limit_that_comes_while_the_forkserver_still_imports_torch_ends_the_start_at_once():
     """The first child of a fresh process waits for the warm forkserver to import torch, which nothing
-    inside can interrupt; ``_start_driver`` ends that forkserver at the run's deadline instead, so the
+    inside can interrupt; ``start_driver`` ends that forkserver at the run's deadline instead, so the
     start fails at once (a timeout of the run) rather than running past the limit. A fresh interpreter,
     so the forkserver is cold; a deadline half a second away, far shorter than importing torch."""
     code = textwrap.dedent("""
         import time
-        from picklescope.investigate import node as N
+        from picklescope.investigate.node import parent as N
         t = time.monotonic()
         try:
-            N._start_driver({}, time.monotonic() + 0.5)
-        except N._DriverStartTimeout:
+            N.start_driver({}, time.monotonic() + 0.5)
+        except N.DriverStartTimeout:
             print("TIMEOUT", round(time.monotonic() - t, 1))
     """)
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
@@ -632,26 +632,26 @@ def test_a_limit_that_comes_while_the_forkserver_still_imports_torch_ends_the_st
 
 
 def test_a_core_process_that_dies_after_start_up_is_named_with_what_the_run_was_doing():
-    """The parent's watch once the cluster is up (``_dead_component``): a sleeping child stands in for
+    """The parent's watch once the cluster is up (``dead_component``): a sleeping child stands in for
     the raylet; its death is named with the phase, within a few polls (one a second)."""
-    from picklescope.investigate import node as node_mod
+    from picklescope.investigate.node.tracking import Tracking, dead_component, set_phase
     from picklescope.transports.ray import startup
 
     child = subprocess.Popen(["sleep", "600"])
     try:
-        tracking: dict = {"t0": time.monotonic()}
-        node_mod._phase(tracking, "training step 2")
-        tracking["watch"] = startup.ComponentWatch(lambda: [], t0=tracking["t0"])
-        tracking["watch"].add([child.pid], name="the raylet (with the object store)")
+        tracking = Tracking(t0=time.monotonic())
+        set_phase(tracking, "training step 2")
+        tracking.watch = startup.ComponentWatch(lambda: [], t0=tracking.t0)
+        tracking.watch.add([child.pid], name="the raylet (with the object store)")
         session = type("S", (), {"kill": None})()
-        assert node_mod._dead_component(session, tracking) is None
+        assert dead_component(session, tracking) is None
         child.kill()
         child.wait()
         line = None
         deadline = time.monotonic() + 60
         while line is None and time.monotonic() < deadline:
             time.sleep(0.2)
-            line = node_mod._dead_component(session, tracking)
+            line = dead_component(session, tracking)
         assert line is not None and line.startswith("the raylet (with the object store) died 0:"), line
         assert line.endswith("into the run, during training step 2 (since 0:00)"), line
     finally:

@@ -213,7 +213,13 @@ def _read_int(path: str) -> int:
 def join_and_limit(path: str, budget_bytes: int) -> None:
     """Move the calling process into ``path`` and cap what it may charge from now on (child side)."""
     _write(os.path.join(path, "cgroup.procs"), str(os.getpid()))
-    limit = _read_int(os.path.join(path, "memory.usage_in_bytes")) + budget_bytes
+    limit_above_usage(path, budget_bytes)
+
+
+def limit_above_usage(path: str, budget_bytes: int) -> tuple[int, int]:
+    """Cap ``path`` at what it charges now plus ``budget_bytes``, swap counted too: (usage, limit)."""
+    usage = _read_int(os.path.join(path, "memory.usage_in_bytes"))
+    limit = usage + budget_bytes
     _write(os.path.join(path, "memory.limit_in_bytes"), str(limit))
     memsw = os.path.join(path, "memory.memsw.limit_in_bytes")
     if os.path.exists(memsw):  # with swap, the limit alone would swap instead of kill
@@ -221,6 +227,7 @@ def join_and_limit(path: str, budget_bytes: int) -> None:
             _write(memsw, str(limit))
         except OSError:
             pass
+    return usage, limit
 
 
 def counters(path: str) -> dict[str, int]:

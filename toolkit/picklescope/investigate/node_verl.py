@@ -1,8 +1,8 @@
 """The node replay driven by real verl's single controller (``picklescope node --engine verl``).
 
-The replica engine (:mod:`picklescope.investigate.node`) calls each worker itself. This engine hands the batch to
-verl's own code instead: a ``RayWorkerGroup`` over a CPU ``RayResourcePool`` creates the workers (with
-verl's environment: ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``...), and the worker class's ``compute``
+The replica engine (:mod:`picklescope.investigate.node.replica`) calls each worker itself. This engine
+hands the batch to verl's own code instead: a ``RayWorkerGroup`` over a CPU ``RayResourcePool`` creates
+the workers (with verl's environment: ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``...), and the worker class's ``compute``
 is registered with ``Dispatch.DP_COMPUTE_PROTO``, so the split (``DataProto.chunk``), one actor call
 per worker with its chunk as the argument, the ``ray.get`` of the results and their join
 (``DataProto.concat``) are verl's code, exactly as a trainer's ``compute_log_prob`` call runs them.
@@ -22,8 +22,12 @@ import importlib
 import os
 from typing import Any
 
+from picklescope.codecs import get_codec
+from picklescope.codecs.base import PreparesInChild
 from picklescope.core import steps
 from picklescope.errors import PicklescopeError
+from picklescope.transports.ray import hooks
+from picklescope.verl import loader
 
 CODEC_ENV = "PICKLESCOPE_NODE_VERL_CODEC"  # tells a worker which verl to load before its class is unpickled
 METHOD = "compute"
@@ -32,8 +36,6 @@ CALL_STEP = "worker group call"
 
 def _single_controller() -> tuple[Any, Any, Any]:
     """(verl.single_controller.base, its decorator module, verl.single_controller.ray) of the loaded verl."""
-    from picklescope.verl import loader
-
     if loader.loaded() is None:
         raise PicklescopeError("the verl engine needs real verl loaded in this process",
                                "choose a verl-<version>:<mode> codec (picklescope verl list)")
@@ -55,17 +57,14 @@ def worker_class(node_worker: type, codec: str | None) -> type:
     by name); the caller publishes it under a module attribute so Ray pickles it by reference, and a
     worker process builds the same class on the verl that ``codec`` names (:data:`CODEC_ENV`).
     """
-    from picklescope.codecs import get_codec
-    from picklescope.verl import loader
-
     if codec is None:
         raise AttributeError(f"{CODEC_ENV} is not set: the verl worker class exists only in a verl engine run")
     if loader.loaded() is None:
-        prepare = getattr(get_codec(codec), "prepare", None)
-        if prepare is None:
+        verl_codec = get_codec(codec)
+        if not isinstance(verl_codec, PreparesInChild):
             raise PicklescopeError(f"--engine verl needs a verl codec, not {codec!r}",
                                    "use e.g. --codec verl-0.9.1:numpy")
-        prepare()
+        verl_codec.prepare()
     base, decorator, _ = _single_controller()
     worker, register, dispatch = base.Worker, decorator.register, decorator.Dispatch
 
@@ -97,39 +96,20 @@ def worker_class(node_worker: type, codec: str | None) -> type:
     return VerlNodeWorker
 
 
-def _mark(owner: type, name: str, label: str) -> None:
-    """A step marker around ``owner.name`` (a method or a staticmethod), once."""
-    raw = owner.__dict__.get(name)
-    is_static = isinstance(raw, staticmethod)
-    fn = raw.__func__ if is_static else raw
-    if fn is None or getattr(fn, "_picklescope_original", None) is not None:
-        return
-
-    def marked(*args: Any, **kwargs: Any) -> Any:
-        with steps.step(label, file=fn.__code__.co_filename, line=fn.__code__.co_firstlineno):
-            return fn(*args, **kwargs)
-
-    marked._picklescope_original = fn  # type: ignore[attr-defined]
-    marked.__name__, marked.__qualname__, marked.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
-    setattr(owner, name, staticmethod(marked) if is_static else marked)
-
-
 def mark_chunk_and_concat(data_proto: type) -> None:
     """Step markers ``DataProto.chunk`` / ``DataProto.concat`` on verl's own functions (either engine).
 
     They show that the split and the join that ran were verl's: a replica run with a verl codec
     records them inside its ``chunk`` and ``concat`` steps, a verl-engine run inside the worker group's call.
     """
-    _mark(data_proto, "chunk", "DataProto.chunk")
-    _mark(data_proto, "concat", "DataProto.concat")
+    loader.mark_step(data_proto, "chunk", "DataProto.chunk", where="definition")
+    loader.mark_step(data_proto, "concat", "DataProto.concat", where="definition")
 
 
 class VerlEngine:
     """verl's ``RayWorkerGroup`` over a CPU ``RayResourcePool``, one worker per bundle, driven per step."""
 
     def __init__(self, ray: Any, cfg: dict[str, Any], worker_cls: type, width: int, dtype: str) -> None:
-        from picklescope.transports.ray import hooks
-
         self.ray, self.cfg, self.hooks = ray, cfg, hooks
         n = cfg["workers"]
         have = float(ray.cluster_resources().get("CPU", 0))

@@ -10,10 +10,11 @@ verl reads ``VERL_DATAPROTO_SERIALIZATION_METHOD`` with ``os.getenv`` inside ``_
 ``__setstate__`` (at call time, not at import), so :func:`set_mode` right before each call is what
 selects the mode; the matrix child relies on it to run both modes in one process.
 
-Instrumentation, not behaviour: :func:`instrument_consolidate` wraps tensordict's
-``consolidate`` with a recording step marker (name ``consolidate``, plus the calling file and
-line), so a run of the real, unmodified verl code shows where its copy happened. The wrapper calls
-the original with the same arguments and returns its result.
+Instrumentation, not behaviour: :func:`mark_step` wraps a function in a recording step marker and
+is the one such wrapper of the package; :func:`instrument_consolidate` uses it on tensordict's
+``consolidate`` (name ``consolidate``, plus the calling file and line), so a run of the real,
+unmodified verl code shows where its copy happened. The wrapper calls the original with the same
+arguments and returns its result.
 """
 
 from __future__ import annotations
@@ -107,24 +108,48 @@ def apply_patch(data_proto: type, path: str) -> list[str]:
     return replaced
 
 
+def mark_step(owner: type, name: str, label: str | None = None, *, where: str = "") -> bool:
+    """Wrap ``owner.name`` (a function or a staticmethod of the class itself) in a recording step marker.
+
+    The one wrapper every instrumentation of real verl uses (tensordict's ``consolidate``,
+    ``DataProto.__getstate__``/``__setstate__``, ``DataProto.chunk``/``concat``): the step is named
+    ``label`` (default ``name``) and the original is called with the same arguments, its result
+    returned unchanged. ``where`` adds the code's place to the step: ``"caller"`` the calling file,
+    function and line (where a copy was asked for), ``"definition"`` the wrapped function's own file
+    and first line (whose function ran). Idempotent: False when ``owner.name`` is missing or already
+    wrapped, True when this call wrapped it.
+    """
+    raw = vars(owner).get(name)
+    is_static = isinstance(raw, staticmethod)
+    fn = raw.__func__ if is_static else raw
+    if fn is None or getattr(fn, "_picklescope_original", None) is not None:
+        return False
+    label = label or name
+    code = getattr(fn, "__code__", None)
+    defined = {"file": code.co_filename, "line": code.co_firstlineno} if code is not None else {}
+
+    @functools.wraps(fn)
+    def marked(*args: Any, **kwargs: Any) -> Any:
+        if where == "caller":
+            caller = sys._getframe(1)
+            info: dict[str, Any] = {"line": caller.f_lineno, "file": caller.f_code.co_filename,
+                                    "function": caller.f_code.co_name}
+        else:
+            info = defined if where == "definition" else {}
+        with step(label, **info):
+            return fn(*args, **kwargs)
+
+    marked._picklescope_original = fn  # type: ignore[attr-defined]
+    setattr(owner, name, staticmethod(marked) if is_static else marked)
+    return True
+
+
 def instrument_consolidate() -> str:
     """Wrap tensordict's ``consolidate`` with a recording ``consolidate`` step (idempotent)."""
-    from tensordict import TensorDict
+    from tensordict import TensorDict  # deferred: tensordict imports torch, only a verl child needs it
 
     owner = next(k for k in TensorDict.__mro__ if "consolidate" in vars(k))
-    original = vars(owner)["consolidate"]
-    if getattr(original, "_picklescope_original", None) is not None:
-        return f"{owner.__module__}.{owner.__qualname__}.consolidate"
-
-    @functools.wraps(original)
-    def consolidate(self: Any, *args: Any, **kwargs: Any) -> Any:
-        caller = sys._getframe(1)
-        with step("consolidate", line=caller.f_lineno, file=caller.f_code.co_filename,
-                  function=caller.f_code.co_name):
-            return original(self, *args, **kwargs)
-
-    consolidate._picklescope_original = original  # type: ignore[attr-defined]
-    owner.consolidate = consolidate
+    mark_step(owner, "consolidate", where="caller")
     return f"{owner.__module__}.{owner.__qualname__}.consolidate"
 
 

@@ -220,15 +220,22 @@ def driver_main(conn: Any, cfg: dict[str, Any]) -> None:
     try:
         _run(conn, cfg)
     finally:
-        if not watch.parent_alive():  # nobody reads this run any more: no graceful shutdown, just end it
-            watch.end_orphaned()
-        watch.stop()
-        ray = sys.modules.get("ray")
-        if ray is not None:
-            try:
-                ray.shutdown()
-            except Exception:  # noqa: BLE001 - the parent kills whatever is left
-                pass
+        end_session(watch)
+
+
+def end_session(watch: ParentWatch) -> None:
+    """How a Ray driver of ours ends (a pair's and a node's): with its parent gone, nobody reads the run
+    any more, so the cluster and the temporaries go at once (no graceful shutdown); else ``ray.shutdown``,
+    and the parent kills whatever is left."""
+    if not watch.parent_alive():
+        watch.end_orphaned()
+    watch.stop()
+    ray = sys.modules.get("ray")
+    if ray is not None:
+        try:
+            ray.shutdown()
+        except BaseException:  # noqa: BLE001 - a Ray error (or the SIGTERM's exit) while stopping: the kill follows
+            pass
 
 
 def run_parent(cfg: dict[str, Any]) -> int:

@@ -1,0 +1,276 @@
+"""The parent's side of a node replay: start the driver, follow the run, leave nothing behind.
+
+The parent never imports Ray and never computes on a batch: it checks the input (:mod:`.checks`),
+starts the driver from the warm forkserver, adopts every process into one
+:class:`~picklescope.measure.session.Session` per replay (sampled on one clock with the object store
+counted once), folds the events they stream (:mod:`.follow`), enforces the node budget and, whatever
+happens, kills what is left of the cluster it started and removes the run's temporaries.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Sequence
+from multiprocessing import forkserver
+from typing import Any
+
+from picklescope.core import cgroup
+from picklescope.core.events import Next, Release
+from picklescope.core.leftovers import sweep_orphans, temp_name
+from picklescope.core.paths import make_temp_dir
+from picklescope.errors import PicklescopeError
+from picklescope.investigate.node import enforce
+from picklescope.investigate.node.checks import DEFAULT_SCALE, plan
+from picklescope.investigate.node.driver import DRIVER_LOG, driver_main
+from picklescope.investigate.node.follow import Accepter, adopt_known, follow, settle
+from picklescope.investigate.node.result import NodeResult
+from picklescope.investigate.node.tracking import Tracking, set_phase, timeout_message
+from picklescope.measure import launcher, verdicts
+from picklescope.measure.session import Session
+from picklescope.transports.ray import cluster
+from picklescope.transports.ray.driver import object_store_bytes
+from picklescope.transports.ray.events import machine_id
+from picklescope.transports.ray.orchestrate import ray_env
+
+RELEASE_WAIT_S = 30.0  # at most; less when the run's --timeout is near
+
+
+def node(codec: str = "numpy", workload: str = "flowgrpo", scale: float = DEFAULT_SCALE, workers: int = 4,
+         steps: int = 4, *, returns: float | None = None, dispatch: str = "chunk", gc: str = "default",
+         transport: str = "ray-arg", node_budget: Any = None, ray_address: str | None = None,
+         worker_resources: dict[str, float] | None = None, spread: bool = False, engine: str = "replica",
+         enforcement: str = "watchdog", timeout_s: float = 900.0, sample_interval_s: float = 0.001,
+         on_event: Any = None) -> NodeResult:
+    """Replay ``steps`` training steps of a verl node (a driver and ``workers`` actors); see the package doc.
+
+    ``node_budget`` (bytes, ``"700MiB"`` or a payload multiple such as ``"1.5x"``) caps the node's total
+    above its baseline; the process with the highest ``oom_score`` is killed at the crossing. With
+    ``enforcement="cgroup"`` the whole cluster runs in one memory cgroup limited to its usage at the
+    baseline plus the budget, and the kernel's OOM killer picks and kills the victim itself.
+    """
+    return node_series((codec,), workload, scale, workers, steps, returns=returns, dispatch=dispatch, gc=gc,
+                       transport=transport, node_budget=node_budget, ray_address=ray_address,
+                       worker_resources=worker_resources, spread=spread, engine=engine, enforcement=enforcement,
+                       timeout_s=timeout_s, sample_interval_s=sample_interval_s, on_event=on_event)[0]
+
+
+def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float = DEFAULT_SCALE, workers: int = 4,
+                steps: int = 4, *, returns: float | None = None, dispatch: str = "chunk", gc: str = "default",
+                transport: str = "ray-arg", node_budget: Any = None, ray_address: str | None = None,
+                worker_resources: dict[str, float] | None = None, spread: bool = False, engine: str = "replica",
+                enforcement: str = "watchdog", timeout_s: float = 900.0, sample_interval_s: float = 0.001,
+                on_event: Any = None) -> list[NodeResult]:
+    """One replay per codec, one after the other, on the same driver and worker actors; one result each.
+
+    Starting a node is most of its cost (each worker imports torch, tensordict and Ray), so comparing
+    codecs on one set of processes (``reproduce``'s node pair) saves that start for every codec after the
+    first. So that every replay starts from the same state, each one is preceded by as many unmeasured
+    training steps with its own codec and collector (the store pages and allocator arenas they leave are
+    part of every replay's baseline, docs/node.md says what that means for the figures) and a full
+    collection with the freed heap given back; then its own baseline, its own clock (``t_s`` from its own
+    start) and its own session. A series needs codecs one process can switch between: the built-in ones. A replay that
+    does not end ``ok`` ends the series; the replays after it say so. Every option applies to each replay.
+    """
+    t0 = time.monotonic()  # the run's own clock: it ends by t0 + timeout_s, clean-up included
+    checked = plan(codecs, workload, scale, workers, steps, returns=returns, dispatch=dispatch, gc=gc,
+                   transport=transport, node_budget=node_budget, ray_address=ray_address,
+                   worker_resources=worker_resources, spread=spread, engine=engine, enforcement=enforcement,
+                   timeout_s=timeout_s)
+    codecs, wl, payload, budget = checked.codecs, checked.workload, checked.payload_bytes, checked.budget_bytes
+    sweep_orphans()
+    reserve = cleanup_reserve(timeout_s)
+    run_dir = make_temp_dir("picklescope-node-", socket="events.sock")  # the workers' events
+    ray_tmp = None if ray_address else make_temp_dir("psray-", for_ray=True)
+    sends = workers if dispatch == "broadcast" else 2
+    room = sends * payload
+    if gc == "off":  # room for the chunks uncollected cycles keep pinned, up to 16 steps' worth: a full
+        # store makes Ray call gc.collect() in every process, which --gc off must not get by accident
+        # (a series' unmeasured steps before each replay pin as many again until they are collected)
+        room = max(room, (min(steps, 16) * (2 if len(codecs) > 1 else 1) + 1) * payload
+                   * (workers if dispatch == "broadcast" else 1))
+    store = object_store_bytes(payload, int(room + (returns or 0) * payload + 64 * 2**20))
+    results = [NodeResult(codec, wl.name, scale, workers, steps, payload, dispatch, gc, transport, returns,
+                          engine=engine, enforcement=enforcement, budget_bytes=budget) for codec in codecs]
+    accepter = Accepter(run_dir)
+    cfg = {"codec": codecs[0], "workload": wl.source or wl.name, "scale": scale,
+           "workers": workers, "steps": steps, "returns": returns, "dispatch": dispatch, "gc": gc,
+           "transport": transport, "engine": engine, "ray_path": "arg", "ray_address": ray_address,
+           "ray_temp_dir": ray_tmp, "warm_up": "steps" if len(codecs) > 1 else "row",
+           "object_store_bytes": store, "run_dir": run_dir, "t0": t0,
+           "t0_wall": time.time() - (time.monotonic() - t0), "machine": machine_id(),
+           "events_address": accepter.address, "events_key": accepter.key.hex(),
+           "ray_env": ray_env(bool(ray_address)), "parent_pid": os.getpid(),
+           "deadline_wall": time.time() + (t0 + timeout_s - reserve - time.monotonic()),
+           "worker_resources": worker_resources or {}, "spread": spread}
+    cg_path = None
+    if checked.cgroup_base is not None:
+        cg_path = cgroup.create(checked.cgroup_base, f"{temp_name('picklescope-')}node{os.urandom(3).hex()}")
+        cfg["cgroup"] = cg_path
+        cfg["ray_env"]["RAY_memory_monitor_refresh_ms"] = "0"  # the kernel decides, not Ray's monitor
+        for r in results:
+            r.cgroup = {"path": cg_path}
+    proc = conn = None
+    driver_start = None
+    tracking = Tracking(t0, timeout_s, workers, t0 + timeout_s, budget, cg_path)
+    set_phase(tracking, "the driver's start (the warm forkserver imports torch first)")
+    session: Session | None = None
+    current = results[0]
+    try:
+        proc, conn = start_driver(cfg, tracking.end_by - reserve)
+        driver_start = cluster.start_ticks(proc.pid)
+        tracking.driver = (proc.pid, driver_start)
+        set_phase(tracking, "Ray start-up")
+        for i, result in enumerate(results):
+            current = result
+            start = t0
+            if i:
+                start = time.monotonic()
+                conn.send(Next(type="next", codec=result.codec, t0=start,
+                               t0_wall=time.time() - (time.monotonic() - start)))
+            session = Session(start, run_dir, sample_interval_s, None if cg_path else budget).start()
+            session.adopt("driver", proc.pid, role="driver")
+            adopt_known(session, result, tracking)
+            tracking.finished = False
+            if i:
+                tracking.end_by = start + timeout_s  # each later replay of a series has a limit of its own
+                set_phase(tracking, "the warm-up steps of the next replay")
+            follow(session, result, proc, conn, accepter, tracking, tracking.end_by - reserve, on_event)
+            enforce.record_kill(session, result, tracking)  # a kill whose consequences ended the run first
+            session.stop()
+            settle(session, result)
+            session = None
+            result.wall_s = time.monotonic() - start
+            if result.outcome != "ok" or not tracking.finished:
+                for later in results[i + 1:]:
+                    verdicts.conclude(later, "error",
+                                      f"not replayed: the {result.codec} replay before it ended {result.outcome}")
+                break
+    except DriverStartTimeout:
+        verdicts.conclude(current, "timeout", timeout_message(tracking))
+        for later in results[1:]:
+            verdicts.conclude(later, "error", f"not replayed: the {current.codec} replay before it ended timeout")
+    except KeyboardInterrupt:
+        verdicts.conclude(current, "interrupted", "interrupted (Ctrl-C); every process was stopped")
+        raise
+    finally:
+        if session is not None:
+            session.stop()
+            settle(session, current)
+        set_phase(tracking, "shutdown")
+        _cleanup(current, proc, conn, driver_start, tracking, cfg)
+        accepter.close()
+        for c in tracking.conns:
+            c.close()
+        if cg_path is not None:
+            enforce.remove(cg_path, current)
+        tracking.driver_log = _tail(os.path.join(run_dir, DRIVER_LOG))
+        shutil.rmtree(run_dir, ignore_errors=True)
+        if ray_tmp:
+            shutil.rmtree(ray_tmp, ignore_errors=True)
+    for r in results:
+        if r.outcome in ("error", "timeout") and tracking.driver_log and \
+                not (r.error or "").startswith("not replayed"):
+            r.notes.append("the driver's own output ended with:\n" + tracking.driver_log)
+        r.cleanup = current.cleanup
+    if len(results) == 1:
+        results[0].wall_s = time.monotonic() - t0  # set-up, the replay and the clean-up
+    if tracking.bad_input:
+        raise PicklescopeError(*tracking.bad_input)
+    return results
+
+
+class DriverStartTimeout(Exception):
+    """The run's limit came while the warm forkserver was still starting (see :func:`start_driver`)."""
+
+
+def start_driver(cfg: dict[str, Any], deadline: float) -> tuple[Any, Any]:
+    """The driver, from the warm forkserver, within the run's limit (a monotonic ``deadline``).
+
+    The first start of the forkserver waits for it to import torch (a minute or more on a busy machine),
+    and that wait cannot be interrupted from inside. When this call is the one that starts the
+    forkserver, a timer ends the forkserver at the deadline, which makes the start fail at once; the
+    run then ends as a timeout at its limit. A forkserver already running (another run's, in a notebook
+    or ``reproduce``) is never touched: its start is immediate."""
+    server = forkserver._forkserver
+    cold = server._forkserver_pid is None
+    fired = threading.Event()
+
+    def expire() -> None:
+        pid = server._forkserver_pid
+        if pid:
+            fired.set()
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+    timer = threading.Timer(max(0.0, deadline - time.monotonic()), expire) if cold else None
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
+    try:
+        return launcher.start(driver_main, (cfg,), "picklescope-node-driver")
+    except Exception:
+        if fired.is_set():
+            raise DriverStartTimeout() from None
+        raise
+    finally:
+        if timer is not None:
+            timer.cancel()
+
+
+
+def cleanup_reserve(timeout_s: float) -> float:
+    """Seconds of the run's ``--timeout`` kept for ending it: the driver's ``ray.shutdown``, then the kill
+    of whatever of the cluster is left. The replay itself stops this much before the limit, so the
+    whole run, clean-up included, ends by ``--timeout``."""
+    return min(30.0, max(3.0, 0.1 * timeout_s))
+
+
+def _tail(path: str, limit: int = 3000) -> str:
+    """The last ``limit`` characters of a text file ("" when there is none)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - limit))
+            return f.read().decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+
+
+def _cleanup(result: NodeResult, proc: Any, conn: Any, driver_start: int | None, tracking: Tracking,
+             cfg: dict[str, Any]) -> None:
+    """Let the driver end its Ray session, then kill whatever of the cluster we started is still alive.
+
+    The driver gets what is left of the run's limit for its ``ray.shutdown`` (at most
+    :data:`RELEASE_WAIT_S`, and a few seconds are kept for the kill that follows), so the run ends by
+    its ``--timeout`` whatever the driver is stuck in."""
+    if proc is None:
+        return
+    if tracking.finished:  # the driver waits for this to end its Ray session
+        try:
+            conn.send(Release(type="release"))
+        except (OSError, BrokenPipeError):
+            pass
+    elif proc.is_alive():  # mid-step (killed worker, error, timeout, Ctrl-C): SIGTERM ends it through its finally
+        proc.terminate()
+    left_s = tracking.end_by - time.monotonic() - 3.0
+    proc.join(timeout=max(1.0, min(RELEASE_WAIT_S, left_s)))
+    if proc.is_alive():
+        proc.kill()
+        proc.join(timeout=5)
+    conn.close()
+    if result.processes.get("driver") is not None:
+        result.processes["driver"].exit_code = proc.exitcode
+    if cfg.get("ray_address"):
+        result.cleanup = {"joined": cfg["ray_address"], "note": "the actors end with their driver"}
+        return
+    known = [p for pids in tracking.cluster_pids.values() for p in pids]
+    args = (proc.pid, driver_start, known, cfg.get("ray_temp_dir"))
+    left = sorted(cluster.cluster_processes(*args))
+    killed, remaining = cluster.stop_all(lambda: cluster.cluster_processes(*args))
+    result.cleanup = {"left_after_driver": left, "killed": killed, "remaining": remaining}
+

@@ -1,0 +1,95 @@
+"""The replica engine: the toolkit's own loop over the node's workers, as verl's single controller runs it.
+
+One training step is verl's ``DP_COMPUTE_PROTO``: split the batch into one chunk per worker (or hand
+every worker the whole batch, ``--dispatch broadcast``), call each worker's ``compute`` with its
+chunk as the argument (Ray pickles it in the driver) or through ``ray.put`` (``--transport ray``),
+``ray.get`` the small results and join them. Each part is a named step of the driver. The other
+engine, real verl's ``RayWorkerGroup``, is :class:`~picklescope.investigate.node_verl.VerlEngine`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from picklescope.core import steps
+from picklescope.investigate.node.data import NodeData
+from picklescope.investigate.node.worker import NodeWorker
+from picklescope.transports.ray import hooks
+from picklescope.transports.ray.driver import wait_s
+
+
+class ReplicaEngine:
+    """The node's worker actors, created in the driver, and one training step over them."""
+
+    def __init__(self, ray: Any, cfg: dict[str, Any], data: NodeData, width: int, dtype: str) -> None:
+        self.ray, self.cfg, self.data = ray, cfg, data
+        actor_cls = ray.remote(num_cpus=0, max_restarts=0)(NodeWorker)
+        options: dict[str, Any] = {}
+        if cfg.get("worker_resources"):
+            options["resources"] = dict(cfg["worker_resources"])
+        if cfg.get("spread"):
+            options["scheduling_strategy"] = "SPREAD"
+        self.workers = [actor_cls.options(**options).remote(cfg, f"worker-{i}", width, dtype)
+                        for i in range(cfg["workers"])]
+        self.info: dict[str, Any] = {"engine": "replica",
+                                     "worker_class": f"{NodeWorker.__module__}.{NodeWorker.__qualname__}"}
+
+    def ready(self) -> None:
+        """Wait until every worker actor is up (within what is left of the run's limit)."""
+        wait = wait_s(self.cfg, self.cfg.get("actor_timeout_s", 300))
+        try:
+            self.ray.get([w.ready.remote() for w in self.workers], timeout=wait)
+        except self.ray.exceptions.GetTimeoutError:
+            raise RuntimeError(f"the {len(self.workers)} worker actors did not start within {wait:.0f} s "
+                               "(the run's --timeout was near)") from None
+
+    def _arg(self, piece: Any) -> Any:
+        return piece if self.cfg["transport"] == "ray-arg" else [self.ray.put(piece)]
+
+    def warm(self, whole: Any) -> None:
+        """One small call per worker during set-up (first-call costs land in the baselines)."""
+        warm = self.data.chunk(whole, len(whole))[0]
+        self.data.concat(self.ray.get([w.compute.remote(self._arg(warm)) for w in self.workers]))
+
+    def arm(self) -> None:
+        """Every worker takes its baseline and starts its measured phase."""
+        self.ray.get([w.arm.remote() for w in self.workers])
+
+    def finish(self) -> None:
+        """Every worker ends its measured phase and reports it."""
+        self.ray.get([w.finish.remote() for w in self.workers])
+
+    def switch(self, data: NodeData, cfg: dict[str, Any]) -> None:
+        """The next replay of a series: its codec and clock, here and in every worker."""
+        self.data, self.cfg = data, cfg
+        self.ray.get([w.switch.remote(cfg["codec"], cfg["t0"], cfg["t0_wall"]) for w in self.workers])
+
+    def step(self, whole: Any) -> None:
+        """One training step as verl's single controller runs it (DP_COMPUTE_PROTO: chunk, call, collect)."""
+        ray, data, workers = self.ray, self.data, self.workers
+        n = len(workers)
+        with steps.step("chunk"):
+            pieces = data.chunk(whole, n) if self.cfg["dispatch"] == "chunk" else [whole] * n
+        pending = []
+        for w, piece in zip(workers, pieces):
+            hooks.expect_store_write(piece)
+            if self.cfg["transport"] == "ray":
+                with steps.step("ray.put"):
+                    try:
+                        ref = ray.put(piece)
+                    finally:
+                        hooks.end_store_write()
+                pending.append(w.compute.remote([ref]))
+                del ref
+            else:
+                with steps.step("argument serialization"):
+                    try:
+                        pending.append(w.compute.remote(piece))
+                    finally:
+                        hooks.end_store_write()
+        del pieces, piece
+        with steps.step("ray.get"):
+            outs = ray.get(pending)
+        with steps.step("concat"):
+            out = data.concat(outs)
+        del pending, outs, out

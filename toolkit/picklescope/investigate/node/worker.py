@@ -1,0 +1,116 @@
+"""A node's worker: a Ray actor that receives its chunk, returns a small result, and measures itself.
+
+The driver wraps :class:`NodeWorker` with ``ray.remote`` (importing this module needs no Ray). Each
+worker connects back to the parent once, says hello (its pid, machine and Ray node), and from its
+:meth:`~NodeWorker.arm` on streams its own named steps (``ray.get``, ``compute``, ``gc``) on the run's
+clock. With ``--engine verl`` the worker class is built at run time on real verl's ``Worker``
+(:data:`VerlNodeWorker`, see :func:`__getattr__`).
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import os
+from typing import Any
+
+from picklescope.core import procmem, steps
+from picklescope.core.events import Done, Event, Hello
+from picklescope.investigate.node import collector
+from picklescope.investigate.node.data import NodeData
+from picklescope.investigate.node_verl import CODEC_ENV, worker_class
+from picklescope.measure import launcher
+from picklescope.measure.child import arm_stack_dump, begin_measure, end_measure
+from picklescope.transports.ray import events, hooks
+
+
+class NodeWorker:
+    """One worker actor; the driver wraps it with ``ray.remote`` (importing this module needs no Ray)."""
+
+    def __init__(self, cfg: dict[str, Any], name: str, width: int, dtype: str) -> None:
+        import ray  # deferred: Ray is imported only in the node's own processes, never by the parent
+
+        self.cfg, self.name = cfg, name
+        self.conn = events.connect(cfg)
+        self.conn.send(Hello(type="hello", name=name, pid=os.getpid(), machine=events.machine_id(),
+                             node_id=ray.get_runtime_context().get_node_id()))
+        if os.path.isdir(cfg["run_dir"]):  # the budget check's SIGUSR1 writes our stack there before a kill
+            self._stack = arm_stack_dump(cfg, name)
+        for module in launcher.PRELOAD:
+            importlib.import_module(module)
+        import torch  # deferred: heavy, imported by the preload above already
+
+        self.data = NodeData(cfg["codec"])
+        self.width, self.dtype = width, getattr(torch, dtype)
+        hooks.install(deserialize=True)
+        self.t0 = events.local_t0(cfg)
+        self.meter: steps.Meter | None = None
+
+    def ready(self) -> int:
+        return os.getpid()
+
+    def arm(self) -> None:
+        """Take the baseline after setup; from now on every step is measured and streamed."""
+        gc.enable()
+        gc.collect()
+        if self.cfg.get("warm_up") == "steps":  # a series: what the warm-up freed, given back (as the driver)
+            procmem.trim_heap()
+        collector.apply_mode(self.cfg["gc"])
+        collector.count_full_collections()
+        self.meter = begin_measure(steps.Meter(events.with_shared(self._send), self.t0, self.name))
+
+    def _send(self, ev: Event) -> None:
+        self.conn.send(ev)
+
+    def switch(self, codec: str, t0: float, t0_wall: float) -> None:
+        """The next replay of a series: its codec and its clock (:meth:`arm` then takes the new baseline)."""
+        self.cfg = {**self.cfg, "codec": codec, "t0": t0, "t0_wall": t0_wall}
+        self.data = NodeData(codec)
+        self.t0 = events.local_t0(self.cfg)
+
+    def compute(self, arg: Any) -> Any:
+        """Receive a chunk (already deserialized by Ray, or a ref to ``ray.get``), return a small result."""
+        if self.cfg["transport"] == "ray":
+            import ray  # deferred: Ray is imported only in the node's own processes, never by the parent
+
+            with steps.step("ray.get"):
+                arg = ray.get(arg[0])
+        with steps.step("compute"):
+            out = self.data.result(len(arg), self.width, self.dtype)
+        del arg
+        if self.cfg["gc"] == "each-step":
+            with steps.step("gc"):
+                gc.collect()
+        return out
+
+    def finish(self) -> None:
+        """End the measured phase: the worker's peak, what it holds, what only a collection frees."""
+        meter = self.meter
+        if meter is None:
+            return
+        m = end_measure(self.conn, meter, None, read_at_end=collector.full_collections,
+                        trim=self.cfg.get("warm_up") == "steps")
+        self.conn.send(Done(type="done", side=self.name, peak_bytes=m.peak_bytes, held_bytes=m.held_bytes,
+                            cycle_held_bytes=m.cycle_held_bytes, t_s=meter.now(), full_collections=m.at_end))
+
+
+def verl_worker_class(codec: str) -> type:
+    """This module's ``VerlNodeWorker``, built here (the driver) on ``codec``'s verl; see :func:`__getattr__`."""
+    cls = globals().get("VerlNodeWorker")
+    if cls is None:
+        cls = globals()["VerlNodeWorker"] = worker_class(NodeWorker, codec)
+    return cls
+
+
+def __getattr__(name: str) -> Any:
+    """``VerlNodeWorker``: the verl engine's worker class, built on the verl this process loaded.
+
+    Its base is real verl's ``Worker``, loaded at run time, so it cannot be defined at import. Ray
+    pickles it by reference to this attribute; a worker process builds it here on unpickling, on the
+    verl its environment names (set by verl's worker group from the engine's ``worker_env``).
+    """
+    if name != "VerlNodeWorker":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    cls = worker_class(NodeWorker, os.environ.get(CODEC_ENV))
+    globals()[name] = cls
+    return cls
