@@ -222,25 +222,12 @@ def _function_level_imports() -> list[tuple[str, int, bool]]:
     return sorted(found)
 
 
-# The node replay and `workload from` are being split into rooms of one job each; until they are, these files
-# still import picklescope modules inside functions.
-_BEING_SPLIT = ("investigate/node.py", "investigate/node_verl.py", "investigate/workload_from.py",
-                "core/safefile.py", "cli/commands/workload.py")
-
-
-def test_imports_inside_functions_are_rare_and_each_says_why_outside_the_files_being_split():
+def test_at_most_five_imports_inside_functions_each_saying_why():
     """An import inside a function hides a dependency until it runs; one is kept only to defer a heavy third-party
     package that the importer's own importers must not pay for, with a comment naming it."""
-    found = [f for f in _function_level_imports() if not f[0].startswith(_BEING_SPLIT)]
+    found = _function_level_imports()
     assert len(found) <= 5, found
     assert all(said for *_, said in found), [f"{path}:{line}" for path, line, said in found if not said]
-
-
-@pytest.mark.xfail(strict=True, reason="investigate/node.py, investigate/node_verl.py, investigate/workload_from.py, "
-                   "core/safefile.py and cli/commands/workload.py still import picklescope modules inside functions")
-def test_at_most_five_imports_inside_functions_in_the_whole_package():
-    found = _function_level_imports()
-    assert len(found) <= 5 and all(said for *_, said in found), found
 
 
 def _cycles_between_children_of_the_package() -> list[tuple[str, str]]:

@@ -48,9 +48,9 @@ def record_kill(session: Session, result: NodeResult, tracking: Tracking) -> Non
         return
     victim = dead[0]
     rec = session.processes.get(victim)
-    step, step_of = session.step_at_kill(victim)
     # what the node held on the victim's last sample (once it is gone, its memory is gone from the total)
     last = rec.timeline.t_s[-1] if rec is not None and rec.timeline.t_s else (session.node.t_s or [t])[-1]
+    step, step_of = session.step_at_kill(victim, at=last)  # the step it died in, closed since or not
     memory = {}
     for name, r in session.processes.items():
         if r.timeline.t_s and r.timeline.t_s[-1] >= last:
@@ -58,7 +58,7 @@ def record_kill(session: Session, result: NodeResult, tracking: Tracking) -> Non
     memory["store"] = session.value_at(session.store, last) or 0
     node_now = (session.value_at(session.node, last) or 0) - (session.node_baseline or 0)
     session.kill = KillRecord(victim, named[victim], t, node_now, int(tracking.budget or 0),
-                              session.current_training_step(), step, {}, memory, step_of=step_of)
+                              session.current_training_step(last), step, {}, memory, step_of=step_of)
     result.cgroup["killed_by"] = "the kernel's OOM killer in the run's memory cgroup"
     if len(dead) > 1:
         result.notes.append(f"also gone when the cgroup's OOM killer fired: {', '.join(dead[1:])}")
