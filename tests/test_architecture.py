@@ -93,17 +93,19 @@ def test_every_module_sits_in_a_subpackage_named_for_its_layer():
             assert i in allowed, f"{name} is in layer {i}, not one of the {sub} layers {list(allowed)}"
 
 
-def test_old_module_names_still_import_for_one_release():
-    """``picklescope.runner`` and the other names from before the subpackages are the moved modules themselves."""
+def test_the_package_has_no_old_module_names():
+    """Modules are found where they are: no meta-path finder maps names from before the subpackages (the
+    package was never released under them), and ``picklescope.node`` is the replay function."""
     import importlib
+    import sys
 
-    from picklescope.core.aliases import MOVED
-
-    for old, new in MOVED.items():
-        assert importlib.import_module(f"picklescope.{old}") is importlib.import_module(f"picklescope.{new}"), old
     import picklescope
 
-    assert callable(picklescope.node), "importing the old module name picklescope.node must keep the function"
+    for old in ("picklescope.runner", "picklescope.figures", "picklescope.cgroup"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(old)
+    assert not [f for f in sys.meta_path if type(f).__module__.startswith("picklescope")]
+    assert callable(picklescope.node) and picklescope.node.__module__.startswith("picklescope.investigate.node")
 
 
 def test_one_place_sets_an_outcome():

@@ -191,7 +191,7 @@ def test_fit_on_small_replays_predicts_a_held_out_replay(tmp_path, monkeypatch):
 
 
 def test_the_figure_is_drawn_from_the_plain_data():
-    from picklescope import figures
+    from picklescope.views import figures
 
     wl = load_workload("flowgrpo")
     m = model_mod.fit(fit_set())

@@ -12,16 +12,10 @@ in torch, numpy, plotly or Ray (docs/workload_from.md states its import time).
 from __future__ import annotations
 
 import importlib
-import sys as _sys
-import types as _types
 
 from picklescope.core.quiet_start import quiet_interrupts_while_importing
 
 quiet_interrupts_while_importing()  # only as the 'picklescope' command: a Ctrl-C during imports is one line
-
-from picklescope.core import aliases as _aliases  # noqa: E402
-
-_aliases.install()  # the module names from before the subpackages (picklescope.runner, ...) for one release
 
 __version__ = "0.1.0"
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a few ms the capture probe does not pay)
@@ -52,7 +46,7 @@ if TYPE_CHECKING:  # for type checkers and editors: the same names, imported eag
 
 
 def __getattr__(name: str) -> object:
-    """A public name (or a subpackage, or an old module name) on first use.
+    """A public name (or a subpackage) on first use.
 
     The names are a registry of module names (``_PUBLIC``) resolved with :func:`importlib.import_module` (PEP 562)
     rather than imports in this function: the package stays light to import, and no import statement hides a
@@ -90,16 +84,3 @@ __all__ = [
     "UnknownNameError", "UnsupportedCase", "available_workloads", "get_codec", "get_transport",
     "load_workload", "node", "register_codec", "run",
 ]
-
-
-class _Package(_types.ModuleType):
-    """Keeps ``picklescope.node`` the function: importing the old module name ``picklescope.node`` (an alias
-    of ``picklescope.investigate.node``) would otherwise bind the module over it."""
-
-    def __setattr__(self, name: str, value: object) -> None:
-        if name == "node" and isinstance(value, _types.ModuleType):
-            value = value.node
-        super().__setattr__(name, value)
-
-
-_sys.modules[__name__].__class__ = _Package
