@@ -68,18 +68,7 @@ def sweep_orphans(extra_roots: list[str] | None = None) -> list[str]:
     removed = cgroup.remove_stale_everywhere()  # dead creators' cgroups, with whatever still runs in them
     kill_dead_creators_ray()  # Ray processes of a dead creator whose temp dir is already gone
     roots = temp_roots() + [r for r in extra_roots or () if r and os.path.isdir(r)]
-    for path in sorted(_entries(roots)[0]):
-        pid = creator_pid(path)
-        if pid is None or psutil.pid_exists(pid):
-            continue
-        if os.path.basename(path).startswith(("psray-", "psrayc-")):
-            kill_naming(path)  # the Ray processes of a dead creator's cluster name its private temp dir
-        try:
-            _remove(path)
-            removed.append(path)
-        except OSError:
-            pass
-    return removed
+    return removed + _remove_where(roots, lambda pid: pid is not None and not psutil.pid_exists(pid))
 
 
 def remove_own(pid: int | None = None) -> list[str]:
@@ -88,11 +77,19 @@ def remove_own(pid: int | None = None) -> list[str]:
     The last step of a command that was interrupted: each run removes its own temporaries, but a run
     in another thread that had not finished its clean-up when the process ends (``reproduce``'s Ray lane
     given up after its wait) would otherwise leave its folder until a later run's sweep."""
-    pid = os.getpid() if pid is None else pid
+    own = os.getpid() if pid is None else pid
+    return _remove_where(temp_roots(), lambda creator: creator == own)
+
+
+def _remove_where(roots: list[str], creator_is: Callable[[int | None], bool]) -> list[str]:
+    """Remove the temporaries in ``roots`` whose creator pid passes ``creator_is``; what was removed. A
+    private Ray temp dir's processes (which name it) are killed first."""
     removed = []
-    for path in sorted(_entries(temp_roots())[0]):
-        if creator_pid(path) != pid:
+    for path in sorted(_entries(roots)[0]):
+        if not creator_is(creator_pid(path)):
             continue
+        if os.path.basename(path).startswith(("psray-", "psrayc-")):
+            kill_naming(path)
         try:
             _remove(path)
             removed.append(path)

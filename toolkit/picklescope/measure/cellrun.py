@@ -30,7 +30,7 @@ from typing import Any
 
 from picklescope import tracers
 from picklescope.core import procmem, steps
-from picklescope.core.events import Done, Error, Event, Output, Ready, Release
+from picklescope.core.events import Done, Error, Event, Output, Ready
 from picklescope.core.leftovers import temp_name
 from picklescope.core.result import RunResult, Side
 from picklescope.core.units import fmt_bytes
@@ -174,16 +174,7 @@ def run_cell(code: str, *, imports: list[str] | tuple[str, ...] = (), variables:
     finally:
         session.stop()
         if proc is not None:
-            try:
-                conn.send(Release(type="release"))
-            except (OSError, BrokenPipeError):
-                pass
-            proc.join(timeout=5)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(timeout=5)
-            side.exit_code = proc.exitcode
-            conn.close()
+            side.exit_code = launcher.end(proc, conn, release=True)
         guard.close()
         timelines = session.timelines()
         side.timeline = timelines.get(SIDE, side.timeline)

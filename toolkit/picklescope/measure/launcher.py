@@ -24,6 +24,7 @@ from multiprocessing import context as mp_context
 from multiprocessing import forkserver, popen_forkserver, spawn
 from typing import Any
 
+from picklescope.core.events import Release
 from picklescope.core.leftovers import become_subreaper, temp_name
 from picklescope.core.paths import torch_cache_env
 
@@ -277,12 +278,27 @@ def call_once(target: Any, args: tuple, name: str, timeout_s: float, join_s: flo
     except (EOFError, OSError):
         msg = None
     finally:
-        proc.join(timeout=join_s)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(timeout=5)
-        conn.close()
+        end(proc, conn, join_s)
     return msg, proc.exitcode
+
+
+def end(proc: ChildProcess, conn: Any, wait_s: float = 5.0, *, release: bool = False) -> int | None:
+    """End a child of :func:`start`: with ``release``, tell it its run is over (the Release event) first;
+    give it ``wait_s`` to end on its own, then kill it; close its pipe. Returns its exit code.
+
+    The one ending of a measured child, whatever ran it (a pair's side, a cell, a Ray driver): a child
+    that ignored its release or hung is never left running."""
+    if release:
+        try:
+            conn.send(Release(type="release"))
+        except (OSError, BrokenPipeError):
+            pass
+    proc.join(timeout=wait_s)
+    if proc.is_alive():
+        proc.kill()
+        proc.join(timeout=5)
+    conn.close()
+    return proc.exitcode
 
 
 def shutdown(wait_s: float = 10.0) -> list[int]:

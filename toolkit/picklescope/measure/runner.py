@@ -251,14 +251,8 @@ def _run_once(
                     conns[name].send(Release(type="release"))
                 except (OSError, BrokenPipeError):
                     pass
-            for p in procs.values():
-                p.join(timeout=5)
-                if p.is_alive():
-                    p.kill()
-                    p.join(timeout=5)
-            for name, p in procs.items():
-                result.sides[name].exit_code = p.exitcode
-                conns[name].close()
+            for name, p in procs.items():  # both were released above, so they end side by side
+                result.sides[name].exit_code = launcher.end(p, conns[name])
             stray = [pid for pid in tracker.end(keep=launcher.started_pids) if pid not in tracker.pids]
             if stray:
                 result.extra["killed_descendants"] = stray  # processes a side started and left running

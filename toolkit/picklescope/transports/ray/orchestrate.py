@@ -19,7 +19,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Listener
 from typing import Any
 
-from picklescope.core.events import Event, Hello, RayInfo, Release, StoreProcess
+from picklescope.core.events import Event, Hello, RayInfo, StoreProcess
 from picklescope.core.paths import make_temp_dir
 from picklescope.core.procmem import StatmReader
 from picklescope.core.result import RunResult
@@ -256,16 +256,7 @@ def run_sides(state: RunFold, cfg: dict[str, Any], *, ray_path: str, timeout_s: 
         finally:
             session.stop()
             if proc is not None:
-                try:
-                    conn.send(Release(type="release"))
-                except (OSError, BrokenPipeError):
-                    pass
-                proc.join(timeout=RELEASE_WAIT_S)
-                if proc.is_alive():
-                    proc.kill()
-                    proc.join(timeout=5)
-                result.sender.exit_code = proc.exitcode
-                conn.close()
+                result.sender.exit_code = launcher.end(proc, conn, RELEASE_WAIT_S, release=True)
                 run.mark("driver exited")
             run.reap_cluster()
             run.mark("cluster reaped")
