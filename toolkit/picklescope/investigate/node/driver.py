@@ -105,11 +105,6 @@ def _drive(conn: Any, cfg: dict[str, Any]) -> None:
     if data.info:
         conn.send(CodecInfo(type="codec_info", side="driver", info=data.info))
     wl = load_workload(cfg["workload"])
-    batch = wl.build(cfg["scale"])
-    payload = wl.payload_bytes(cfg["scale"])
-    whole = data.wrap(batch)
-    width, dtype = _result_shape(batch, len(batch), payload, cfg["returns"])
-    del batch
     niceness = os.getpriority(os.PRIO_PROCESS, 0)
     import ray  # deferred: Ray is imported only in the node's own processes, never by the parent
 
@@ -118,13 +113,21 @@ def _drive(conn: Any, cfg: dict[str, Any]) -> None:
     info["node_id"] = ray.get_runtime_context().get_node_id()
     conn.send(RayInfo(type="ray_info", side="driver", **info))
     hooks.install(serialize=True)
-    dtype_name = str(dtype).removeprefix("torch.")
     engine: ReplicaEngine | VerlEngine
-    if cfg.get("engine") == "verl":
-        engine = VerlEngine(ray, cfg, verl_worker_class(cfg["codec"]), width, dtype_name)
+    replica = cfg.get("engine") != "verl"
+    if replica:  # its workers start now (Ray starts their processes in the background) while the batch is built
+        engine = ReplicaEngine(ray, cfg, data)
+    batch = wl.build(cfg["scale"])
+    payload = wl.payload_bytes(cfg["scale"])
+    whole = data.wrap(batch)
+    width, dtype = _result_shape(batch, len(batch), payload, cfg["returns"])
+    del batch
+    dtype_name = str(dtype).removeprefix("torch.")
+    if replica:
+        engine.ready(width, dtype_name)
     else:
-        engine = ReplicaEngine(ray, cfg, data, width, dtype_name)
-    engine.ready()
+        engine = VerlEngine(ray, cfg, verl_worker_class(cfg["codec"]), width, dtype_name)
+        engine.ready()
     conn.send(Engine(type="engine", info={**engine.info, **data.split_join()}))
     if not cfg.get("ray_address"):
         restore_priority(niceness)

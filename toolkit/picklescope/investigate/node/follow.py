@@ -114,7 +114,8 @@ def on_driver(session: Session, result: NodeResult, conn: Any, ev: Event, tracki
     if kind == "ray_info":
         tracking.cluster_pids = ev.get("pids", {})
         tracking.ray_info = ev
-        set_phase(tracking, f"the {tracking.workers or 'worker'} worker actors' start")
+        set_phase(tracking, f"the {tracking.workers or 'worker'} worker actors' start "
+                            "(the driver builds its batch meanwhile)")
         if tracking.watch is None and ev.get("pids") and tracking.driver is not None:  # our own cluster is
             # up: from now on a core process that dies ends the run at once, named, instead of a hang
             pid, ticks = tracking.driver

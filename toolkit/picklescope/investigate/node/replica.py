@@ -21,7 +21,9 @@ from picklescope.transports.ray.driver import wait_s
 class ReplicaEngine:
     """The node's worker actors, created in the driver, and one training step over them."""
 
-    def __init__(self, ray: Any, cfg: dict[str, Any], data: NodeData, width: int, dtype: str) -> None:
+    def __init__(self, ray: Any, cfg: dict[str, Any], data: NodeData) -> None:
+        """Create the worker actors; this returns at once, while Ray starts their processes (each imports
+        torch: seconds), so the driver builds its batch meanwhile and then waits in :meth:`ready`."""
         self.ray, self.cfg, self.data = ray, cfg, data
         actor_cls = ray.remote(num_cpus=0, max_restarts=0)(NodeWorker)
         options: dict[str, Any] = {}
@@ -29,16 +31,16 @@ class ReplicaEngine:
             options["resources"] = dict(cfg["worker_resources"])
         if cfg.get("spread"):
             options["scheduling_strategy"] = "SPREAD"
-        self.workers = [actor_cls.options(**options).remote(cfg, f"worker-{i}", width, dtype)
-                        for i in range(cfg["workers"])]
+        self.workers = [actor_cls.options(**options).remote(cfg, f"worker-{i}") for i in range(cfg["workers"])]
         self.info: dict[str, Any] = {"engine": "replica",
                                      "worker_class": f"{NodeWorker.__module__}.{NodeWorker.__qualname__}"}
 
-    def ready(self) -> None:
-        """Wait until every worker actor is up (within what is left of the run's limit)."""
+    def ready(self, width: int, dtype: str) -> None:
+        """Wait until every worker actor is up (within what is left of the run's limit), and give each the
+        result row's shape (``width`` elements of ``dtype``), known once the batch is built."""
         wait = wait_s(self.cfg, self.cfg.get("actor_timeout_s", 300))
         try:
-            self.ray.get([w.ready.remote() for w in self.workers], timeout=wait)
+            self.ray.get([w.ready.remote(width, dtype) for w in self.workers], timeout=wait)
         except self.ray.exceptions.GetTimeoutError:
             raise RuntimeError(f"the {len(self.workers)} worker actors did not start within {wait:.0f} s "
                                "(the run's --timeout was near)") from None

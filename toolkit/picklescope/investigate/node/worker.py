@@ -27,7 +27,7 @@ from picklescope.transports.ray import events, hooks
 class NodeWorker:
     """One worker actor; the driver wraps it with ``ray.remote`` (importing this module needs no Ray)."""
 
-    def __init__(self, cfg: dict[str, Any], name: str, width: int, dtype: str) -> None:
+    def __init__(self, cfg: dict[str, Any], name: str, width: int = 1, dtype: str = "float32") -> None:
         import ray  # deferred: Ray is imported only in the node's own processes, never by the parent
 
         self.cfg, self.name = cfg, name
@@ -46,7 +46,13 @@ class NodeWorker:
         self.t0 = events.local_t0(cfg)
         self.meter: steps.Meter | None = None
 
-    def ready(self) -> int:
+    def ready(self, width: int | None = None, dtype: str | None = None) -> int:
+        """Up; ``width``/``dtype``: the result row's shape, when the driver learned it after creating us
+        (it builds its batch while the workers start)."""
+        if width is not None and dtype is not None:
+            import torch  # deferred: heavy, imported by the preload in __init__ already
+
+            self.width, self.dtype = width, getattr(torch, dtype)
         return os.getpid()
 
     def arm(self) -> None:
