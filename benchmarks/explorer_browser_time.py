@@ -35,16 +35,8 @@ def main() -> int:
     args = ap.parse_args()
 
     import nbformat
-    from browser_lab import browser_unavailable, chromium, lab_server
-    from test_browser_views import (
-        LAB_SETTINGS,
-        LAB_WIDTH,
-        _file_browser_open,
-        _open,
-        _press_and_wait,
-        _run_all,
-        _wait_kernel_idle,
-    )
+    from browser_lab import LAB_WIDTH, browser_unavailable, chromium, file_browser_open, lab_server
+    from test_browser_views import LAB_SETTINGS, _open, _press_and_wait, _run_all, _wait_kernel_idle
 
     why = browser_unavailable()
     if why:
@@ -67,7 +59,7 @@ def main() -> int:
             page = browser.context.new_page()
             page.goto(server.url("lab"))
             _open(page, "explorer.ipynb")
-            _file_browser_open(page)
+            file_browser_open(page)
             _wait_kernel_idle(page, 180)
             _run_all(page, 300)
             codec_label = page.locator("label", has_text=re.compile(r"^\s*codec\s*$"))

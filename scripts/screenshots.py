@@ -78,16 +78,8 @@ def explorer_in_lab(out: Path, work: Path, small: bool) -> Path:
     import re
 
     import nbformat
-    from browser_lab import chromium, lab_server
-    from test_browser_views import (
-        LAB_SETTINGS,
-        LAB_WIDTH,
-        _file_browser_open,
-        _open,
-        _press_and_wait,
-        _run_all,
-        _wait_kernel_idle,
-    )
+    from browser_lab import LAB_WIDTH, chromium, file_browser_open, lab_server
+    from test_browser_views import LAB_SETTINGS, _open, _press_and_wait, _run_all, _wait_kernel_idle
 
     root = work / "lab-root"
     root.mkdir(parents=True, exist_ok=True)
@@ -103,7 +95,7 @@ def explorer_in_lab(out: Path, work: Path, small: bool) -> Path:
         page = browser.context.new_page()
         page.goto(server.url("lab"))
         _open(page, "explorer.ipynb")
-        _file_browser_open(page)
+        file_browser_open(page)
         _wait_kernel_idle(page, 180)
         _run_all(page, 300)
         codec_label = page.locator("label", has_text=re.compile(r"^\s*codec\s*$"))
