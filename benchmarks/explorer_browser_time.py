@@ -35,8 +35,8 @@ def main() -> int:
     args = ap.parse_args()
 
     import nbformat
-    from browser_lab import LAB_WIDTH, browser_unavailable, chromium, file_browser_open, lab_server
-    from test_browser_views import LAB_SETTINGS, _open, _press_and_wait, _run_all, _wait_kernel_idle
+    from browser_lab import LAB_SETTINGS, LAB_WIDTH, browser_unavailable, chromium, file_browser_open, lab_server
+    from test_browser_views import _open, _press_and_wait, _run_all, _wait_kernel_idle
 
     why = browser_unavailable()
     if why:

@@ -78,8 +78,8 @@ def explorer_in_lab(out: Path, work: Path, small: bool) -> Path:
     import re
 
     import nbformat
-    from browser_lab import LAB_WIDTH, chromium, file_browser_open, lab_server
-    from test_browser_views import LAB_SETTINGS, _open, _press_and_wait, _run_all, _wait_kernel_idle
+    from browser_lab import LAB_SETTINGS, LAB_WIDTH, chromium, file_browser_open, lab_server
+    from test_browser_views import _open, _press_and_wait, _run_all, _wait_kernel_idle
 
     root = work / "lab-root"
     root.mkdir(parents=True, exist_ok=True)

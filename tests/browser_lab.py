@@ -332,3 +332,11 @@ WIDE_TABLES_JS = """() => {
   });
   return out;
 }"""
+
+
+OUTPUT = Path(os.environ.get("PICKLESCOPE_BROWSER_OUTPUT", Path(__file__).resolve().parent / "output" / "browser"))
+# No news pop-up over the notebook, and no autosave: the .py file in the repo must stay as it is.
+LAB_SETTINGS = {
+    "@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False},
+    "@jupyterlab/docmanager-extension:plugin": {"autosave": False},
+}

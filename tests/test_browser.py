@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import re
 import subprocess
 import sys
@@ -28,7 +27,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
 from browser_lab import (  # noqa: E402
+    LAB_SETTINGS,
     LAB_WIDTH,
+    OUTPUT,
     WIDE_TABLES_JS,
     chromium,
     file_browser_open,
@@ -43,12 +44,6 @@ REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
 EXPLORER_NB = NOTEBOOKS / "04_switch_codecs_confirm_fix.py"
 POSTMORTEM_NB = NOTEBOOKS / "05_postmortem_template.py"
-OUTPUT = Path(os.environ.get("PICKLESCOPE_BROWSER_OUTPUT", REPO / "tests" / "output" / "browser"))
-# No news pop-up over the notebook, and no autosave: the .py file in the repo must stay as it is.
-LAB_SETTINGS = {
-    "@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False},
-    "@jupyterlab/docmanager-extension:plugin": {"autosave": False},
-}
 KERNEL_READY_S = 120
 RUN_ALL_S = 240
 RUN_S = 180

@@ -28,7 +28,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
 from browser_lab import (  # noqa: E402
+    LAB_SETTINGS,
     LAB_WIDTH,
+    OUTPUT,
     WIDE_TABLES_JS,
     chromium,
     file_browser_open,
@@ -40,11 +42,6 @@ from browser_lab import (  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
-OUTPUT = Path(os.environ.get("PICKLESCOPE_BROWSER_OUTPUT", REPO / "tests" / "output" / "browser"))
-LAB_SETTINGS = {
-    "@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False},
-    "@jupyterlab/docmanager-extension:plugin": {"autosave": False},
-}
 CODECS = ["numpy", "numpy-legacy", "torch", "numpy", "numpy-legacy"]  # five explorers, one notebook
 RUNS = 3
 KERNEL_READY_S = 180
