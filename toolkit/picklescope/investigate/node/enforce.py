@@ -8,6 +8,7 @@ end :func:`remove` reads the cgroup's counters, kills what is left in it and rem
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from typing import Any
@@ -46,10 +47,23 @@ def record_kill(session: Session, result: NodeResult, tracking: Tracking) -> Non
     dead = [name for name, pid in named.items() if pid not in inside and not _alive(pid)]
     if not dead:
         return
-    victim = dead[0]
+
+    def seen_until(name: str) -> float:
+        r = session.processes.get(name)
+        return r.timeline.t_s[-1] if r is not None and r.timeline.t_s else math.inf
+
+    # the first to vanish is the one the killer chose; the others died of it (Ray ends a dead worker's
+    # driver, a dead raylet's workers). A Ray core process is not sampled: it is taken when no sampled one died.
+    victim = min(dead, key=seen_until)
     rec = session.processes.get(victim)
     # what the node held on the victim's last sample (once it is gone, its memory is gone from the total)
-    last = rec.timeline.t_s[-1] if rec is not None and rec.timeline.t_s else (session.node.t_s or [t])[-1]
+    if rec is not None and rec.timeline.t_s:
+        last = rec.timeline.t_s[-1]
+    else:  # a process the session does not sample (a Ray core process): when the driver was last seen, since
+        # the driver ends soon after such a death and the node's latest tick would hold only the store
+        driver = session.processes.get("driver")
+        last = (driver.timeline.t_s[-1] if driver is not None and driver.timeline.t_s
+                else (session.node.t_s or [t])[-1])
     step, step_of = session.step_at_kill(victim, at=last)  # the step it died in, closed since or not
     memory = {}
     for name, r in session.processes.items():
@@ -61,7 +75,8 @@ def record_kill(session: Session, result: NodeResult, tracking: Tracking) -> Non
                               session.current_training_step(last), step, {}, memory, step_of=step_of)
     result.cgroup["killed_by"] = "the kernel's OOM killer in the run's memory cgroup"
     if len(dead) > 1:
-        result.notes.append(f"also gone when the cgroup's OOM killer fired: {', '.join(dead[1:])}")
+        others = ", ".join(n for n in dead if n != victim)
+        result.notes.append(f"also gone when the cgroup's OOM killer fired: {others}")
 
 
 def remove(path: str, result: NodeResult) -> None:
