@@ -78,8 +78,8 @@ def one(codec: str, scale: float, address: str) -> dict:
     return {"codec": codec, "outcome": r.outcome, "error": r.error, "put_s": r.serialize_s, "get_s": r.deserialize_s,
             "put_get_s": work, "payload_bytes": r.payload_bytes, "steps_s": steps,
             "sender_peak_bytes": r.sender.peak_bytes, "receiver_peak_bytes": r.receiver.peak_bytes,
-            "serialize_s": r.extra["sender_cost"]["serialize_s"],
-            "store_write_s": r.extra["sender_cost"]["store_write_s"]}
+            "serialize_s": r.sender_cost["serialize_s"],
+            "store_write_s": r.sender_cost["store_write_s"]}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -140,12 +140,12 @@ if show_ray and ray_available():
     if over_ray is not None and over_ray.outcome != "ok":  # one sentence, never an empty figure
         display(sentence(failed_sentence(over_ray)))
     elif over_ray is not None:
-        cost = over_ray.extra["sender_cost"]
+        cost = over_ray.sender_cost
         print(f"driver: serialize {cost['serialize_peak_bytes'] / 2**20:.1f} MiB, store write "
               f"{cost['store_write_store_pages_bytes'] / over_ray.payload_bytes:.2f}x payload")
-        print(over_ray.extra["receiver_cost"].get("explanation"))
-        print(f"received tensors: {over_ray.extra['received']['status']}")
-        print(f"cluster processes left behind: {over_ray.extra['ray']['remaining']}")
+        print(over_ray.receiver_cost.get("explanation"))
+        print(f"received tensors: {over_ray.received['status']}")
+        print(f"cluster processes left behind: {over_ray.ray['remaining']}")
         ray_fig = ray_timeline_figure(over_ray)
 else:
     print("Ray section skipped:", "show_ray is False" if not show_ray else "ray is not installed")

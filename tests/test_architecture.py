@@ -9,6 +9,8 @@ fails for one that no layer names (itself or a package containing it).
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -69,10 +71,10 @@ def test_the_contracts_forbid_cycles_and_layer_breaks_without_exceptions():
 
 def test_siblings_of_a_layer_are_independent_but_for_the_one_row_that_says_why():
     """Siblings joined with ``|`` may not import each other, so no cycle forms among them; ``:`` lets them. Only the
-    row of the child, the session and the transports keeps ``:`` (pyproject.toml says why)."""
+    row of the child and the transports keeps ``:`` (pyproject.toml says why)."""
     (layers,) = [c["layers"] for c in _contracts() if c["type"] == "layers"]
     joined = [" ".join(layer.split()) for layer in layers if ":" in layer]
-    assert joined == ["picklescope.measure.child : picklescope.measure.session : picklescope.transports"], joined
+    assert joined == ["picklescope.measure.child : picklescope.transports"], joined
 
 
 def test_the_top_level_holds_at_most_eight_modules():
@@ -83,8 +85,8 @@ def test_the_top_level_holds_at_most_eight_modules():
 def test_every_module_sits_in_a_subpackage_named_for_its_layer():
     """Each subpackage's modules are in the layers its docstring names: no module is filed by accident."""
     layer_of = {n: i for i, layer in enumerate(_layers()) for n in layer}
-    for sub, allowed in {"views": range(2, 8), "investigate": range(8, 11), "measure": range(11, 15),
-                         "core": range(18, 19)}.items():
+    for sub, allowed in {"views": range(2, 8), "investigate": range(8, 11), "measure": range(11, 17),
+                         "core": range(20, 21)}.items():
         for path in (PACKAGE_DIR / sub).glob("*.py"):
             if path.stem == "__init__":
                 continue
@@ -249,3 +251,29 @@ def test_the_children_of_the_package_import_each_other_in_no_cycle():
     breakers = _cycles_between_children_of_the_package()
     assert not breakers, "imports that close a cycle between children of picklescope: " + ", ".join(
         f"{a} -> {b}" for a, b in breakers)
+
+
+def test_the_architecture_picture_is_drawn_from_the_code():
+    """docs/architecture.md's picture names every module in its row of the layers contract; it is regenerated
+    by scripts/architecture_picture.py, so a module added or moved without redrawing it fails here."""
+    script = ROOT / "scripts" / "architecture_picture.py"
+    r = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300).stdout
+    assert "in no layer" not in out and "measure.engine" in out and "core/{" in out, out
+
+
+def test_one_module_builds_the_session_and_waits_on_the_children():
+    """The run lifecycle is written once (measure/engine.py): no other module constructs a Session or
+    calls its follow loop; runner, cellrun, the Ray pair and the node replay go through MeasuredRun."""
+    found = {}
+    for path in PACKAGE_DIR.rglob("*.py"):
+        text = path.read_text()
+        hits = [w for w in ("Session(", ".follow(") if any(w in line and not line.lstrip().startswith(("#", '"'))
+                                                          for line in text.splitlines())]
+        if hits:
+            found[str(path.relative_to(PACKAGE_DIR))] = hits
+    assert found == {"measure/engine.py": ["Session(", ".follow("]}, found
+    for user in ("measure/runner.py", "measure/cellrun.py", "transports/ray/orchestrate.py",
+                 "investigate/node/parent.py"):
+        assert "MeasuredRun(" in (PACKAGE_DIR / user).read_text(), user

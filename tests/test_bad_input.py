@@ -174,5 +174,5 @@ def test_handoff_dir_runs_where_shm_is_too_small(tmp_path):
     r = json.loads(ok.stdout)
     assert r["outcome"] == "ok" and r["roundtrip"]["ok"], r.get("error")
     assert r["blob_bytes"] > 64 * 1024**2
-    assert r["extra"]["run_dir"].startswith(str(disk) + os.sep)
+    assert r["run_dir"].startswith(str(disk) + os.sep)
     assert os.listdir(disk) == []

@@ -68,7 +68,7 @@ def test_every_budgeted_run_ends_with_a_verdict_and_leaves_nothing(sweep):
         assert r.enforcement == "watchdog"
         for side in r.sides.values():
             assert gone(side.pid)
-        assert not os.path.exists(r.extra["run_dir"])
+        assert not os.path.exists(r.run_dir)
     assert measured_processes() == []
     assert any(r.outcome == "oom-killed" for *_, r in runs) and any(r.outcome == "ok" for *_, r in runs)
 
@@ -122,12 +122,12 @@ def test_sigkilled_run_keeps_its_timeline_up_to_the_kill():
     r = ps.run("numpy-legacy", "pickle5-oob", "flowgrpo", 0.1, budget="0.5x")
     assert r.outcome == "oom-killed"
     s = r.sender
-    kill_t = r.extra["kill"]["t_s"]
+    kill_t = r.kill["t_s"]
     assert s.baseline_bytes and len(s.timeline.t_s) > 10
     after_baseline = [v for t, v in zip(s.timeline.t_s, s.timeline.rss_bytes) if t <= kill_t]
     assert max(after_baseline) - s.baseline_bytes > 0.5 * r.payload_bytes  # the climb up to the kill is there
     # it ends at the SIGKILL: the teardown samples of a dying process are not part of the curve
-    assert kill_t - 0.05 <= s.timeline.t_s[-1] <= r.extra["kill"]["sigkill_t_s"]
+    assert kill_t - 0.05 <= s.timeline.t_s[-1] <= r.kill["sigkill_t_s"]
     assert s.timeline.rss_bytes[-1] - s.baseline_bytes > 0.45 * r.payload_bytes
     # the steps that were open when the process died came through the pipe before the SIGKILL
     open_steps = [st.name for st in s.steps if st.end_s is None]
@@ -235,7 +235,7 @@ def test_machine_guard_kills_a_side_before_the_machine_runs_out(monkeypatch):
     monkeypatch.setattr(watchdog, "machine_memory", lambda: {"total": 1 << 34, "available": 1})
     r = ps.run("numpy", "pickle5-oob", "tiny", 1.0)
     assert r.outcome == "oom-killed"
-    assert r.extra["kill"]["reason"] == "machine" and "reserve" in r.error
+    assert r.kill["reason"] == "machine" and "reserve" in r.error
     assert measured_processes() == []
 
 
@@ -247,7 +247,7 @@ def test_cgroup_enforcement_is_used_or_explained():
     if base is None:
         assert r.enforcement == "watchdog" and "unavailable" in r.enforcement_note and why in r.enforcement_note
     else:
-        assert r.enforcement == "cgroup" and r.extra["cgroup"]["oom_kill"] >= 1
+        assert r.enforcement == "cgroup" and r.cgroup["oom_kill"] >= 1
         assert [n for n in os.listdir(base) if n.startswith(f"picklescope-{os.getpid()}-")] == []
     assert measured_processes() == []
 

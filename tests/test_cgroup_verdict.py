@@ -37,7 +37,7 @@ def test_a_handoff_killed_by_the_cgroup_reports_the_shared_memory_it_was_charged
         pytest.skip(f"cgroup enforcement fell back: {r.enforcement_note}")
     budget = r.payload_bytes // 2
     assert (r.outcome, r.killed_side, r.killed_in_step) == ("oom-killed", "sender", "handoff"), r.error
-    charged = r.extra["charged_at_death"]
+    charged = r.charged_at_death
     # the kernel killed at its limit: the charge reached the budget, most of it the hand-off file
     assert charged["above_baseline_bytes"] >= 0.95 * budget, charged
     assert charged["shmem_bytes"] >= 0.5 * budget, charged

@@ -57,7 +57,7 @@ def measured_processes() -> list[psutil.Process]:
 def assert_nothing_left(*results):
     assert measured_processes() == []
     for r in results:
-        assert not os.path.exists(r.extra["run_dir"])
+        assert not os.path.exists(r.run_dir)
 
 
 def test_plugin_codec_runs_in_both_children(plugin):

@@ -167,7 +167,7 @@ def test_a_grandchild_in_its_own_session_ends_with_the_run(tmp_path, monkeypatch
     assert escaped, r.error
     try:
         assert all(gone(pid) for pid in escaped), [psutil.Process(p).cmdline() for p in escaped if not gone(p)]
-        assert set(escaped) <= set(r.extra.get("killed_descendants", []))
+        assert set(escaped) <= set(r.killed_descendants)
     finally:
         for pid in escaped:
             if not gone(pid):

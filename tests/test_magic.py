@@ -70,7 +70,7 @@ def test_cell_peak_is_exact_and_kernel_imports_come_along(ip, capsys):
     peak = r.sides["cell"].peak_bytes
     assert 46 * MiB <= peak <= 52 * MiB  # exact (VmHWM) peak of one 48 MiB array, above the baseline
     assert r.sides["cell"].timeline.rss_bytes, "the parent sampled the child"
-    assert r.extra["import_errors"] == []
+    assert r.import_errors == []
     out = capsys.readouterr().out
     assert f'{{"n": {48 * MiB}}}' in out
     # held memory fully accounted for: the cycle-held part and the rest, each explained

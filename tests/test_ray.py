@@ -41,7 +41,7 @@ def leftovers(driver_pid: int | None, temp_root: str | None) -> list[str]:
 
 
 def temp_root(r: ps.RunResult) -> str | None:
-    session = r.extra["ray"].get("session_dir")
+    session = r.ray.get("session_dir")
     return os.path.dirname(session) if session else None
 
 
@@ -88,24 +88,24 @@ def test_every_seed_run_round_trips_with_both_sides_and_the_store(seed):
             assert side.pid and side.baseline_bytes and side.peak_bytes is not None
             assert len(side.timeline.t_s) > 10
         assert r.sender.pid != r.receiver.pid
-        store = r.extra["object_store"]
+        store = r.object_store
         assert "plasma" in store["source"] and len(store["t_s"]) > 10
         # the store's pages: at least the one stored object (a shared cluster keeps earlier runs' pages)
         assert 0.95 < ratio(max(store["bytes"]), r) < 2.5
 
 
 def test_numpy_driver_serialize_is_under_2_percent_of_torch_memory(seed):
-    numpy, torch = seed["numpy"].extra["sender_cost"], seed["torch"].extra["sender_cost"]
+    numpy, torch = seed["numpy"].sender_cost, seed["torch"].sender_cost
     assert torch["serialize_peak_bytes"] > 2.5 * seed["torch"].payload_bytes  # consolidate + save + in-band
     assert numpy["serialize_peak_bytes"] < 0.02 * torch["serialize_peak_bytes"]
     # the serialize is the codec's; the store write is Ray's copy, one payload for every codec
     for r in seed.values():
-        assert abs(ratio(r.extra["sender_cost"]["store_write_store_pages_bytes"], r) - 1.0) < 0.05
+        assert abs(ratio(r.sender_cost["store_write_store_pages_bytes"], r) - 1.0) < 0.05
 
 
 def test_numpy_worker_cost_is_the_receivers_copy_and_reported_as_such(seed):
     r = seed["numpy"]
-    cost = r.extra["receiver_cost"]
+    cost = r.receiver_cost
     assert cost["kind"] == "copy" and cost["step"] == "frombuffer" and cost["received"] == "copied"
     assert abs(ratio(cost["step_private_added_bytes"], r) - 1.0) < 0.06
     assert abs(ratio(cost["private_peak_bytes"], r) - 1.0) < 0.08
@@ -121,7 +121,7 @@ def test_numpy_legacy_driver_peak_is_one_payload_above_numpy(seed):
 
 def test_copying_codecs_receive_private_writable_tensors(seed):
     for r in seed.values():
-        rec = r.extra["received"]
+        rec = r.received
         assert rec["status"] == "copied" and rec["shared_bytes"] == 0
         assert all(leaf["writable"] for leaf in rec["leaves"].values())
         assert rec["hazard"]["probed"] is False
@@ -130,14 +130,14 @@ def test_copying_codecs_receive_private_writable_tensors(seed):
 def test_zero_copy_codec_shares_the_store_and_a_write_reaches_other_readers(own_zerocopy):
     r = own_zerocopy
     assert r.outcome == "ok" and r.roundtrip["ok"] is True, r.error
-    rec = r.extra["received"]
+    rec = r.received
     assert rec["status"] == "shared"
     assert all(leaf["region"] == "object store" for leaf in rec["leaves"].values())
     hazard = rec["hazard"]
     assert hazard["probed"] and hazard["visible_to_other_readers"], hazard
-    assert r.extra["receiver_cost"]["kind"] == "zero-copy"
+    assert r.receiver_cost["kind"] == "zero-copy"
     # a fresh cluster's store fills during the driver's put, on the sides' clock
-    store, write = r.extra["object_store"], r.sender.step("object-store write")
+    store, write = r.object_store, r.sender.step("object-store write")
     before = [b for t, b in zip(store["t_s"], store["bytes"]) if t <= write.start_s]
     after = [b for t, b in zip(store["t_s"], store["bytes"]) if t >= write.end_s]
     assert before and after and ratio(after[-1] - before[-1], r) > 0.9
@@ -145,9 +145,9 @@ def test_zero_copy_codec_shares_the_store_and_a_write_reaches_other_readers(own_
 
 def test_own_cluster_run_leaves_no_ray_process(own_zerocopy):
     r = own_zerocopy
-    assert r.extra["ray"]["address"] == "local" and r.extra["ray"]["cluster_pids"].get("raylet")
-    assert r.extra["ray"]["remaining"] == []
-    assert leftovers(r.extra["ray"]["driver_pid"], temp_root(r)) == []
+    assert r.ray["address"] == "local" and r.ray["cluster_pids"].get("raylet")
+    assert r.ray["remaining"] == []
+    assert leftovers(r.ray["driver_pid"], temp_root(r)) == []
 
 
 def test_ray_sides_send_only_declared_events(own_zerocopy):
@@ -176,7 +176,7 @@ def test_sigkilled_driver_leaves_no_ray_process():
     assert state.get("killed"), f"the run never reached its ray.put: {r.error}"
     assert r.outcome != "ok"
     assert r.sender.exit_code == -signal.SIGKILL
-    tracking = r.extra["ray"]
+    tracking = r.ray
     assert tracking["left_after_driver"], "expected Ray processes to outlive a SIGKILLed driver"
     assert tracking["remaining"] == []
     assert leftovers(tracking["driver_pid"], temp_root(r)) == []
@@ -189,7 +189,7 @@ def test_call_argument_path_measures_both_sides(cluster):
     assert snd[:3] == ["actor.call", "ray.serialize", "__getstate__"] and "object-store write" in snd
     assert r.sender.step("object-store write").depth == 1
     assert [s.name for s in r.receiver.steps][:3] == ["ray.deserialize", "__setstate__", "frombuffer"]
-    assert r.extra["received"]["status"] == "copied"
+    assert r.received["status"] == "copied"
 
 
 def test_mismatched_codecs_fail_on_the_worker_with_the_reason(cluster):
@@ -223,6 +223,6 @@ def test_transferqueue_round_trip_is_measured_on_both_sides(cluster):
     assert r.outcome == "ok" and r.roundtrip == {"ok": True, "mismatches": []}, r.error
     assert [s.name for s in r.sender.steps] == ["tq.put", "kv_batch_put"]
     assert [s.name for s in r.receiver.steps] == ["tq.get", "kv_batch_get", "to_dense"]
-    assert "never called" in r.extra["codec_note"]
-    store = r.extra["object_store"]
+    assert "never called" in r.codec_note
+    store = r.object_store
     assert store["source"].startswith("RSS of the TransferQueue storage unit") and len(store["t_s"]) > 10

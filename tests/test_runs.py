@@ -101,29 +101,33 @@ def test_result_json_round_trip():
     assert again == r
 
 
-def test_fields_that_were_extra_keys_load_from_old_results_and_are_saved_at_both_places():
-    """killed_at, role and the headroom are typed fields now; results.json keeps the old ``extra`` keys
-    for one release (docs/architecture.md, "Old names"), and a file written before loads into the fields."""
+def test_every_value_of_a_result_is_a_field_and_results_saved_with_an_extra_dict_still_load():
+    """A result has no ``extra`` dict: each value is a typed field, saved under its own name. A results.json
+    written when some values sat under ``extra`` loads into the fields (core/result.py, ``lift_old_extra``)."""
     from picklescope.core.result import RunResult, Side
     from picklescope.investigate.reproduce import Investigation
 
     r = RunResult("numpy", "pickle", "tiny", 1.0, 100, sides={"sender": Side("sender", private_peak_bytes=7)},
                   killed_at="codec.py:3 in encode", role="budgeted", headroom_bytes=42)
     d = r.to_dict()
-    assert (d["killed_at"], d["extra"]["killed_at"], d["extra"]["role"], d["extra"]["headroom"]) == \
-           ("codec.py:3 in encode", "codec.py:3 in encode", "budgeted", 42)
-    assert d["sides"]["sender"]["extra"]["private_peak_bytes"] == 7
-    old = {k: v for k, v in d.items() if k not in ("killed_at", "role", "headroom_bytes")}
-    old["sides"] = {"sender": {k: v for k, v in d["sides"]["sender"].items() if k != "private_peak_bytes"}}
-    back = RunResult.from_dict(old)
-    assert (back.killed_at, back.role, back.headroom_bytes, back.sender.private_peak_bytes) == \
+    assert "extra" not in d and "extra" not in d["sides"]["sender"]
+    assert (d["killed_at"], d["role"], d["headroom_bytes"], d["sides"]["sender"]["private_peak_bytes"]) == \
            ("codec.py:3 in encode", "budgeted", 42, 7)
+    # a results.json written when some values sat under "extra" (headroom under its old name) still loads
+    old = {k: v for k, v in d.items() if k not in ("killed_at", "role", "headroom_bytes", "run_dir")}
+    old["extra"] = {"killed_at": "codec.py:3 in encode", "role": "budgeted", "headroom": 42, "run_dir": "/r",
+                    "gone": 1}
+    old["sides"] = {"sender": {k: v for k, v in d["sides"]["sender"].items() if k != "private_peak_bytes"}}
+    old["sides"]["sender"]["extra"] = {"private_peak_bytes": 7}
+    back = RunResult.from_dict(old)
+    assert (back.killed_at, back.role, back.headroom_bytes, back.sender.private_peak_bytes, back.run_dir) == \
+           ("codec.py:3 in encode", "budgeted", 42, 7, "/r")
+    back.run_dir = None
     assert back == RunResult.from_dict(d) == r
     inv = Investigation.from_dict({"workload": "tiny", "scale": 1.0, "results": [],
                                    "extra": {"headline": "h", "budget": "0.5x", "other": 1}})
-    assert (inv.headline, inv.budget, inv.extra) == ("h", "0.5x", {"other": 1})
-    assert inv.to_dict()["extra"] == {"other": 1, "headline": "h", "budget": "0.5x", "budget_given": False,
-                                      "environment": {}}
+    assert (inv.headline, inv.budget) == ("h", "0.5x")
+    assert "extra" not in inv.to_dict() and Investigation.from_dict(inv.to_dict()) == inv
 
 
 def test_unknown_names_fail_before_any_process_starts():

@@ -429,9 +429,8 @@ def test_report_escapes_workload_codec_and_error(evil_runs):
     from picklescope.views.report import render
 
     spec, erred, killed, ok = evil_runs
-    inv = Investigation(EVIL_NAME, 1.0, [erred, killed, ok],
-                        {"workload_source": str(spec), "headline": f"{EVIL_CODEC} failed: {erred.error}",
-                         "budget": "0.5x", "budget_transport": "pickle5-oob"})
+    inv = Investigation(EVIL_NAME, 1.0, [erred, killed, ok], workload_source=str(spec),
+                        headline=f"{EVIL_CODEC} failed: {erred.error}", budget="0.5x", budget_transport="pickle5-oob")
     html = render(inv)
     _assert_escaped(html)
     assert "&lt;img src=x onerror=alert(1)&gt;" in html
@@ -498,7 +497,7 @@ def test_opening_the_report_runs_no_injected_script(evil_runs, tmp_path):
 
     spec, erred, killed, ok = evil_runs
     page_file = tmp_path / "report.html"
-    write_report(Investigation(EVIL_NAME, 1.0, [erred, killed, ok], {"workload_source": str(spec)}), str(page_file))
+    write_report(Investigation(EVIL_NAME, 1.0, [erred, killed, ok], workload_source=str(spec)), str(page_file))
     dialogs: list[str] = []
     with chromium(tmp_path) as browser:
         ctx = getattr(browser, "context", browser)

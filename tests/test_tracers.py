@@ -105,7 +105,7 @@ def test_sampler_and_exact_peaks_see_the_full_copy(legacy_traced):
     near = [(round(t - st.start_s, 4), v) for t, v in zip(sampler["series"]["t_s"], sampler["series"]["bytes"])
             if st.start_s - 0.02 <= t <= st.end_s + 0.02]
     seen = sampler["per_step"]["consolidate"]
-    assert seen is not None and ratio(seen, r) > 0.95, (st, r.extra.get("sampler_priority"), near[:5], near[-5:])
+    assert seen is not None and ratio(seen, r) > 0.95, (st, r.sampler_priority, near[:5], near[-5:])
     assert sampler["exact_per_step"]["consolidate"] == exact
     assert any("sampler" in n and "'consolidate'" in n and "it saw it" in n for n in r.tracers["sampler"]["notes"])
 

@@ -110,7 +110,7 @@ def test_real_codecs_make_the_copies_their_code_makes(real_runs, codec):
     assert abs(ratio - expected) <= TOLERANCE, f"{codec}: sender peak {ratio:.3f}x payload, expected {expected}x"
     label = codec.split(":")[0].removeprefix("verl-")
     for side in ("sender", "receiver"):  # each side records the verl it actually imported
-        info = r.extra["codec_info"][side]
+        info = r.codec_info[side]
         assert info["verl_version"] == label
         assert info["verl_file"].endswith(f"verl-{label}/site/verl/protocol.py")
 
@@ -122,7 +122,7 @@ def test_the_bug_and_the_fix_on_the_real_wheels(real_runs):
     # the step names the line of verl's own file where consolidate ran
     step = old.sender.step("consolidate")
     assert step is not None and step.added_bytes > 0.97 * old.payload_bytes
-    verl_file = old.extra["codec_info"]["sender"]["verl_file"]
+    verl_file = old.codec_info["sender"]["verl_file"]
     assert ".consolidate()" in linecache.getline(verl_file, step.line)
     assert new.sender.step("consolidate") is None
     # the copy stays in a reference cycle: only gc.collect() frees it

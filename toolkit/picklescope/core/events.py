@@ -57,7 +57,7 @@ class Note(TypedDict):
     """Something the parent should record but that changes no figure (a retried Ray start-up).
 
     Sent by the Ray driver (``transports/ray/driver.py``) and a node's driver; the parent keeps the
-    message in the run's notes (``extra["ray"]["notes"]``, ``NodeResult.notes``).
+    message in the run's notes (``RunResult.ray["notes"]``, ``NodeResult.notes``).
     """
 
     type: Literal["note"]
@@ -69,8 +69,8 @@ class CodecInfo(TypedDict):
     """What a codec loaded while it prepared, before the baseline (real verl: its version and file).
 
     Sent by a sender or receiver child (``measure/child.py``) and a node's driver when the codec's
-    ``prepare`` returned something; the parent records it in ``side.extra["codec_info"]`` and
-    ``result.extra["codec_info"][side]``.
+    ``prepare`` returned something; the parent records it in ``side.codec_info`` and
+    ``result.codec_info[side]``.
     """
 
     type: Literal["codec_info"]
@@ -157,7 +157,7 @@ class Handoff(TypedDict):
 class Go(TypedDict):
     """Parent to child: start the measured phase.
 
-    The runner (``measure/runner._drive``) sends it to the receiver child once the sender is done,
+    The runner (``measure/runner._relay_pair``) sends it to the receiver child once the sender is done,
     with the sender's hand-off and manifest; the receiver maps the hand-off, then unpickles and
     checks the batch against the manifest. A node run sends it bare to its driver after taking the
     node's baseline, and the driver starts the training steps.
@@ -271,7 +271,7 @@ class Probe(TypedDict):
 class Output(TypedDict):
     """A write to the cell's ``sys.stdout`` or ``sys.stderr`` (``measure/cellrun``), as it happens.
 
-    The parent appends (``stream``, ``text``) to ``result.extra["output"]``; the magic prints it.
+    The parent appends (``stream``, ``text``) to ``result.output``; the magic prints it.
     """
 
     type: Literal["output"]
@@ -352,7 +352,7 @@ class Received(TypedDict):
 
     Sent just before its :class:`Done`: where the received tensors live (object store or private
     copies) and whether an in-place write reaches other readers. The parent stores ``report`` in
-    ``result.extra["received"]``.
+    ``result.received``.
     """
 
     type: Literal["received"]

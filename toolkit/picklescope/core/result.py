@@ -14,30 +14,18 @@ from typing import Any
 
 VARIES_FRACTION = 0.01  # a peak whose runs spread by more than this fraction of the payload "varies"
 
-# Typed fields that used to be ``extra`` keys (field name -> old key). Saved results still carry the old
-# key too, for one release, so readers of results.json keep working; old files load into the fields.
-RUN_FIELDS_ONCE_IN_EXTRA = {"killed_at": "killed_at", "role": "role", "headroom_bytes": "headroom",
-                            "headroom_detail": "headroom_detail"}
-SIDE_FIELDS_ONCE_IN_EXTRA = {"private_peak_bytes": "private_peak_bytes"}
+# Results saved before every value had its own field kept some under ``extra``; reading such a file lifts
+# each into its field (``headroom`` is now ``headroom_bytes``) and drops what no field holds.
+_RENAMED_FROM_EXTRA = {"headroom": "headroom_bytes"}
 
 
-def _mirror_into_extra(d: dict[str, Any], moved: dict[str, str]) -> None:
-    """Also write each moved field under its old ``extra`` key (when it has a value)."""
-    for name, old in moved.items():
-        if d.get(name) is not None:
-            d["extra"].setdefault(old, d[name])
-
-
-def _from_extra(d: dict[str, Any], moved: dict[str, str]) -> dict[str, Any]:
-    """``d`` with each moved field taken from its old ``extra`` key when the field itself is absent."""
-    out = dict(d)
-    extra = dict(d.get("extra") or {})
-    for name, old in moved.items():
-        if old in extra:
-            value = extra.pop(old)
-            if out.get(name) is None:
-                out[name] = value
-    out["extra"] = extra
+def lift_old_extra(d: dict[str, Any], known: set[str]) -> dict[str, Any]:
+    """``d`` without ``extra``: each of its keys naming a field of ``known`` becomes that field (if unset)."""
+    out = {k: v for k, v in d.items() if k != "extra"}
+    for key, value in (d.get("extra") or {}).items():
+        name = _RENAMED_FROM_EXTRA.get(key, key)
+        if name in known and out.get(name) is None:
+            out[name] = value
     return out
 
 
@@ -84,7 +72,12 @@ class Side:
     exit_code: int | None = None
     budget_bytes: int | None = None
     private_peak_bytes: int | None = None  # Ray sides: the exact peak minus the object-store pages it mapped
-    extra: dict[str, Any] = field(default_factory=dict)
+    killed: bool = False  # the budget's enforcer (or the kernel, in a cgroup) killed this process
+    peak_source: str | None = None  # when the peak is not the kernel's VmHWM: where it came from
+    codec_info: dict[str, Any] | None = None  # what the codec's prepare() reported in this process
+    store_pages_bytes: int | None = None  # Ray sides: object-store pages this process mapped at its peak
+    store_pages_by_step: dict[str, Any] | None = None  # Ray sides: the same, per step
+    note: str | None = None  # what limits this side's figures (e.g. an actor on another machine)
 
     def step(self, name: str) -> Step | None:
         """The first step called ``name`` (None if the side never reached it)."""
@@ -212,13 +205,27 @@ class RunResult:
     role: str | None = None  # in an investigation: "matrix", "traced" or "budgeted"
     headroom_bytes: int | None = None  # in an investigation: the smallest sender budget this case survives
     headroom_detail: dict[str, Any] | None = None  # ... and how it was found (Headroom.to_dict: the runs, the method)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        """Values given under their old ``extra`` keys go to their fields (for one release)."""
-        for name, old in RUN_FIELDS_ONCE_IN_EXTRA.items():
-            if old in self.extra and getattr(self, name) is None:
-                setattr(self, name, self.extra.pop(old))
+    # what the run's processes said beside their measurements
+    codec_info: dict[str, Any] = field(default_factory=dict)  # per side: what the codec's prepare() reported
+    codec_note: str | None = None  # why the codec did not act as named (e.g. TransferQueue moves fields itself)
+    traceback: str | None = None  # the first failing side's traceback
+    output: list[tuple[str, str]] = field(default_factory=list)  # a cell's printed (stream, text), in order
+    import_errors: list[str] | None = None  # a cell's imports that failed in the child
+    tracer_notes_error: str | None = None  # why the tracers' notes could not be read
+    # how the run was enforced and cleaned up
+    kill: dict[str, Any] | None = None  # the watchdog's kill record (Kill.to_dict)
+    stack_note: str | None = None  # how the stack at death relates to the step that crossed the budget
+    charged_at_death: int | None = None  # cgroup: the memory charged to the killed side when it died
+    cgroup: dict[str, Any] | None = None  # cgroup: the kernel's memory.events counters at the end
+    run_dir: str | None = None  # the run's own folder (removed when the run ends)
+    killed_descendants: list[int] = field(default_factory=list)  # processes a side started and left running
+    sampler_priority: str | None = None  # realtime / raised / normal: see measure/sampler.py
+    # Ray and TransferQueue runs
+    ray: dict[str, Any] | None = None  # the cluster: address, its processes, what was stopped and what remains
+    object_store: dict[str, Any] | None = None  # the store's allocated pages over time (transports/ray/store.py)
+    received: dict[str, Any] | None = None  # how the receiver got the tensors: copied, shared, read-only
+    sender_cost: dict[str, Any] | None = None  # serialize and store-write costs, with their explanation
+    receiver_cost: dict[str, Any] | None = None  # the receiver's cost, by kind (zero-copy, copy, ...)
 
     @property
     def sender(self) -> Side:
@@ -232,9 +239,6 @@ class RunResult:
         d = asdict(self)
         if self.variation is not None:
             d["variation"] = self.variation.to_dict()
-        _mirror_into_extra(d, RUN_FIELDS_ONCE_IN_EXTRA)
-        for side in d["sides"].values():
-            _mirror_into_extra(side, SIDE_FIELDS_ONCE_IN_EXTRA)
         return d
 
     def to_json(self, **kw: Any) -> str:
@@ -243,10 +247,11 @@ class RunResult:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunResult:
         known = {f.name for f in fields(cls)}
-        kw = {k: v for k, v in _from_extra(d, RUN_FIELDS_ONCE_IN_EXTRA).items() if k in known}
+        kw = {k: v for k, v in lift_old_extra(d, known).items() if k in known}
         kw["sides"] = {name: _side_from_dict(s) for name, s in d.get("sides", {}).items()}
         if kw.get("variation") is not None:
             kw["variation"] = Variation.from_dict(kw["variation"])
+        kw["output"] = [tuple(o) for o in kw.get("output") or []]
         return cls(**kw)
 
     @classmethod
@@ -256,7 +261,7 @@ class RunResult:
 
 def _side_from_dict(d: dict[str, Any]) -> Side:
     known = {f.name for f in fields(Side)}
-    kw = {k: v for k, v in _from_extra(d, SIDE_FIELDS_ONCE_IN_EXTRA).items() if k in known}
+    kw = {k: v for k, v in lift_old_extra(d, known).items() if k in known}
     step_fields = {f.name for f in fields(Step)}
     kw["steps"] = [Step(**{k: v for k, v in s.items() if k in step_fields}) for s in d.get("steps", [])]
     kw["timeline"] = Timeline(**d.get("timeline", {}))

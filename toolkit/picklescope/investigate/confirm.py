@@ -44,7 +44,7 @@ class Role:
 
     @property
     def verl_info(self) -> dict[str, Any]:
-        return (self.result.extra.get("codec_info") or {}).get("sender") or {}
+        return (self.result.codec_info or {}).get("sender") or {}
 
 
 @dataclass

@@ -14,7 +14,7 @@ from typing import Any
 from picklescope.codecs import CODECS
 from picklescope.core import envinfo
 from picklescope.core.procmem import machine_memory
-from picklescope.core.result import RunResult
+from picklescope.core.result import RunResult, lift_old_extra
 from picklescope.core.units import Size, fmt_bytes, parse_size
 from picklescope.errors import PicklescopeError
 from picklescope.investigate import ray_matrix
@@ -55,7 +55,6 @@ class Investigation:
     workload: str
     scale: float
     results: list[RunResult] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
     nodes: list[NodeResult] = field(default_factory=list)  # the node pair: legacy, then fixed codec
     payload_bytes: int | None = None
     budget: str | None = None  # the budgeted runs' sender budget as given or chosen ("0.5x", "60MiB")
@@ -70,38 +69,23 @@ class Investigation:
     command: str | None = None
     workload_source: str | None = None  # the workload's file, or its preset name
 
-    def __post_init__(self) -> None:
-        """Values given under their old ``extra`` keys go to their fields (for one release)."""
-        for name in INVESTIGATION_FIELDS_ONCE_IN_EXTRA:
-            if name in self.extra:
-                setattr(self, name, self.extra.pop(name))
-
     def to_dict(self) -> dict[str, Any]:
-        d = {"workload": self.workload, "scale": self.scale, "extra": dict(self.extra),
+        d = {"workload": self.workload, "scale": self.scale,
              "results": [r.to_dict() for r in self.results], "nodes": [n.to_json_dict() for n in self.nodes]}
-        for name in INVESTIGATION_FIELDS_ONCE_IN_EXTRA:
-            d[name] = getattr(self, name)
-            if d[name] is not None:  # the old place too, for one release (readers of results.json)
-                d["extra"].setdefault(name, d[name])
+        d.update({name: getattr(self, name) for name in _INVESTIGATION_FIELDS})
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Investigation:
-        extra = dict(d.get("extra", {}))
-        typed = {}
-        for name in INVESTIGATION_FIELDS_ONCE_IN_EXTRA:
-            old = extra.pop(name, None)
-            value = d.get(name, old)
-            if value is not None:
-                typed[name] = value
-        return cls(d["workload"], d["scale"], [RunResult.from_dict(r) for r in d["results"]], extra,
+        typed = {k: v for k, v in lift_old_extra(d, set(_INVESTIGATION_FIELDS)).items()
+                 if k in _INVESTIGATION_FIELDS and v is not None}
+        return cls(d["workload"], d["scale"], [RunResult.from_dict(r) for r in d["results"]],
                    [NodeResult.from_json_dict(n) for n in d.get("nodes", [])], **typed)
 
 
-# Typed fields of Investigation that were ``extra`` keys of the same name; results.json keeps both, for one release.
-INVESTIGATION_FIELDS_ONCE_IN_EXTRA = ("payload_bytes", "budget", "budget_bytes", "budget_given", "budget_transport",
-                                      "budget_note", "headline", "ray_cluster", "node_note", "environment", "command",
-                                      "workload_source")
+# The fields of Investigation that results.json holds beside its results and nodes.
+_INVESTIGATION_FIELDS = ("payload_bytes", "budget", "budget_bytes", "budget_given", "budget_transport", "budget_note",
+                         "headline", "ray_cluster", "node_note", "environment", "command", "workload_source")
 
 
 def matrix(

@@ -38,8 +38,8 @@ from picklescope.errors import PicklescopeError
 from picklescope.measure import launcher, verdicts
 from picklescope.measure.budget import Limits, check_machine, machine_reserve
 from picklescope.measure.child import begin_measure, end_measure
+from picklescope.measure.engine import MeasuredRun
 from picklescope.measure.fold import RunFold
-from picklescope.measure.session import Session
 from picklescope.measure.watchdog import Watchdog
 from picklescope.tracers import DEFAULT_TRACER, ChildContext, ChildTracing
 
@@ -152,38 +152,31 @@ def run_cell(code: str, *, imports: list[str] | tuple[str, ...] = (), variables:
     guard = Watchdog(limits, run_dir, t0)
     collector = tracers.Collector(names)
     fold = RunFold(result, guard.chain(collector.hook(on_event)))  # the run's fold: a cell is a one-side run
-    session = Session(t0, run_dir, sample_interval_s, reading="rss")  # the cell's curve is its whole RSS
-    session.watchers.append(guard.watch)
-    session.start()
-    proc = conn = None
+    run = MeasuredRun(t0, run_dir, sample_interval_s, guard=guard)  # the cell's curve is its whole RSS
     try:
-        proc, conn = launcher.start(cell_main, (cfg,), "picklescope-cell")
-        side.pid = proc.pid
-        session.adopt(SIDE, proc.pid, role=SIDE)
-        guard.add(SIDE, proc.pid)
+        with run:
+            proc, _conn = run.launch(SIDE, cell_main, (cfg,), "picklescope-cell")
+            side.pid = proc.pid
 
-        def decided(dead: list[str], drain: Callable[[str], bool]) -> bool:
-            if dead and not fold.done[SIDE]:
-                drain(SIDE)  # what it sent before it died
-                return True
-            return fold.done[SIDE]
+            def decided(dead: list[str], drain: Callable[[str], bool]) -> bool:
+                if dead and not fold.done[SIDE]:
+                    drain(SIDE)  # what it sent before it died
+                    return True
+                return fold.done[SIDE]
 
-        if not session.follow({SIDE: conn}, {SIDE: proc}, lambda _name, ev: fold.handle(ev), t0 + timeout_s,
-                              decided):
-            verdicts.time_out(result, "the cell")
+            if not run.relay(lambda _name, ev: fold.handle(ev), t0 + timeout_s, decided):
+                verdicts.time_out(result, "the cell")
     finally:
-        session.stop()
-        if proc is not None:
-            side.exit_code = launcher.end(proc, conn, release=True)
+        side.exit_code = run.exit_codes.get(SIDE)
         guard.close()
-        timelines = session.timelines()
+        timelines = run.stop_sampling()
         side.timeline = timelines.get(SIDE, side.timeline)
         collector.collect(result, run_dir, t0, timelines)  # before the capture files go
         shutil.rmtree(run_dir, ignore_errors=True)
     done = fold.done[SIDE]
     if fold.errors:  # the cell's own exception (the last one, should several arrive)
         last = fold.errors[-1]
-        result.extra["traceback"] = last["traceback"]
+        result.traceback = last["traceback"]
         if result.outcome == "ok":
             verdicts.conclude(result, "error", f"{last['exc_type']}: {last['message']}")
     if not done and result.outcome == "ok":
@@ -191,6 +184,6 @@ def run_cell(code: str, *, imports: list[str] | tuple[str, ...] = (), variables:
     verdicts.decide(result, fold.errors, {SIDE: done}, guard.kills, result.enforcement, {})
     if result.outcome == "oom-killed" and side.peak_bytes is None:
         side.peak_bytes = result.memory_at_death_bytes  # no VmHWM reading survives a SIGKILL
-        side.extra["peak_source"] = "sampled at the kill"
+        side.peak_source = "sampled at the kill"
     result.wall_s = time.monotonic() - t0
     return result

@@ -38,7 +38,7 @@ class RunFold:
             if "manifest" in ev:  # a run's side: what the batch must look like after the round trip
                 self.manifest = ev.pop("manifest")
             if "import_errors" in ev:  # a cell: the kernel's imports that failed in its child
-                self.result.extra["import_errors"] = ev["import_errors"]
+                self.result.import_errors = ev["import_errors"]
         elif kind == "baseline":
             side.baseline_bytes = ev["baseline_bytes"]
             side.baseline_s = ev.get("t_s")
@@ -51,12 +51,12 @@ class RunFold:
             st.end_s, st.peak_bytes, st.added_bytes = ev["end_s"], ev["peak_bytes"], ev["added_bytes"]
             st.retained_bytes, st.error, st.line = ev["retained_bytes"], ev["error"], ev.get("line")
         elif kind == "output":  # a cell's print()s, in order
-            self.result.extra.setdefault("output", []).append((ev["stream"], ev["text"]))
+            self.result.output.append((ev["stream"], ev["text"]))
         elif kind == "error":
             self.errors.append(ev)
         elif kind == "codec_info":  # what a codec loaded in this side (e.g. real verl's version and file)
-            side.extra["codec_info"] = ev["info"]
-            self.result.extra.setdefault("codec_info", {})[ev["side"]] = ev["info"]
+            side.codec_info = ev["info"]
+            self.result.codec_info[ev["side"]] = ev["info"]
         elif kind == "done":
             side.peak_bytes = ev["peak_bytes"]
             side.held_bytes = ev["held_bytes"]
@@ -87,7 +87,7 @@ def finish_run(state: RunFold) -> None:
     if state.errors:
         first = state.errors[0]
         verdicts.conclude(r, "error", f"{first['side']}: {first['exc_type']}: {first['message']}")
-        r.extra["traceback"] = first.get("traceback")
+        r.traceback = first.get("traceback")
         return
     for name in ("sender", "receiver"):
         if not state.done[name]:

@@ -17,7 +17,7 @@ from typing import Any
 from picklescope import tracers
 from picklescope.codecs import get_codec
 from picklescope.core import procmem
-from picklescope.core.events import Go, Release
+from picklescope.core.events import Go
 from picklescope.core.leftovers import RunTracker, sweep_orphans, temp_name
 from picklescope.core.plugins import load_plugins
 from picklescope.core.result import RunResult, Side, Variation
@@ -25,8 +25,8 @@ from picklescope.core.units import fmt_bytes
 from picklescope.errors import PicklescopeError
 from picklescope.measure import child, launcher, verdicts
 from picklescope.measure.budget import plan as plan_limits
+from picklescope.measure.engine import MeasuredRun
 from picklescope.measure.fold import EventHook, RunFold, finish_run
-from picklescope.measure.session import Session
 from picklescope.measure.watchdog import Watchdog
 from picklescope.transports import OwnsItsReceiver, check_handoff_space, get_transport, handoff_root
 from picklescope.workloads.spec import DEFAULT_WORKLOAD, check_scale, load_workload
@@ -202,7 +202,7 @@ def _run_once(
     state = RunFold(result, on_event)
     sweep_orphans([handoff_base] if handoff_base else None)  # what a parent killed with SIGKILL could not remove
     run_dir = tempfile.mkdtemp(prefix=temp_name("picklescope-"), dir=handoff_base)  # creator pid: see leftovers.py
-    result.extra["run_dir"] = run_dir  # removed when the run ends; kept here so tests can check
+    result.run_dir = run_dir  # removed when the run ends; kept here so tests can check
     try:  # removed however the run ends, even if its own clean-up fails or Ctrl-C lands before it
         t0 = time.monotonic()
         cfg = {"codec": codec, "transport": transport, "workload": spec.source or spec.name, "scale": scale,
@@ -222,45 +222,29 @@ def _run_once(
             _armed_budgets(ray_result, limits)
             return ray_result
 
-        session = Session(t0, run_dir, sample_interval_s, reading="rss")  # a side's curve is its whole RSS
-        if on_sample:  # live views (the notebook explorer) see each RSS sample as it is taken
-            session.watchers.append(on_sample)
-        session.watchers.append(guard.watch)
-        session.start()
-        procs: dict[str, Any] = {}
-        conns: dict[str, Any] = {}
         tracker = RunTracker()  # the sides and every descendant, whatever session it starts: ended with the run
+        run = MeasuredRun(t0, run_dir, sample_interval_s, guard=guard, on_sample=on_sample)  # curves: whole RSS
         try:
-            for name, target in (("receiver", child.receiver_main), ("sender", child.sender_main)):
-                procs[name], conns[name] = launcher.start(target, (cfg,), f"picklescope-{name}")
-                tracker.add(procs[name].pid)
-                result.sides[name].pid = procs[name].pid
-                if tracer_names:  # tracer "none": no sampling at all (overhead baseline)
-                    session.adopt(name, procs[name].pid, role=name)
-                guard.add(name, procs[name].pid)
-            _drive(session, state, procs, conns, t0 + timeout_s, killed=lambda: "sender" in guard.kills)
-        except BaseException:  # Ctrl-C (or a failure of ours): end the children now, not after their grace
-            for p in procs.values():
-                p.kill()
-            raise
+            with run:
+                for name, target in (("receiver", child.receiver_main), ("sender", child.sender_main)):
+                    proc, _conn = run.launch(name, target, (cfg,), f"picklescope-{name}",
+                                             sampled=bool(tracer_names))  # tracer "none": no sampling at all
+                    tracker.add(proc.pid)
+                    result.sides[name].pid = proc.pid
+                _relay_pair(run, state, t0 + timeout_s, killed=lambda: "sender" in guard.kills)
+                run.stop_sampling()
+                tracker.snapshot()  # while the sides live, their descendants are still in their tree
         finally:
-            session.stop()
-            tracker.snapshot()  # while the sides live, their descendants are still in their tree
-            for name in procs:
-                try:
-                    conns[name].send(Release(type="release"))
-                except (OSError, BrokenPipeError):
-                    pass
-            for name, p in procs.items():  # both were released above, so they end side by side
-                result.sides[name].exit_code = launcher.end(p, conns[name])
+            for name, code in run.exit_codes.items():
+                result.sides[name].exit_code = code
             stray = [pid for pid in tracker.end(keep=launcher.started_pids) if pid not in tracker.pids]
             if stray:
-                result.extra["killed_descendants"] = stray  # processes a side started and left running
+                result.killed_descendants = stray  # processes a side started and left running
             guard.close()
             cgroup_counters = limits.cleanup()
-            timelines = session.timelines()
+            timelines = run.stop_sampling()
             collector.collect(result, run_dir, t0, timelines)  # before the capture files go
-            result.extra["sampler_priority"] = session.priority  # realtime / raised / normal: see sampler.py
+            result.sampler_priority = run.session.priority  # realtime / raised / normal: see sampler.py
         guard.check_refused()  # a whole-process limit under the side's baseline: bad input, nothing measured
         _raise_bad_setup(state)
         _armed_budgets(result, limits)
@@ -274,8 +258,8 @@ def _run_once(
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def _drive(session: Session, state: RunFold, procs: dict[str, Any], conns: dict[str, Any], deadline: float,
-           killed: Callable[[], bool] = lambda: False) -> None:
+def _relay_pair(run: MeasuredRun, state: RunFold, deadline: float,
+                killed: Callable[[], bool] = lambda: False) -> None:
     """Relay events until both sides are done, one fails, or the deadline passes.
 
     ``killed`` says whether the budget killed the sender. Its "done" can carry an exact peak over the
@@ -291,7 +275,7 @@ def _drive(session: Session, state: RunFold, procs: dict[str, Any], conns: dict[
         if state.done["sender"] and not go_sent:
             if state.handoff is None or killed():
                 return True
-            conns["receiver"].send(Go(type="go", handoff=state.handoff, manifest=state.manifest))
+            run.conns["receiver"].send(Go(type="go", handoff=state.handoff, manifest=state.manifest))
             go_sent = True
         for name in dead:
             if not state.done[name]:
@@ -300,7 +284,7 @@ def _drive(session: Session, state: RunFold, procs: dict[str, Any], conns: dict[
                     return True
         return state.done["sender"] and state.done["receiver"]
 
-    if not session.follow(conns, procs, lambda _name, ev: state.handle(ev), deadline, decided):
+    if not run.relay(lambda _name, ev: state.handle(ev), deadline, decided):
         verdicts.time_out(state.result)
 
 

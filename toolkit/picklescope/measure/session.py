@@ -50,7 +50,7 @@ from typing import Any, Protocol
 
 from picklescope.core import procmem
 from picklescope.core.events import Event
-from picklescope.core.procmem import PAGE, StatmReader  # noqa: F401 - PAGE re-exported for statm readers
+from picklescope.core.procmem import StatmReader
 from picklescope.core.result import Timeline
 from picklescope.measure.sampler import hold_gc, raise_priority
 from picklescope.measure.watchdog import dump_stack_then_kill
@@ -230,7 +230,8 @@ def oom_score(pid: int) -> int | None:
 
 
 class Session:
-    """Named processes and one store on one clock; ``with Session(t0, run_dir) as s: s.adopt(...)``."""
+    """Named processes and one store on one clock (a run makes one through
+    :class:`~picklescope.measure.engine.MeasuredRun`)."""
 
     def __init__(self, t0: float, run_dir: str = "", interval_s: float = 0.001, budget_bytes: int | None = None,
                  reading: str = "private") -> None:

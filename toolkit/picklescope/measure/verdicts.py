@@ -17,10 +17,13 @@ from __future__ import annotations
 import re
 import sysconfig
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from picklescope.core.result import RunResult, Side, Step
 from picklescope.core.units import fmt_bytes
+
+if TYPE_CHECKING:  # a sibling: the watchdog makes the kill, the verdict reads it
+    from picklescope.measure.watchdog import Kill
 
 
 @dataclass(frozen=True)
@@ -177,10 +180,10 @@ def _trim_at_peak(side: Side, since_s: float | None) -> None:
         del tl.t_s[top + 1:], tl.rss_bytes[top + 1:]
 
 
-def apply_kill(r: RunResult, kill: Any, enforcement: str) -> None:
+def apply_kill(r: RunResult, kill: Kill, enforcement: str) -> None:
     """Turn a watchdog kill (see :class:`picklescope.measure.watchdog.Kill`) into the run's verdict."""
     side = r.sides[kill.side]
-    _trim(side, getattr(kill, "sigkill_t_s", None))
+    _trim(side, kill.sigkill_t_s)
     step = side.step(kill.step) if kill.step else None
     if step is None and kill.reason == "budget":
         step = first_over(side, kill.budget_bytes)
@@ -195,9 +198,9 @@ def apply_kill(r: RunResult, kill: Any, enforcement: str) -> None:
     frame = culprit(main_thread_frames(kill.stack)) if kill.stack else None
     r.killed_at_line = frame.line if frame else None
     r.killed_at = str(frame) if frame else None
-    r.extra["kill"] = kill.to_dict()
+    r.kill = kill.to_dict()
     if step is not None and step.end_s is not None and step.end_s < kill.t_s:
-        r.extra["stack_note"] = (f"the budget was crossed in step {step.name} (its exact peak), which had ended "
+        r.stack_note = (f"the budget was crossed in step {step.name} (its exact peak), which had ended "
                                  "by the time the watchdog saw it; the stack shows where the side was when killed")
     where = f" in step {r.killed_in_step}" if r.killed_in_step else " before its first step"
     if kill.reason == "machine":
@@ -207,7 +210,7 @@ def apply_kill(r: RunResult, kill: Any, enforcement: str) -> None:
         r.error = (f"{kill.side} killed{where}: its memory reached {fmt_bytes(kill.above_baseline_bytes)} above "
                    f"baseline, over its budget of {fmt_bytes(kill.budget_bytes)} (seen by {kill.via}; "
                    f"SIGKILL, no Python exception, like the kernel's OOM killer)")
-    side.extra["killed"] = True
+    side.killed = True
 
 
 def apply_external_kill(r: RunResult, side_name: str, enforcement: str, counters: dict[str, int]) -> None:
@@ -229,7 +232,7 @@ def apply_external_kill(r: RunResult, side_name: str, enforcement: str, counters
         # What the killer saw is the cgroup's charge, not the RSS the parent sampled: a /dev/shm file the
         # side wrote is charged to it too, and stays charged after it dies, while the file exists.
         r.memory_at_death_bytes = max(charged["above_baseline_bytes"], sampled or 0)
-        r.extra["charged_at_death"] = charged
+        r.charged_at_death = charged
         what = (f" when the memory charged to its cgroup reached {fmt_bytes(charged['above_baseline_bytes'])} above "
                 f"its baseline")
         if charged.get("budget_bytes") is not None:
@@ -240,8 +243,8 @@ def apply_external_kill(r: RunResult, side_name: str, enforcement: str, counters
                      f"memory (RSS sampled at death {fmt_bytes(sampled or 0)} above baseline)")
     r.error = (f"{side_name} killed in step {r.killed_in_step or '?'} by {by}{what}; no Python stack is available "
                "because that killer sends no signal a process can handle")
-    r.extra["cgroup"] = counters or None
-    side.extra["killed"] = True
+    r.cgroup = counters or None
+    side.killed = True
 
 
 def cgroup_charge(counters: dict[str, int]) -> dict[str, int] | None:

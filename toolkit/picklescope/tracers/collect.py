@@ -133,7 +133,7 @@ class Collector:
         try:
             add_notes(result)
         except Exception as exc:  # noqa: BLE001 - words are a bonus; the numbers stand without them
-            result.extra["tracer_notes_error"] = f"{type(exc).__name__}: {exc}"
+            result.tracer_notes_error = f"{type(exc).__name__}: {exc}"
 
     def _collect_one(self, tracer: Tracer, ctx: ParentContext, entry: dict[str, Any]) -> None:
         result = ctx.result

@@ -29,6 +29,7 @@ from typing import Any
 from picklescope.batch import Batch, set_active_codec
 from picklescope.codecs import get_codec
 from picklescope.codecs import trust as _trust
+from picklescope.codecs.base import PreparesInChild
 from picklescope.errors import PicklescopeError
 from picklescope.verl import childcall, envs, loader
 from picklescope.verl.blobinfo import describe_blob, require_pickle
@@ -151,7 +152,7 @@ def _load_with(codec: Any, path: str) -> Any:
     finally:
         set_active_codec(None)
     if isinstance(obj, _Captured):
-        if not hasattr(codec, "mode"):
+        if not isinstance(codec, VerlCodec):
             raise PicklescopeError(f"{path} holds a verl DataProto, which codec {codec.name!r} cannot read",
                                    "load it with a real verl codec, e.g. --as verl-0.9.1:numpy")
         b = Batch()
@@ -163,7 +164,7 @@ def _load_with(codec: Any, path: str) -> Any:
 def load_in_child(path: str, codec_name: str, expected: dict[str, Any] | None = None) -> dict[str, Any]:
     """Child side of :func:`load_blob`: load, then compare with the expected contents if known."""
     codec = get_codec(codec_name)
-    info = codec.prepare() if hasattr(codec, "prepare") else {}
+    info = codec.prepare() if isinstance(codec, PreparesInChild) else {}
     got = _load_with(codec, path)
     problems = compare_recorded(expected, got) if expected is not None else None
     leaves = len(list(got.batch.keys())) if isinstance(got, Batch) and got.batch is not None else 0

@@ -28,6 +28,7 @@ from plotly.subplots import make_subplots
 
 from picklescope.core.result import RunResult
 from picklescope.core.units import fmt_bytes
+from picklescope.investigate.stepthrough import StepThrough
 from picklescope.tracers.compare import attribution_rows
 from picklescope.views import steplabels
 from picklescope.views.timeline import RunTimeline
@@ -100,7 +101,7 @@ def timeline_figure(result: RunResult | RunTimeline, *, show_tracers: bool = Tru
     tl = result if isinstance(result, RunTimeline) else RunTimeline.from_result(result)
     names = list(tl.sides) or ["(no side)"]
     p = tl.payload_bytes
-    death = getattr(result, "memory_at_death_bytes", None)  # a RunResult knows it; a RunTimeline does not
+    death = result.memory_at_death_bytes if isinstance(result, RunResult) else None  # a RunTimeline has no death
     titles = [plain(side_title(tl, n, death if n == tl.killed_side else None)) for n in names]
     fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, vertical_spacing=0.12, subplot_titles=titles)
     x0, x1 = measured_range(tl)
@@ -464,7 +465,7 @@ def stepthrough_scale(throughs: Sequence[Any]) -> int:
     """One absolute scale (bytes) for step-throughs drawn side by side: the largest line of any."""
     top = 0
     for st in throughs:
-        for r in getattr(st, "rows", st):
+        for r in (st.rows if isinstance(st, StepThrough) else st):
             d = _row_dict(r)
             top = max(top, d["self_bytes"], d.get("added_bytes", 0))
     return top
@@ -482,7 +483,7 @@ def stepthrough_figure(rows: Any, *, payload_bytes: int | None = None, scale_byt
     ``scale_bytes`` (see :func:`stepthrough_scale`) gives figures drawn side by side one x range.
     """
     label = title
-    if hasattr(rows, "rows"):
+    if isinstance(rows, StepThrough):
         payload_bytes = payload_bytes or rows.payload_bytes
         label = label or f"{rows.target} {rows.method}"
         rows = rows.rows

@@ -140,7 +140,7 @@ def summary_html(r: RunResult, cell: str | None = None, offset: int = 1) -> str:
                      f"keeps for reuse).")
     else:
         what = verdicts.verdict(r).ended
-        tb = renumber(r.extra.get("traceback") or "", offset)
+        tb = renumber(r.traceback or "", offset)
         lines = [int(m) for m in re.findall(r'File "this cell", line (\d+)', tb)]
         where = f" at line {lines[-1]} of this cell" if lines else ""
         text = f"<b>{e(what)}</b>{budget}{where}: {e(r.error or '')}. Its memory peaked at {peak} above its start."
@@ -148,18 +148,18 @@ def summary_html(r: RunResult, cell: str | None = None, offset: int = 1) -> str:
     notes = report_lines(r) if r.tracer != "sampler" else []
     if notes:
         parts.append("<p>" + "<br>".join(e(n) for n in notes) + "</p>")
-    errors = r.extra.get("import_errors") or []
+    errors = r.import_errors or []
     if errors:
         parts.append("<p>Kernel imports that failed in the cell's process: " + e("; ".join(errors)) + "</p>")
-    printed = "".join(text for _stream, text in r.extra.get("output", []))
+    printed = "".join(text for _stream, text in r.output)
     if printed:
         parts.append(f"<details open><summary>what the cell printed</summary><pre>{e(printed)}</pre></details>")
     if r.stack_at_death:
         parts.append("<details><summary>Python stack when it was killed (click to open)</summary>"
                      f"<pre>{e(renumber(r.stack_at_death, offset))}</pre></details>")
-    if r.extra.get("traceback") and r.outcome in ("error", "memory-error"):
+    if r.traceback and r.outcome in ("error", "memory-error"):
         parts.append("<details><summary>traceback (click to open)</summary>"
-                     f"<pre>{e(renumber(r.extra['traceback'], offset))}</pre></details>")
+                     f"<pre>{e(renumber(r.traceback, offset))}</pre></details>")
     return f"<div class='picklescope-cell'>{''.join(parts)}</div>"
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from picklescope.core.units import fmt_bytes
+from picklescope.investigate.node.result import NodeResult
 from picklescope.measure.session import kill_during
 
 GROUP_WORKERS_ABOVE = 6
@@ -64,9 +65,10 @@ def _layers(doc: dict[str, Any], group: bool) -> list[tuple[str, list[float], li
     return layers
 
 
-def node_figure(result: Any, *, group_workers: bool | None = None, title: str | None = None) -> go.Figure:
+def node_figure(result: NodeResult | dict[str, Any], *, group_workers: bool | None = None,
+                title: str | None = None) -> go.Figure:
     """Stacked node memory of a :class:`~picklescope.investigate.node.NodeResult` (or its ``--json`` document)."""
-    doc = result.to_json_dict() if hasattr(result, "to_json_dict") else result
+    doc = result.to_json_dict() if isinstance(result, NodeResult) else result
     n_workers = sum(1 for n in doc["processes"] if n != "driver")
     group = n_workers > GROUP_WORKERS_ABOVE if group_workers is None else group_workers
     fig = go.Figure()

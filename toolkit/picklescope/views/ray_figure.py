@@ -22,7 +22,7 @@ ROWS = (("sender", "driver (sender)"), (None, "object store"), ("receiver", "wor
 
 
 def _store_series(result: RunResult) -> tuple[list[float], list[float], str]:
-    store = result.extra.get("object_store") or {}
+    store = result.object_store or {}
     t, b = list(store.get("t_s") or []), list(store.get("bytes") or [])
     if not t:
         return [], [], store.get("unavailable") or "not sampled"

@@ -149,8 +149,8 @@ def _verdict_block(r: RunResult) -> str:
     out.append(f"<p>{e(verdicts.sentence(r))}.</p>")
     if r.original_error:
         out.append(f"<p><b>Original error</b> (classified as out-of-memory): <code>{e(r.original_error)}</code></p>")
-    if r.extra.get("stack_note"):
-        out.append(f"<p class='note'>{e(r.extra['stack_note'])}</p>")
+    if r.stack_note:
+        out.append(f"<p class='note'>{e(r.stack_note)}</p>")
     if r.stack_at_death:
         out.append(f"<details><summary>Python stack at death</summary><pre>{e(r.stack_at_death)}</pre></details>")
     return "\n".join(out)

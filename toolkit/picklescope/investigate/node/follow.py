@@ -21,6 +21,7 @@ from picklescope.investigate.node import enforce
 from picklescope.investigate.node.result import NodeResult
 from picklescope.investigate.node.tracking import Tracking, dead_component, set_phase, timeout_message
 from picklescope.measure import verdicts
+from picklescope.measure.engine import MeasuredRun
 from picklescope.measure.session import Session
 from picklescope.transports.ray import cluster, startup
 from picklescope.transports.ray.events import machine_id
@@ -53,9 +54,10 @@ class Accepter(_Listener):
         return out
 
 
-def follow(session: Session, result: NodeResult, proc: Any, conn: Any, accepter: Accepter, tracking: Tracking,
-           deadline: float, on_event: Callable[[Event], None] | None) -> None:
+def follow(measured: MeasuredRun, result: NodeResult, accepter: Accepter, tracking: Tracking, deadline: float,
+           on_event: Callable[[Event], None] | None) -> None:
     """Relay the driver's and the workers' events into the session until the replay is decided."""
+    session, proc, conn = measured.session, measured.procs["driver"], measured.conns["driver"]
     names = tracking.names  # a worker's pipe -> its name (from its hello), for every replay
     conns: dict[str, Any] = {"driver": conn, **tracking.worker_conns}
     state: dict[str, Any] = {"finished": False, "killed_at": None}
@@ -98,7 +100,7 @@ def follow(session: Session, result: NodeResult, proc: Any, conn: Any, accepter:
 
     if time.monotonic() <= deadline and before_wait():
         return
-    if not session.follow(conns, {"driver": proc}, handle, deadline, decided, poll_s=0.05):
+    if not measured.relay(handle, deadline, decided, conns=conns, poll_s=0.05):
         verdicts.conclude(result, "timeout", timeout_message(tracking))
 
 

@@ -30,7 +30,7 @@ from picklescope.investigate.node.follow import Accepter, adopt_known, follow, s
 from picklescope.investigate.node.result import NodeResult
 from picklescope.investigate.node.tracking import Tracking, set_phase, timeout_message
 from picklescope.measure import launcher, verdicts
-from picklescope.measure.session import Session
+from picklescope.measure.engine import MeasuredRun
 from picklescope.transports.ray import cluster
 from picklescope.transports.ray.driver import object_store_bytes
 from picklescope.transports.ray.events import machine_id
@@ -117,7 +117,7 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
     driver_start = None
     tracking = Tracking(t0, timeout_s, workers, t0 + timeout_s, budget, cg_path)
     set_phase(tracking, "the driver's start (the warm forkserver imports torch first)")
-    session: Session | None = None
+    measured: MeasuredRun | None = None  # the current replay's
     current = results[0]
     try:
         proc, conn = start_driver(cfg, tracking.end_by - reserve)
@@ -131,18 +131,20 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
                 start = time.monotonic()
                 conn.send(Next(type="next", codec=result.codec, t0=start,
                                t0_wall=time.time() - (time.monotonic() - start)))
-            session = Session(start, run_dir, sample_interval_s, None if cg_path else budget).start()
-            session.adopt("driver", proc.pid, role="driver")
+            measured = MeasuredRun(start, run_dir, sample_interval_s, reading="private",
+                                   budget_bytes=None if cg_path else budget).start()
+            measured.join("driver", proc, conn, role="driver")  # one driver for the whole series
+            session = measured.session
             adopt_known(session, result, tracking)
             tracking.finished = False
             if i:
                 tracking.end_by = start + timeout_s  # each later replay of a series has a limit of its own
                 set_phase(tracking, "the warm-up steps of the next replay")
-            follow(session, result, proc, conn, accepter, tracking, tracking.end_by - reserve, on_event)
+            follow(measured, result, accepter, tracking, tracking.end_by - reserve, on_event)
             enforce.record_kill(session, result, tracking)  # a kill whose consequences ended the run first
-            session.stop()
+            measured.stop_sampling()
             settle(session, result)
-            session = None
+            measured = None
             result.wall_s = time.monotonic() - start
             if result.outcome != "ok" or not tracking.finished:
                 for later in results[i + 1:]:
@@ -157,9 +159,9 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
         verdicts.conclude(current, "interrupted", "interrupted (Ctrl-C); every process was stopped")
         raise
     finally:
-        if session is not None:
-            session.stop()
-            settle(session, current)
+        if measured is not None:
+            measured.stop_sampling()
+            settle(measured.session, current)
         set_phase(tracking, "shutdown")
         _cleanup(current, proc, conn, driver_start, tracking, cfg)
         accepter.close()

@@ -44,21 +44,21 @@ def summarize(r: RunResult, shm: dict[str, dict[str, Any]], ray_path: str) -> No
     r.serialize_s = _dur(snd.step("ray.put") or snd.step("actor.call") or snd.step("tq.put"))
     r.deserialize_s = _dur(rcv.step("ray.get") or rcv.step("ray.deserialize") or rcv.step("tq.get"))
     if ray_path == "tq":
-        r.extra["codec_note"] = (f"TransferQueue moves the TensorDict field by field: codec {r.codec!r} "
+        r.codec_note = (f"TransferQueue moves the TensorDict field by field: codec {r.codec!r} "
                                  "(Batch.__getstate__) is never called")
     shared: dict[str, dict[str, int]] = {}
     for name, side in r.sides.items():
         rec = shm.get(name, {})
         shared[name] = _shared_by_step(side, rec.get("added", []))
-        side.extra["store_pages_by_step"] = shared[name]
+        side.store_pages_by_step = shared[name]
         if rec.get("baseline") is not None and rec.get("end") is not None:
             pages = max(0, rec["end"] - rec["baseline"])
-            side.extra["store_pages_bytes"] = pages
+            side.store_pages_bytes = pages
             if side.peak_bytes is not None:
                 side.private_peak_bytes = max(0, side.peak_bytes - pages)
     p = r.payload_bytes or 1
     ser, write = snd.step("ray.serialize"), snd.step("object-store write")
-    r.extra["sender_cost"] = {
+    r.sender_cost = {
         "path": ray_path,
         "serialize_step": "ray.serialize",
         "serialize_s": _dur(ser),
@@ -69,10 +69,10 @@ def summarize(r: RunResult, shm: dict[str, dict[str, Any]], ray_path: str) -> No
         "store_write_store_pages_bytes": shared["sender"].get("object-store write"),
     }
     work = next((st for st in rcv.steps if st.name in RECEIVER_WORK_STEPS), None)
-    status = (r.extra.get("received") or {}).get("status")
+    status = (r.received or {}).get("status")
     cost: dict[str, Any] = {"step": None if work is None else work.name, "received": status,
                             "private_peak_bytes": rcv.private_peak_bytes,
-                            "store_pages_bytes": rcv.extra.get("store_pages_bytes")}
+                            "store_pages_bytes": rcv.store_pages_bytes}
     if work is not None:
         private = _private(work, shared["receiver"])
         cost.update({"step_private_added_bytes": private, "step_s": _dur(work),
@@ -90,4 +90,4 @@ def summarize(r: RunResult, shm: dict[str, dict[str, Any]], ray_path: str) -> No
                                    "an in-place write changes the object for every reader")
         else:
             cost["kind"] = status
-    r.extra["receiver_cost"] = cost
+    r.receiver_cost = cost

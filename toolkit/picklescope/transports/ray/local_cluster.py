@@ -55,6 +55,7 @@ class LocalCluster:
         self.proc: subprocess.Popen | None = None
         self.temp_dir: str | None = None
         self.report: dict[str, Any] = {}
+        self.watcher: subprocess.Popen | None = None  # removes the cluster if this process dies first
 
     def start(self, timeout_s: float | None = None) -> LocalCluster:
         """Start the head node under the start-up policy of :mod:`.startup` (two tries, each bounded by
@@ -147,10 +148,9 @@ class LocalCluster:
         if self.proc is not None:
             self.proc.wait(timeout=10)
         self.report = {"found": sorted(found), "killed": killed, "remaining": remaining}
-        watcher = getattr(self, "watcher", None)
-        if watcher is not None:  # it would exit by itself within a second of the leader's end
-            watcher.kill()
-            watcher.wait(timeout=10)
+        if self.watcher is not None:  # it would exit by itself within a second of the leader's end
+            self.watcher.kill()
+            self.watcher.wait(timeout=10)
             self.watcher = None
         if self.temp_dir:
             shutil.rmtree(self.temp_dir, ignore_errors=True)

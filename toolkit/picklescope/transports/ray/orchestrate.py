@@ -24,7 +24,8 @@ from picklescope.core.paths import make_temp_dir
 from picklescope.core.procmem import StatmReader
 from picklescope.core.result import RunResult
 from picklescope.errors import PicklescopeError
-from picklescope.measure import launcher, verdicts
+from picklescope.measure import verdicts
+from picklescope.measure.engine import MeasuredRun
 from picklescope.measure.fold import RunFold, finish_run
 from picklescope.measure.session import Session
 from picklescope.transports.ray import cluster
@@ -97,6 +98,7 @@ class RayRun:
         self.receiver_errors_from_driver = False
         self.driver_start: int | None = None
         self.guard: Any = None
+        self.store_source: str | None = None  # how the object store's curve is read, once known
 
     # -- events -----------------------------------------------------------------------------------
     def mark(self, moment: str) -> None:
@@ -123,7 +125,7 @@ class RayRun:
             self.tracking.setdefault("notes", []).append(ev["message"])
             return
         if kind == "received":
-            self.result.extra["received"] = ev["report"]
+            self.result.received = ev["report"]
             self.shm["receiver"]["end"] = ev.get("shm_end_bytes")
             return
         rec = self.shm.get(side)
@@ -154,7 +156,7 @@ class RayRun:
             raylets = [found] if found else []
         path = cluster.plasma_file(raylets[0]) if raylets else None
         if path is None:
-            self.result.extra["object_store"] = {"t_s": [], "bytes": [], "source": None, "capacity_bytes":
+            self.result.object_store = {"t_s": [], "bytes": [], "source": None, "capacity_bytes":
                                                  self.cfg.get("object_store_bytes"),
                                                  "unavailable": "no local raylet with a plasma file (joined "
                                                                 "a remote cluster, or Ray changed its layout)"}
@@ -164,7 +166,7 @@ class RayRun:
             self.store_source = f"fstat of the plasma file held by raylet {raylets[0]} ({os.readlink(path)})"
         except OSError as exc:
             self.store_source = None
-            self.result.extra["object_store"] = {"unavailable": f"cannot open {path}: {exc}"}
+            self.result.object_store = {"unavailable": f"cannot open {path}: {exc}"}
 
     def _on_store_process(self, ev: StoreProcess, session: Session) -> None:
         """A store that is a process (TransferQueue's storage unit): sample its RSS as the store."""
@@ -173,7 +175,7 @@ class RayRun:
             session.set_store(StatmReader(pid), None)
             self.store_source = f"RSS of the {ev.get('what', 'store')} process {pid}"
         except (OSError, TypeError) as exc:
-            self.result.extra["object_store"] = {"unavailable": f"cannot sample {ev.get('what')} pid {pid}: {exc}"}
+            self.result.object_store = {"unavailable": f"cannot sample {ev.get('what')} pid {pid}: {exc}"}
 
     def _on_hello(self, ev: Hello, session: Session) -> None:
         self.result.receiver.pid = ev["pid"]
@@ -184,7 +186,7 @@ class RayRun:
             self.tracking["receiver_sampled"] = True
         else:
             self.tracking["receiver_sampled"] = False
-            self.result.receiver.extra["note"] = (f"the actor runs on another machine ({ev.get('machine')}): its "
+            self.result.receiver.note = (f"the actor runs on another machine ({ev.get('machine')}): its "
                                                   "curve is not sampled; its steps and peaks are exact")
 
     # -- cleanup ----------------------------------------------------------------------------------
@@ -235,28 +237,22 @@ def run_sides(state: RunFold, cfg: dict[str, Any], *, ray_path: str, timeout_s: 
            "t0_wall": time.time() - (time.monotonic() - t0), "ray_env": ray_env(remote),
            "deadline_wall": time.time() + (t0 + timeout_s - time.monotonic())}  # bounds Ray's start-up
     run.cfg = cfg
-    result.extra["ray"] = run.tracking
+    result.ray = run.tracking
     # the sides' curves are their whole RSS; the store (plasma file or TransferQueue's unit) on the same tick
-    session = Session(t0, cfg["run_dir"], sample_interval_s, reading="rss")
-    if on_sample:
-        session.watchers.append(on_sample)
-    if guard is not None:
-        session.watchers.append(guard.watch)
-    session.start()
-    proc, conn = None, None
+    measured = MeasuredRun(t0, cfg["run_dir"], sample_interval_s, guard=guard, on_sample=on_sample)
+    session = measured.session
     try:
         try:
-            proc, conn = launcher.start(driver_main, (cfg,), "picklescope-ray-driver")
-            run.tracking["driver_pid"] = result.sender.pid = proc.pid
-            run.driver_start = cluster.start_ticks(proc.pid)
-            session.adopt("sender", proc.pid, role="sender")
-            if guard is not None:
-                guard.add("sender", proc.pid)
-            _drive(run, proc, conn, listener, session, t0 + timeout_s)
+            with measured:
+                proc, _conn = measured.launch("sender", driver_main, (cfg,), "picklescope-ray-driver")
+                run.tracking["driver_pid"] = result.sender.pid = proc.pid
+                run.driver_start = cluster.start_ticks(proc.pid)
+                _relay_ray_pair(run, measured, listener, t0 + timeout_s)
+                measured.stop_sampling()
+                measured.end_children(RELEASE_WAIT_S)
         finally:
-            session.stop()
-            if proc is not None:
-                result.sender.exit_code = launcher.end(proc, conn, RELEASE_WAIT_S, release=True)
+            if "sender" in measured.exit_codes:
+                result.sender.exit_code = measured.exit_codes["sender"]
                 run.mark("driver exited")
             run.reap_cluster()
             run.mark("cluster reaped")
@@ -271,8 +267,8 @@ def run_sides(state: RunFold, cfg: dict[str, Any], *, ray_path: str, timeout_s: 
     for name, tl in session.timelines().items():
         result.sides[name].timeline = tl
     if session.store_attached:
-        result.extra["object_store"] = store_trace(session.store.t_s, session.store.bytes,
-                                                   getattr(run, "store_source", None), cfg["object_store_bytes"])
+        result.object_store = store_trace(session.store.t_s, session.store.bytes, run.store_source,
+                                          cfg["object_store_bytes"])
     finish_run(state)
     if guard is not None:
         verdicts.decide(result, state.errors, state.done, guard.kills, result.enforcement, counters)
@@ -281,10 +277,10 @@ def run_sides(state: RunFold, cfg: dict[str, Any], *, ray_path: str, timeout_s: 
     return result
 
 
-def _drive(run: RayRun, proc: Any, conn: Any, listener: _Listener, session: Session, deadline: float) -> None:
+def _relay_ray_pair(run: RayRun, measured: MeasuredRun, listener: _Listener, deadline: float) -> None:
     """Relay events from the driver and the actor until the run is decided."""
     state = run.state
-    conns: dict[str, Any] = {"sender": conn}
+    conns: dict[str, Any] = {"sender": measured.conns["sender"]}
 
     def take_actor() -> None:  # the actor connects once, when it is created: wait on its pipe from then on
         if "receiver" not in conns and listener.conn is not None:
@@ -308,6 +304,6 @@ def _drive(run: RayRun, proc: Any, conn: Any, listener: _Listener, session: Sess
         return False
 
     take_actor()
-    if not session.follow(conns, {"sender": proc}, lambda _name, ev: run.handle(ev, session), deadline, decided,
-                          poll_s=0.2):
+    if not measured.relay(lambda _name, ev: run.handle(ev, measured.session), deadline, decided, conns=conns,
+                           poll_s=0.2):
         verdicts.time_out(state.result)

@@ -43,5 +43,5 @@ class ShmFileReader:
 
 
 def store_trace(t_s: list[float], values: list[int], source: str | None, capacity: int | None) -> dict:
-    """The JSON-able form kept in ``RunResult.extra["object_store"]`` (the session's store curve)."""
+    """The JSON-able form kept in ``RunResult.object_store`` (the session's store curve)."""
     return {"t_s": list(t_s), "bytes": list(values), "source": source, "capacity_bytes": capacity}
