@@ -261,7 +261,8 @@ def load_blob(path: str | Path, codec_name: str, *, trust: bool = False) -> dict
     with the same one-line error as ``picklescope inspect``.
     """
     p = check_trusted(path, trust)
-    require_pickle(describe_blob(p))
-    entry = manifest_entry(p)
+    info = describe_blob(p)
+    require_pickle(info)
+    entry = manifest_entry(p, info.sha256)
     return childcall.call("picklescope.verl.blobs.load_in_child", path=str(p), codec_name=codec_name,
                           expected=entry["expected"] if entry else None)
