@@ -9,6 +9,7 @@ message each one really printed on this machine.
 
 from __future__ import annotations
 
+import pickle
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -143,6 +144,7 @@ ZIP_MILLION = _zip_declaring("archive/data.pkl", b"\x80\x02}q\x00.", 6, entries=
 TRAILING = b"\x80\x02}q\x00." + b"left over after the pickle\n"
 LONG_LINE = b"S'" + b"x" * (2 << 20)  # a protocol-0 string that never ends its line
 HUGE_LONG4 = b"\x80\x02\x8b" + (1 << 30).to_bytes(4, "little") + bytes(64)
+MANY_KEYS = pickle.dumps(dict.fromkeys(range(70_000), 0), protocol=2)  # pickle writes SETITEMS of 1000 pairs
 
 
 def _api_run(**kw: Any) -> Callable[[Path], Any]:
@@ -451,9 +453,39 @@ CASES: list[Case] = [
          argv=("inspect", "{tmp}/blobs.pkl"), files={"blobs.pkl/readme.txt": USER_NOTE}),
     Case("inspect-zero-link", "inspect zero.pkl (a symlink to /dev/zero)", ("symlink to /dev/zero",),
          ("regular file",), argv=("inspect", "{tmp}/zero.pkl"), files={"zero.pkl": "@link:/dev/zero"}),
-    Case("inspect-over-limit", "inspect a sparse 3 GB .pkl (over the 1 GiB blob limit)",
+    Case("inspect-over-limit", "inspect a sparse 5 GiB .pkl (over the 4 GiB limit of a blob to identify)",
+         ("5.00 GiB", "over the 4.00 GiB limit"), ("PICKLESCOPE_MAX_BLOB_BYTES",),
+         argv=("inspect", "{tmp}/big.pkl"), files={"big.pkl": "@sparse:5368709120"}),
+    Case("inspect-as-over-limit", "inspect --as numpy --trust a sparse 3 GiB .pkl (over the 1 GiB limit of a load)",
          ("3.00 GiB", "over the 1.00 GiB limit"), ("PICKLESCOPE_MAX_BLOB_BYTES",),
+         argv=("inspect", "{tmp}/big.pkl", "--as", "numpy", "--trust"), files={"big.pkl": "@sparse:3221225472"}),
+    Case("inspect-sparse-zeros", "inspect a sparse 3 GiB .pkl of zeros (streamed from its first byte, never held)",
+         ("big.pkl", "is not a pickle stream", "opcode b'\\x00' at byte 0"), ("pickle.dump",),
          argv=("inspect", "{tmp}/big.pkl"), files={"big.pkl": "@sparse:3221225472"}),
+    Case("inspect-polyglot", "inspect poly.pt (a pickle calling os.system, then a valid torch.save zip)",
+         ("poly.pt", "polyglot", "refused with or without --trust"), ("save the batch on its own",),
+         argv=("inspect", "{tmp}/poly.pt"), files={"poly.pt": POLYGLOT}),
+    Case("inspect-polyglot-load", "inspect poly.pt --as numpy --trust (the same polyglot, asked to load)",
+         ("poly.pt", "polyglot", "refused with or without --trust"), ("save the batch on its own",),
+         argv=("inspect", "{tmp}/poly.pt", "--as", "numpy", "--trust"), files={"poly.pt": POLYGLOT}),
+    Case("inspect-trailing", "inspect t.pkl (a pickle followed by other bytes)",
+         ("t.pkl", "the pickle stream stops at byte 6", "of other data follow"), ("save the batch on its own",),
+         argv=("inspect", "{tmp}/t.pkl"), files={"t.pkl": TRAILING}),
+    Case("inspect-zip64-100g", "inspect big.pt (its zip64 directory declares data.pkl as 100 GiB)",
+         ("big.pt", "data.pkl declares 100.00 GiB", "over the 64.0 MiB limit"), ("copy the original again",),
+         argv=("inspect", "{tmp}/big.pt"), files={"big.pt": ZIP64_100G}),
+    Case("inspect-zip-million-members", "inspect many.pt (its zip64 directory declares 1,000,000 members)",
+         ("many.pt", "declares 1,000,000 members", "over the 65,536"), ("not a saved batch",),
+         argv=("inspect", "{tmp}/many.pt"), files={"many.pt": ZIP_MILLION}),
+    Case("inspect-many-keys", "inspect keys.pkl (a pickle of one dict of 70,000 keys)",
+         ("keys.pkl", "a dict holds", "over the 65,536 a batch blob's structure needs"),
+         ("not in millions of Python objects",), argv=("inspect", "{tmp}/keys.pkl"), files={"keys.pkl": MANY_KEYS}),
+    Case("inspect-long-line", "inspect line.pkl (a protocol-0 string of 2 MiB without a newline)",
+         ("line.pkl", "runs over 1048576 bytes without ending"), ("not a saved batch",),
+         argv=("inspect", "{tmp}/line.pkl"), files={"line.pkl": LONG_LINE}),
+    Case("inspect-huge-int", "inspect int.pkl (a LONG4 opcode declaring a 1 GiB integer)",
+         ("int.pkl", "an integer of 1,073,741,824 bytes"), ("the file is damaged",),
+         argv=("inspect", "{tmp}/int.pkl"), files={"int.pkl": HUGE_LONG4}),
     Case("inspect-trust-fifo", "inspect --as numpy --trust pipe.pkl (a FIFO)", ("FIFO",), ("regular file",),
          argv=("inspect", "{tmp}/pipe.pkl", "--as", "numpy", "--trust"), files={"pipe.pkl": "@fifo"}),
     Case("blob-limit-bad", "PICKLESCOPE_MAX_BLOB_BYTES=0.5x", ("PICKLESCOPE_MAX_BLOB_BYTES", "multiple"),
@@ -796,8 +828,8 @@ def markdown(rows: list[tuple[Case, str]]) -> str:
         "",
         "- a file picklescope reads for the user (a workload, a blob, a plugin) must be a regular file:",
         "  a folder, a FIFO, a socket, a device or a symlink to one is named as such and never opened for",
-        "  reading; a workload file may hold 4 MiB, a blob 1 GiB (`PICKLESCOPE_MAX_BLOB_BYTES` raises it),",
-        "  a plugin 16 MiB;",
+        "  reading; a workload file may hold 4 MiB, a blob `inspect` identifies 4 GiB and a blob loaded in a",
+        "  child 1 GiB (`PICKLESCOPE_MAX_BLOB_BYTES` changes both), a plugin 16 MiB;",
         "- workload YAML is read by a strict loader: UTF-8 only, and no aliases or anchors, no tags (`!!python/...`",
         "  or any other), no duplicate keys, no keys that are not strings, no nesting deeper than 32 levels;",
         "  numbers in decimal only (YAML 1.1 reads `1:30` as 90, `0x10` as 16, `010` as 8, `0b101` as 5: such a",
@@ -806,7 +838,8 @@ def markdown(rows: list[tuple[Case, str]]) -> str:
         "- `workload from` reads a saved batch no further than its size at open, checks every declared size",
         "  (zip directories, zip64 records, members, pickle frames and opcodes) against the file and a stated",
         "  limit, counts what a stream makes it hold, and refuses code outside its allow-list with or without",
-        "  `--trust` (docs/safe_loading.md);",
+        "  `--trust` (docs/safe_loading.md); `inspect` streams a blob through the same bounded reader, inert",
+        "  machine and zip checks, and refuses a pickle followed by a zip (a polyglot) before any load;",
         "- every bound a child relies on is checked by arithmetic first: rows (at most 2^40, and 1,000,000",
         "  for nested leaves, whose lengths are drawn per row), the least the batch can hold against the",
         "  machine's physical memory, 16 dimensions of at most 2^40, `high` within the dtype's range, the",

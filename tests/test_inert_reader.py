@@ -75,6 +75,10 @@ def test_inspect_and_workload_from_read_through_the_one_machine():
     assert issubclass(blobinfo._Identify, InertUnpickler)
     assert inert._Unpickler(io.BytesIO(b"")).bounds is inert.BATCH_BOUNDS  # the batch's bounds, by name
     assert inert.BATCH_BOUNDS.dict_keys == inert.MAX_DICT_KEYS and inert.BATCH_BOUNDS.ops == inert.MAX_OPS
+    # inspect's machine holds what workload from's may: the same bounds, in a blob's words
+    assert blobinfo._Identify(BoundedFile(io.BytesIO(b""), 0, "x")).bounds is blobinfo.BLOB_BOUNDS
+    shared = ("dict_keys", "list_items", "items", "stack", "memo", "kept", "ops")
+    assert [getattr(blobinfo.BLOB_BOUNDS, k) for k in shared] == [getattr(inert.BATCH_BOUNDS, k) for k in shared]
 
 
 def test_what_the_format_writes_it_reads_back():

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from picklescope.core.leftovers import remove_own
+from picklescope.core.paths import keep_torch_cache_private
 from picklescope.core.quiet_start import restore
 from picklescope.errors import PicklescopeError
 
@@ -107,6 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = "--debug" in argv
     installed = threading.current_thread() is threading.main_thread()  # signals only go to the main thread
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if installed else None
+    if owns_process:  # a command that imports tensordict here leaves torch's cache folder in its own temporary
+        keep_torch_cache_private()
     try:
         return _main(argv, debug, owns_process)
     finally:

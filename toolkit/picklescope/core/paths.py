@@ -17,9 +17,11 @@ Temporaries (run folders, Ray's temp dirs, torch's caches) all go under :func:`t
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import hashlib
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -172,13 +174,37 @@ def make_temp_dir(prefix: str, *, for_ray: bool = False, socket: str = "") -> st
     return path
 
 
+_own_torch_cache: str | None = None  # the value keep_torch_cache_private set (not the user's)
+
+
 def torch_cache_env(folder: str) -> dict[str, str]:
     """Environment that keeps torch's caches inside ``folder``: importing tensordict imports
     ``torch._dynamo``, which creates ``$TMPDIR/torchinductor_<user>`` in every process that imports it
     and never removes it. A value the user set is kept."""
-    if os.environ.get(TORCH_CACHE_ENV):
+    current = os.environ.get(TORCH_CACHE_ENV)
+    if current and current != _own_torch_cache:
         return {}
     return {TORCH_CACHE_ENV: os.path.join(folder, "torchinductor")}
+
+
+def keep_torch_cache_private() -> str | None:
+    """In the command line's own process, point torch's cache at a folder of this process's own under
+    ``TMPDIR`` (made only if something imports tensordict, removed at exit, or by the next run's sweep
+    after a SIGKILL, since its name carries the pid); returns that folder, or None when the user set
+    ``TORCHINDUCTOR_CACHE_DIR`` (kept) or it was done already.
+
+    A command that imports tensordict in its own process (``capabilities`` checks every cell there)
+    would otherwise leave an empty ``$TMPDIR/torchinductor_<user>``. The children it starts get folders
+    inside their own temporaries (:func:`torch_cache_env` does not take this value for the user's).
+    """
+    global _own_torch_cache
+    if os.environ.get(TORCH_CACHE_ENV):
+        return None
+    folder = os.path.join(temp_root(), temp_name("picklescope-torch-") + secrets.token_hex(4))
+    _own_torch_cache = os.path.join(folder, "torchinductor")
+    os.environ[TORCH_CACHE_ENV] = _own_torch_cache
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
 
 
 class OutFolder:

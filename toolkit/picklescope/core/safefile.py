@@ -7,9 +7,9 @@ without blocking, must be a regular file (not a folder, FIFO, socket or device, 
 says and wherever a symlink points), and must be no larger than a limit stated in the error. Then
 :func:`read_bytes` reads at most that limit, so a file that grows while it is read cannot get past it.
 
-Limits: a workload file :data:`WORKLOAD_LIMIT` (real ones are under 2 KiB); a blob
-:data:`DEFAULT_BLOB_LIMIT` unless ``PICKLESCOPE_MAX_BLOB_BYTES`` (bytes, or a size such as ``16GiB``)
-says otherwise.
+Limits: a workload file :data:`WORKLOAD_LIMIT` (real ones are under 2 KiB); a blob loaded in a child
+:data:`DEFAULT_BLOB_LIMIT`, a blob only identified :data:`DEFAULT_DESCRIBE_LIMIT`, unless
+``PICKLESCOPE_MAX_BLOB_BYTES`` (bytes, or a size such as ``16GiB``) says otherwise.
 
 A saved batch may be far larger than any of these, and is read piecewise instead: :func:`open_bounded`
 gives a :class:`BoundedFile` that ends where the file ended when it was opened and refuses any single
@@ -29,7 +29,8 @@ from picklescope.core.units import fmt_bytes, parse_size
 from picklescope.errors import PicklescopeError, safe_text
 
 WORKLOAD_LIMIT = 4 * 1024**2
-DEFAULT_BLOB_LIMIT = 1024**3  # inspect reads a blob whole: a bound on what the parent may hold
+DEFAULT_BLOB_LIMIT = 1024**3  # a blob loaded whole in a child (inspect --as, a trusted load)
+DEFAULT_DESCRIBE_LIMIT = 4 * 1024**3  # a blob only streamed to identify its writer (inspect): a bound on time
 BLOB_LIMIT_ENV = "PICKLESCOPE_MAX_BLOB_BYTES"
 
 _KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
@@ -46,6 +47,15 @@ def blob_limit() -> int:
         raise PicklescopeError(f"{BLOB_LIMIT_ENV}={safe_text(raw)!r} is a multiple, not a size",
                                "give bytes, e.g. 16GiB")
     return size.bytes
+
+
+def describe_limit() -> int:
+    """The largest blob ``inspect`` identifies: ``PICKLESCOPE_MAX_BLOB_BYTES`` or :data:`DEFAULT_DESCRIBE_LIMIT`.
+
+    Identification streams the file within :data:`READER_MEMORY_BOUND` whatever its size, so the limit
+    only keeps a mistaken path (a disk image, a sparse giant) from being hashed for minutes.
+    """
+    return blob_limit() if os.environ.get(BLOB_LIMIT_ENV) else DEFAULT_DESCRIBE_LIMIT
 
 
 def _kind(mode: int) -> str:

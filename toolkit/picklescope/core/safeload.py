@@ -49,7 +49,18 @@ from typing import Any, BinaryIO
 from picklescope.core.safefile import BoundedFile
 from picklescope.errors import PicklescopeError
 
-_INLINE = 1 << 16  # byte strings and strings up to this size are read (dtype codes, keys); larger ones are skipped
+INLINE = 1 << 16  # byte strings and strings up to this size are read (dtype codes, keys); larger ones are skipped
+
+# What one stream may make the reader of a file's structure hold (a saved batch's, a blob's). With
+# core.safefile.READ_LIMIT on any single read these keep describing any file up to 4 GiB within
+# core.safefile.READER_MEMORY_BOUND of the reader's memory before it started.
+MAX_DICT_KEYS = 65_536  # a batch has at most 4096 leaves; a row's dict a few keys
+MAX_LIST_ITEMS = 1_000_000  # rows of one object array
+MAX_ITEMS = 1_000_000  # container entries of the whole stream
+MAX_STACK = 1_000_000  # values piled on the unpickler's stack
+MAX_MEMO = 1_000_000  # values the stream memoizes
+MAX_KEPT = 64 << 20  # bytes of strings and byte strings kept; past it only their lengths are
+MAX_OPS = 2_500_000  # opcodes of one stream (each makes at most one object): a batch's structure needs far fewer
 
 
 class Refused(PicklescopeError):
@@ -72,6 +83,10 @@ class Bounds:
     way_out: str = "the file is damaged or not a pickle of plain data"
     damaged: str = "the file is damaged"
     not_it: str = "the file is not a pickle of plain data"
+
+
+STRUCTURE_BOUNDS = Bounds(dict_keys=MAX_DICT_KEYS, list_items=MAX_LIST_ITEMS, items=MAX_ITEMS, stack=MAX_STACK,
+                          memo=MAX_MEMO, kept=MAX_KEPT, ops=MAX_OPS)
 
 
 # -- inert records of what a stream holds ----------------------------------------------------------------
@@ -180,7 +195,7 @@ class InertUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
 
     :meth:`resolve` gives the stand-in for a global (an :class:`Opaque` record unless a subclass knows
     better); every global the stream names is listed in ``named``, the unresolved ones in ``unknown``.
-    Byte strings longer than ``_INLINE`` are skipped by seeking (when outside a frame, which is where
+    Byte strings longer than ``INLINE`` are skipped by seeking (when outside a frame, which is where
     pickle writes large ones), so reading a 500 MiB blob costs no memory for its data; long strings
     likewise keep only their length. What the stream makes the reader hold is bounded by ``bounds``:
     a container, the stack or the memo past its bound is refused at once, with the count reached,
@@ -289,7 +304,7 @@ class InertUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
     def _skip(self, n: int) -> Skipped | None:
         """Seek past ``n`` bytes outside a frame (None: read them, they are small or framed)."""
         frame = getattr(self._unframer, "current_frame", None)
-        if n <= _INLINE or frame is not None:
+        if n <= INLINE or frame is not None:
             return None
         at = self._f.tell()
         head = self._f.read(4)
@@ -330,7 +345,7 @@ class InertUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
 
     def load_long4(self) -> None:
         (n,) = struct.unpack("<i", self.read(4))
-        if n > _INLINE:
+        if n > INLINE:
             raise Refused(f"{self._where()}: an integer of {n:,} bytes at byte {self._f.tell():,}",
                           self.bounds.damaged)
         self.append(pickle.decode_long(self.read(n)))

@@ -51,10 +51,11 @@ def read_manifest(folder: str | Path = BLOB_DIR) -> dict[str, Any]:
                                "regenerate it with 'python scripts/make_reference_blobs.py'") from None
 
 
-def manifest_entry(path: str | Path) -> dict[str, Any] | None:
+def manifest_entry(path: str | Path, digest: str | None = None) -> dict[str, Any] | None:
     """The manifest entry listing this file (same name, same checksum), if any: what it should load as.
 
-    Not a reason to trust the file (see :func:`check_trusted`).
+    Not a reason to trust the file (see :func:`check_trusted`). ``digest`` is the file's sha256 when the
+    caller took it already (``inspect`` hashes what the file held at open, once).
     """
     p = Path(path).resolve()
     try:
@@ -63,7 +64,7 @@ def manifest_entry(path: str | Path) -> dict[str, Any] | None:
         return None
     if not str(m.get("generator", "")).startswith("picklescope"):
         return None
-    digest = _trust.file_sha256(p)
+    digest = digest or _trust.file_sha256(p)
     return next((b for b in m.get("blobs", []) if b.get("file") == p.name and b.get("sha256") == digest), None)
 
 
@@ -261,7 +262,8 @@ def load_blob(path: str | Path, codec_name: str, *, trust: bool = False) -> dict
     with the same one-line error as ``picklescope inspect``.
     """
     p = check_trusted(path, trust)
-    require_pickle(describe_blob(p))
-    entry = manifest_entry(p)
+    info = describe_blob(p)
+    require_pickle(info)
+    entry = manifest_entry(p, info.sha256)
     return childcall.call("picklescope.verl.blobs.load_in_child", path=str(p), codec_name=codec_name,
                           expected=entry["expected"] if entry else None)

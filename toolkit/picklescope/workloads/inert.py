@@ -7,12 +7,24 @@ TensorDicts) and the bounds a batch's structure needs.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, BinaryIO
 
-from picklescope.core.safeload import Bounds, InertUnpickler
+from picklescope.core.safeload import (
+    MAX_DICT_KEYS,
+    MAX_ITEMS,
+    MAX_KEPT,
+    MAX_LIST_ITEMS,
+    MAX_MEMO,
+    MAX_OPS,
+    MAX_STACK,
+    STRUCTURE_BOUNDS,
+    InertUnpickler,
+)
 from picklescope.core.safeload import Damaged as _Damaged
 from picklescope.core.safeload import Text as _Text
 from picklescope.core.safeload import Unreadable as _Unreadable
+from picklescope.core.safezip import MAX_ZIP_ENTRIES
 from picklescope.workloads.inert_records import (
     _ITEMSIZE,
     _KNOWN,
@@ -25,23 +37,13 @@ from picklescope.workloads.inert_records import (
     _type_name,
 )
 
-__all__ = ["BATCH_BOUNDS", "MAX_ZIP_ENTRIES", "_Damaged", "_read", "_read_stream", "_Text", "_Unpickler",
+__all__ = ["BATCH_BOUNDS", "MAX_DICT_KEYS", "MAX_ITEMS", "MAX_KEPT", "MAX_LIST_ITEMS", "MAX_MEMO",
+           "MAX_OPS", "MAX_STACK", "MAX_ZIP_ENTRIES", "_Damaged", "_read", "_read_stream", "_Text", "_Unpickler",
            "_Unreadable"]
 
-# what one stream may make the reader hold; with core.safefile.READ_LIMIT on any single read these keep
-# describing any file up to 4 GiB within core.safefile.READER_MEMORY_BOUND of the reader's memory before it started
-MAX_DICT_KEYS = 65_536  # a batch has at most 4096 leaves; a row's dict a few keys
-MAX_LIST_ITEMS = 1_000_000  # rows of one object array
-MAX_ITEMS = 1_000_000  # container entries of the whole stream
-MAX_STACK = 1_000_000  # values piled on the unpickler's stack
-MAX_MEMO = 1_000_000  # values the stream memoizes
-MAX_KEPT = 64 << 20  # bytes of strings and byte strings kept; past it only their lengths are
-MAX_OPS = 2_500_000  # opcodes of one stream (each makes at most one object): a batch's structure needs far fewer
-MAX_ZIP_ENTRIES = 65_536  # members of a torch.save archive (one per storage) or of an .npz (one per key)
-
-BATCH_BOUNDS = Bounds(
-    dict_keys=MAX_DICT_KEYS, list_items=MAX_LIST_ITEMS, items=MAX_ITEMS, stack=MAX_STACK, memo=MAX_MEMO,
-    kept=MAX_KEPT, ops=MAX_OPS, needs="a batch's structure needs",
+# what one stream may make the reader hold: the shared bounds of a file's structure, in a batch's words
+BATCH_BOUNDS = replace(
+    STRUCTURE_BOUNDS, needs="a batch's structure needs",
     way_out="save the batch as a DataProto, a TensorDict or a dict of tensors; rows of data belong in tensors or "
             "numpy arrays, not in millions of Python objects",
     damaged="the file is damaged or not a saved batch", not_it="the file is not a saved batch")

@@ -1,77 +1,22 @@
-"""Zip archives of saved batches (``torch.save`` files, ``.npz``), opened only after their claims are checked."""
+"""Zip archives of saved batches (``torch.save`` files, ``.npz``), opened only after their claims are checked
+(:mod:`picklescope.core.safezip`)."""
 
 from __future__ import annotations
 
-import struct
 import zipfile
 import zlib
 from typing import Any, BinaryIO
 
 from picklescope.core.safefile import READ_LIMIT, BoundedFile
-from picklescope.core.units import fmt_bytes
+from picklescope.core.safezip import check_member as _check_member
+from picklescope.core.safezip import open_zip
 from picklescope.errors import PicklescopeError, safe_text
 from picklescope.workloads.inert import MAX_ZIP_ENTRIES, _Damaged, _read, _Unpickler, _Unreadable
 
-_EOCD = b"PK\x05\x06"
-_EOCD64_LOCATOR = b"PK\x06\x07"
-
-
-def _zip_directory(f: BinaryIO, size: int, where: str) -> None:
-    """Check what the end of a zip declares before ``zipfile`` acts on it: the member count and the size of
-    the central directory (zip64 included) must fit the file and :data:`MAX_ZIP_ENTRIES`; zipfile would
-    otherwise build one record per declared member."""
-    tail = min(size, 22 + 65535 + 20)
-    f.seek(size - tail)
-    data = f.read(tail)
-    at = data.rfind(_EOCD)
-    if at < 0 or len(data) - at < 22:
-        return  # no directory: zipfile words that itself
-    entries, cd_size = struct.unpack("<HI", data[at + 10:at + 16])  # total members, directory bytes
-    loc = at - 20
-    if loc >= 0 and data[loc:loc + 4] == _EOCD64_LOCATOR:
-        (offset64,) = struct.unpack("<Q", data[loc + 8:loc + 16])
-        if offset64 + 56 > size:
-            raise PicklescopeError(f"{where}: its zip64 directory record is declared at byte {offset64:,}, past the "
-                                   f"end of the {size:,}-byte archive", "the archive is damaged; copy it again")
-        f.seek(offset64)
-        rec = f.read(56)
-        if rec[:4] == b"PK\x06\x06" and len(rec) == 56:
-            entries, cd_size = struct.unpack("<Q", rec[32:40])[0], struct.unpack("<Q", rec[40:48])[0]
-    if entries > MAX_ZIP_ENTRIES:
-        raise PicklescopeError(f"{where}: its zip directory declares {entries:,} members, over the "
-                               f"{MAX_ZIP_ENTRIES:,} a saved batch has (one per storage or key)",
-                               "the archive is damaged or not a saved batch")
-    if cd_size > size:
-        raise PicklescopeError(f"{where}: its zip directory declares {fmt_bytes(cd_size)} of records in an archive "
-                               f"of {fmt_bytes(size)}", "the archive is damaged; copy it again")
-    f.seek(0)
-
 
 def _open_zip(f: BinaryIO, where: str, size: int) -> zipfile.ZipFile:
-    """``zipfile.ZipFile`` on ``f`` (of ``size`` bytes), after :func:`_zip_directory`; failures are one line."""
-    _zip_directory(f, size, where)
-    try:
-        return zipfile.ZipFile(f)
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError, struct.error, NotImplementedError) as exc:
-        raise PicklescopeError(f"{where} is not a readable zip archive ({exc})",
-                               "copy it again; a torch.save file is a zip archive") from None
-
-
-def _check_member(info: zipfile.ZipInfo, size: int, where: str, limit: int | None) -> None:
-    """A member's declared sizes against the archive's real size and, for what is read, ``limit``."""
-    name = safe_text(info.filename, 120)
-    if limit is not None and info.file_size > limit:
-        raise PicklescopeError(f"{where}: member {name} declares {fmt_bytes(info.file_size)} uncompressed "
-                               f"({fmt_bytes(info.compress_size)} in the file), over the {fmt_bytes(limit)} limit for "
-                               "the structure of a batch (tensor data lives in other members)",
-                               "the archive is damaged or built to exhaust memory; copy the original again")
-    if info.compress_size > size or info.header_offset + info.compress_size > size:
-        raise PicklescopeError(f"{where}: member {name} declares {fmt_bytes(info.compress_size)} of data at byte "
-                               f"{info.header_offset:,}, past the end of the {fmt_bytes(size)} archive",
-                               "the archive is truncated or damaged; copy it again")
-    if info.compress_type == zipfile.ZIP_STORED and info.file_size != info.compress_size:
-        raise PicklescopeError(f"{where}: member {name} is stored uncompressed but declares {info.file_size:,} bytes "
-                               f"in {info.compress_size:,}", "the archive is damaged; copy it again")
+    """``zipfile.ZipFile`` on ``f`` after its end record is checked against :data:`MAX_ZIP_ENTRIES`."""
+    return open_zip(f, where, size, MAX_ZIP_ENTRIES)
 
 
 class _Archive:

@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from picklescope.cli.commands.common import print_json
-from picklescope.core.safefile import blob_limit, check_file
+from picklescope.core.safefile import blob_limit, check_file, describe_limit
 from picklescope.errors import PicklescopeError, safe_text
 from picklescope.verl.blobinfo import describe_blob, mode_hint, require_pickle
 from picklescope.verl.blobs import load_blob, manifest_entry
@@ -29,15 +29,16 @@ def register(sub: Any) -> None:
 def main(args: argparse.Namespace) -> int:
     if os.path.isdir(args.blob):
         raise PicklescopeError(f"{args.blob} is a directory, not a blob", "give the path of a file inside it")
-    check_file(args.blob, "blob", blob_limit())  # a FIFO, /dev/zero or a sparse giant is named, never read
-    info = describe_blob(args.blob)  # reads only; nothing is written next to the blob
+    # a FIFO, /dev/zero or a sparse giant is named, never read; a blob to load in a child has the tighter limit
+    check_file(args.blob, "blob", blob_limit() if args.codec else describe_limit())
+    info = describe_blob(args.blob)  # streamed, never held; nothing is written next to the blob
     if info.kind != "torch-zip":  # a bare torch.save archive is identified, but is no pickle to load
         require_pickle(info)
     elif args.codec:
         raise PicklescopeError(f"{args.blob} is a bare torch.save archive, not a pickled DataProto or Batch, so "
                                "--as cannot load it", "drop --as to identify it; load it with "
                                "torch.load(path, weights_only=True)")
-    entry = manifest_entry(args.blob) if info.kind == "pickle" else None
+    entry = manifest_entry(args.blob, info.sha256) if info.kind == "pickle" else None
     if args.json:
         loaded = load_blob(args.blob, args.codec, trust=args.trust) if args.codec else None
         print_json({"blob": info.to_dict(), "manifest": entry and {k: v for k, v in entry.items() if k != "expected"},

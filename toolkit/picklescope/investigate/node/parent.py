@@ -247,9 +247,9 @@ def _cleanup(result: NodeResult, proc: Any, conn: Any, driver_start: int | None,
              cfg: dict[str, Any]) -> None:
     """Let the driver end its Ray session, then kill whatever of the cluster we started is still alive.
 
-    The driver gets what is left of the run's limit for its ``ray.shutdown`` (at most
-    :data:`RELEASE_WAIT_S`, and a few seconds are kept for the kill that follows), so the run ends by
-    its ``--timeout`` whatever the driver is stuck in."""
+    The driver gets half of what is left of the run's limit for its ``ray.shutdown`` (at most
+    :data:`RELEASE_WAIT_S`; the other half is kept for the kills that follow), so the run ends by its
+    ``--timeout`` whatever the driver is stuck in."""
     if proc is None:
         return
     if tracking.finished:  # the driver waits for this to end its Ray session
@@ -259,11 +259,13 @@ def _cleanup(result: NodeResult, proc: Any, conn: Any, driver_start: int | None,
             pass
     elif proc.is_alive():  # mid-step (killed worker, error, timeout, Ctrl-C): SIGTERM ends it through its finally
         proc.terminate()
-    left_s = tracking.end_by - time.monotonic() - 3.0
-    proc.join(timeout=max(1.0, min(RELEASE_WAIT_S, left_s)))
+    # the driver's ray.shutdown gets at most half of what is left: on a busy machine the kill of the driver
+    # and of whatever of the cluster remains needs the rest (seconds of kills and /proc scans at load average 25)
+    left_s = tracking.end_by - time.monotonic()
+    proc.join(timeout=max(1.0, min(RELEASE_WAIT_S, left_s / 2, left_s - 3.0)))
     if proc.is_alive():
         proc.kill()
-        proc.join(timeout=5)
+        proc.join(timeout=max(0.5, min(5.0, tracking.end_by - time.monotonic() - 2.0)))
     conn.close()
     if result.processes.get("driver") is not None:
         result.processes["driver"].exit_code = proc.exitcode
