@@ -91,7 +91,7 @@ print(f"{workload} x{scale:g}: payload {fmt_bytes(payload)}, {workers} workers, 
 # exactly as `picklescope node --ray-address HOST:PORT` joins a real one. The notebook's last cell
 # stops every process of it.
 #
-# Starting a node's processes costs about as much again (the driver and every worker import torch),
+# Starting a node's processes costs tens of seconds too (the driver and every worker import torch),
 # so replays that can share them run as a *series* (`node_series`): one driver and one set of workers
 # replay one codec (and collector) after the other. Before each replay of a series they run as many
 # training steps of that replay unmeasured, then a full collection, and only then take their baselines,
