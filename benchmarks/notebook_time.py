@@ -40,7 +40,7 @@ def time_notebook(stem: str, params: dict, top: int, out: Path) -> dict:
     row: dict = {"notebook": stem, "parameters": params, "load_before": [round(x, 2) for x in os.getloadavg()]}
     t = time.monotonic()
     try:
-        nb = nbrun.execute(nbrun.notebook_path(stem), out / f"{stem}.ipynb", params, cwd=out, timeout_s=1800)
+        nb = nbrun.execute(nbrun.notebook_path(stem), out / f"{Path(stem).stem}.ipynb", params, cwd=out, timeout_s=1800)
     except Exception as exc:  # noqa: BLE001 - reported as such: a failed run has no Run All time
         row.update(outcome="error", error=str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc))
         nb = None
