@@ -21,6 +21,9 @@ import os
 import time
 from pathlib import Path
 
+from picklescope.errors import PicklescopeError
+from picklescope.views import nbrun
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -34,8 +37,6 @@ def first_line(cell: dict) -> str:
 
 def time_notebook(stem: str, params: dict, top: int, out: Path) -> dict:
     """One headless Run All of ``stem``: its wall time, its slowest cells and the load around it."""
-    from picklescope.views import nbrun
-
     out.mkdir(parents=True, exist_ok=True)
     row: dict = {"notebook": stem, "parameters": params, "load_before": [round(x, 2) for x in os.getloadavg()]}
     t = time.monotonic()
@@ -69,6 +70,11 @@ def main() -> int:
             params[name] = ast.literal_eval(value)
         except (ValueError, SyntaxError):
             ap.error(f"--param {p}: the value must be a Python literal (a number, a string in quotes, a list)")
+    for stem in args.notebooks:  # every name checked before the first (long) run
+        try:
+            nbrun.notebook_path(stem)
+        except PicklescopeError as exc:
+            ap.error(str(exc))
     rows = []
     for stem in args.notebooks:
         row = time_notebook(stem, params, args.top, REPO / "out" / "notebook_time")
