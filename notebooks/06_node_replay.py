@@ -75,7 +75,7 @@ from IPython.display import display
 
 import picklescope as ps
 from picklescope.core.units import fmt_bytes
-from picklescope.investigate.node import compare_drivers
+from picklescope.investigate.node import compare_drivers, node_series
 from picklescope.transports.ray.local_cluster import LocalCluster
 from picklescope.views import figures, table
 from picklescope.views.richtext import sentence
@@ -86,33 +86,48 @@ payload = ps.load_workload(workload).payload_bytes(scale)
 print(f"{workload} x{scale:g}: payload {fmt_bytes(payload)}, {workers} workers, {steps} training steps")
 
 # %% [markdown]
-# ## 1. One cluster for every run
+# ## 1. One cluster for every run, one node for every series
 # Starting a Ray cluster costs seconds to tens of seconds, so the runs below join one local cluster,
 # exactly as `picklescope node --ray-address HOST:PORT` joins a real one. The notebook's last cell
 # stops every process of it.
+#
+# Starting a node's processes costs tens of seconds too (the driver and every worker import torch),
+# so replays that can share them run as a *series* (`node_series`): one driver and one set of workers
+# replay one codec (and collector) after the other. Before each replay of a series they run as many
+# training steps of that replay unmeasured, then a full collection, and only then take their baselines,
+# so no replay starts with what the one before it left (docs/node.md). Real verl's codecs each load
+# their own verl, so with them every replay starts a node of its own.
 
 # %%
 cluster = LocalCluster(object_store_bytes=max(256 * 2**20, 4 * payload)).start()
 print("cluster at", cluster.address)
 
 
-def replay(codec: str, **kw) -> ps.NodeResult:
-    kw.setdefault("workers", workers)
-    kw.setdefault("steps", steps)
-    kw.setdefault("engine", engine)
-    return ps.node(codec, workload, scale, ray_address=cluster.address, **kw)
+def replays(codecs: list[str], gc: list[str], **kw) -> list[ps.NodeResult]:
+    """One replay per codec, with the collector mode of the same position in ``gc``."""
+    kw = {"workers": workers, "steps": steps, "engine": engine, "ray_address": cluster.address, **kw}
+    if any(c.startswith("verl-") for c in codecs):  # one node each: a process loads one verl
+        return [ps.node(c, workload, scale, gc=mode, **kw) for c, mode in zip(codecs, gc)]
+    done = node_series(codecs, workload, scale, gc=gc, **kw)
+    print(f"{len(done)} replays on one driver and {workers} workers, each (s):",
+          ", ".join(f"{r.wall_s:.1f}" for r in done), "(the first includes starting them)")
+    return done
 
 
 # %% [markdown]
 # ## 2. Legacy and fixed, side by side (Python's default collector)
-# The table gives each run's outcome and peaks as multiples of the payload (the batch's tensor
+# This cell replays every run of this section and the next as one series: the two codecs under
+# Python's default collector, then under each mode of `gc_modes` (section 3 shows those). The table gives each run's outcome and peaks as multiples of the payload (the batch's tensor
 # bytes): *driver peak* is the kernel's exact high-water mark of the driver (it also counts the object
 # store's pages the driver maps), *driver own peak* the highest sample of its private memory (the
 # store apart), *node peak* the highest total of all processes plus the store. The figure stacks every process's memory above its
 # baseline, plus the store: the top edge is the node's total. Shaded bands are training steps.
 
 # %%
-runs = {codec: replay(codec) for codec in (legacy, fixed)}
+modes = list(dict.fromkeys(["default", *gc_modes, "off"]))  # "off" always: section 4 places its budget by it
+done = replays([c for _ in modes for c in (legacy, fixed)], [m for m in modes for _ in (legacy, fixed)])
+by_mode = {m: {legacy: done[2 * i], fixed: done[2 * i + 1]} for i, m in enumerate(modes)}
+runs = by_mode["default"]
 display(sentence(compare_drivers(runs[legacy], runs[fixed]), strong=True))
 display(table.Table(table.node_rows(runs.values()), caption="Python's default collector"))
 for r in runs.values():
@@ -125,12 +140,9 @@ for r in runs.values():
 # With the collector off (some training loops disable it for speed, and a full collection is rare
 # in a big process), every chunk's discarded copy stays: the driver grows by about one batch per
 # training step. `gc.collect()` after every step frees it each time (add `"each-step"` to
-# `gc_modes` to see it). The fixed codec never makes the copy, so the collector does not matter to it.
+# `gc_modes` to see it). These replays ran in section 2's series. The fixed codec never makes the copy, so the collector does not matter to it.
 
 # %%
-by_mode = {"default": runs}
-for mode in gc_modes:
-    by_mode[mode] = {codec: replay(codec, gc=mode) for codec in (legacy, fixed)}
 display(table.Table(table.node_rows([r for pair in by_mode.values() for r in pair.values()]),
                     caption="the driver's memory at each training step's end, above its baseline, x payload; "
                             "growth: from the first step's end to the last one's"))
@@ -143,17 +155,20 @@ display(table.Table(table.node_rows([r for pair in by_mode.values() for r in pai
 # `oom_score_adj` (a number added to that score, so those processes are picked first), so the kernel can pick a worker even though the driver is the one that
 # grew; that is what happens on a real node too. With the collector off (so the legacy *growth*, the driver's memory at the last step's end minus the first's, does
 # not depend on when a collection happens to run) and a budget halfway between the two codecs'
-# peaks, the legacy codec dies and the fixed one completes every step. (On the command line,
+# peaks, the legacy codec dies and the fixed one completes every step. The two replay as one series, the
+# fixed codec first: a kill ends a series (the killed process was part of its node), so the replay
+# expected to die comes last. (On the command line,
 # `picklescope node --node-budget 2x --enforcement cgroup` puts the cluster it starts in one memory
 # *cgroup* (a Linux group of processes with one memory limit, enforced by the kernel) and lets the real kernel choose; it needs a cluster of its own, so it is not run here.)
 
 # %%
-off = by_mode.get("off") or {codec: replay(codec, gc="off") for codec in (legacy, fixed)}
+off = by_mode["off"]
 failed = [r for r in off.values() if r.node_peak_bytes is None]
 if failed:  # the budget lies between the two peaks: without both there is nothing to place it by
     raise RuntimeError(f"{failed[0].codec} with the collector off ended {failed[0].outcome}: {failed[0].error}")
 budget = (off[legacy].node_peak_bytes + off[fixed].node_peak_bytes) // 2
-capped = {codec: replay(codec, gc="off", node_budget=budget) for codec in (legacy, fixed)}
+fixed_capped, legacy_capped = replays([fixed, legacy], ["off", "off"], node_budget=budget)
+capped = {legacy: legacy_capped, fixed: fixed_capped}
 display(table.Table(table.node_rows(capped.values()), caption=f"node budget {fmt_bytes(budget)} above the "
                                                               "node's baseline, collector off"))
 fig = figures.node_figure(capped[legacy])

@@ -400,12 +400,13 @@ class Next(TypedDict):
     series (``investigate/node.node_series``), on a clock that starts at ``t0`` (the parent's monotonic
     clock; ``t0_wall`` the same moment on the wall clock, for workers on another machine).
 
-    The driver switches its codec and every worker's, runs as many unmeasured training steps, takes
+    The driver switches its codec and collector mode and every worker's, runs as many unmeasured training steps, takes
     new baselines and sends :class:`Ready` again.
     """
 
     type: Literal["next"]
     codec: str
+    gc: str  # its collector mode (a series may compare the modes on the same processes)
     t0: float
     t0_wall: float
 

@@ -33,6 +33,7 @@ class Plan:
     """What a checked series of replays needs: its codecs, workload and payload, budget and cgroup base."""
 
     codecs: tuple[str, ...]
+    gc_modes: tuple[str, ...]  # the collector of each replay, one per codec
     workload: Workload
     payload_bytes: int
     budget_bytes: int | None
@@ -97,19 +98,26 @@ def check_enforcement(enforcement: str, budget: int | None, ray_address: str | N
 
 
 def plan(codecs: Sequence[str], workload: str, scale: float, workers: int, steps: int, *, returns: float | None,
-         dispatch: str, gc: str, transport: str, node_budget: Any, ray_address: str | None,
+         dispatch: str, gc: str | Sequence[str], transport: str, node_budget: Any, ray_address: str | None,
          worker_resources: dict[str, float] | None, spread: bool, engine: str, enforcement: str,
          timeout_s: float) -> Plan:
-    """Every option of a series of replays checked, in the order a user reads them; see the module doc."""
+    """Every option of a series of replays checked, in the order a user reads them; see the module doc.
+
+    ``gc`` is one collector mode for every replay, or one per codec (a series that compares the
+    collectors on the same processes)."""
     codecs = tuple(codecs)
     check_timeout(timeout_s)
     if not codecs:
         raise PicklescopeError("a node series needs at least one codec", "name one, e.g. ('numpy-legacy', 'numpy')")
+    gc_modes = tuple(gc) if isinstance(gc, (list, tuple)) else (gc,) * len(codecs)
+    if len(gc_modes) != len(codecs):
+        raise PicklescopeError(f"a node series of {len(codecs)} codec(s) got {len(gc_modes)} collector mode(s)",
+                               "give one mode for every replay (gc='off') or one per codec")
     if len(codecs) > 1 and (engine != "replica" or any(c.startswith("verl-") for c in codecs)):
         raise PicklescopeError("a node series switches codecs inside its processes, which real verl's codecs "
                                "cannot (each loads its own verl)", "run picklescope node once per verl codec")
-    for codec in codecs:
-        check_options(codec, workers, steps, dispatch, gc, transport, returns, engine)
+    for codec, gc_mode in zip(codecs, gc_modes):
+        check_options(codec, workers, steps, dispatch, gc_mode, transport, returns, engine)
     wl = load_workload(workload)
     payload = wl.payload_bytes(scale)
     rows = wl.rows(scale)
@@ -125,4 +133,4 @@ def plan(codecs: Sequence[str], workload: str, scale: float, workers: int, steps
     budget = None if node_budget is None else parse_size(node_budget, "--node-budget").resolve(payload)
     if budget is not None and budget <= 0:
         raise PicklescopeError(f"--node-budget {node_budget!r} must be positive", "use e.g. --node-budget 1.5x")
-    return Plan(codecs, wl, payload, budget, check_enforcement(enforcement, budget, ray_address))
+    return Plan(codecs, gc_modes, wl, payload, budget, check_enforcement(enforcement, budget, ray_address))

@@ -140,7 +140,7 @@ def _drive(conn: Any, cfg: dict[str, Any]) -> None:
         msg = _wait(conn)
         if not isinstance(msg, dict) or msg.get("type") != "next":
             return  # the parent's release (or its end): the Ray session ends in driver_main
-        cfg = {**cfg, "codec": msg["codec"], "t0": msg["t0"], "t0_wall": msg["t0_wall"]}
+        cfg = {**cfg, "codec": msg["codec"], "gc": msg.get("gc", cfg["gc"]), "t0": msg["t0"], "t0_wall": msg["t0_wall"]}
         if isinstance(engine, ReplicaEngine):  # a series runs the built-in codecs on the replica engine only
             engine.switch(NodeData(cfg["codec"]), cfg)
 
@@ -150,6 +150,7 @@ def _replay(conn: Any, cfg: dict[str, Any], engine: ReplicaEngine | VerlEngine, 
     series = cfg.get("warm_up") == "steps"
     if series:  # every replay of a series starts after as many unmeasured training steps of its own codec,
         # under its own collector: the store pages and allocator arenas its pattern needs are in its baseline
+        gc.enable()  # the replay before may have turned the collector off; this one's mode decides
         collector.apply_mode(cfg["gc"])
         for _ in range(cfg["steps"]):
             engine.step(whole)

@@ -59,7 +59,8 @@ def node(codec: str = "numpy", workload: str = "flowgrpo", scale: float = DEFAUL
 
 
 def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float = DEFAULT_SCALE, workers: int = 4,
-                steps: int = 4, *, returns: float | None = None, dispatch: str = "chunk", gc: str = "default",
+                steps: int = 4, *, returns: float | None = None, dispatch: str = "chunk",
+                gc: str | Sequence[str] = "default",
                 transport: str = "ray-arg", node_budget: Any = None, ray_address: str | None = None,
                 worker_resources: dict[str, float] | None = None, spread: bool = False, engine: str = "replica",
                 enforcement: str = "watchdog", timeout_s: float = 900.0, sample_interval_s: float = 0.001,
@@ -73,7 +74,9 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
     part of every replay's baseline, docs/node.md says what that means for the figures) and a full
     collection with the freed heap given back; then its own baseline, its own clock (``t_s`` from its own
     start) and its own session. A series needs codecs one process can switch between: the built-in ones. A replay that
-    does not end ``ok`` ends the series; the replays after it say so. Every option applies to each replay.
+    does not end ``ok`` ends the series; the replays after it say so. Every option applies to each replay, except
+    ``gc``, which may also give one collector mode per codec (``codecs=(a, b, a, b), gc=("default", "default",
+    "off", "off")``): comparing the collectors then needs no second start of the node either.
     """
     t0 = time.monotonic()  # the run's own clock: it ends by t0 + timeout_s, clean-up included
     checked = plan(codecs, workload, scale, workers, steps, returns=returns, dispatch=dispatch, gc=gc,
@@ -81,23 +84,25 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
                    worker_resources=worker_resources, spread=spread, engine=engine, enforcement=enforcement,
                    timeout_s=timeout_s)
     codecs, wl, payload, budget = checked.codecs, checked.workload, checked.payload_bytes, checked.budget_bytes
+    gc_modes = checked.gc_modes
     sweep_orphans()
     reserve = cleanup_reserve(timeout_s)
     run_dir = make_temp_dir("picklescope-node-", socket="events.sock")  # the workers' events
     ray_tmp = None if ray_address else make_temp_dir("psray-", for_ray=True)
     sends = workers if dispatch == "broadcast" else 2
     room = sends * payload
-    if gc == "off":  # room for the chunks uncollected cycles keep pinned, up to 16 steps' worth: a full
+    if "off" in gc_modes:  # room for the chunks uncollected cycles keep pinned, up to 16 steps' worth: a full
         # store makes Ray call gc.collect() in every process, which --gc off must not get by accident
         # (a series' unmeasured steps before each replay pin as many again until they are collected)
         room = max(room, (min(steps, 16) * (2 if len(codecs) > 1 else 1) + 1) * payload
                    * (workers if dispatch == "broadcast" else 1))
     store = object_store_bytes(payload, int(room + (returns or 0) * payload + 64 * 2**20))
-    results = [NodeResult(codec, wl.name, scale, workers, steps, payload, dispatch, gc, transport, returns,
-                          engine=engine, enforcement=enforcement, budget_bytes=budget) for codec in codecs]
+    results = [NodeResult(codec, wl.name, scale, workers, steps, payload, dispatch, mode, transport, returns,
+                          engine=engine, enforcement=enforcement, budget_bytes=budget)
+               for codec, mode in zip(codecs, gc_modes)]
     accepter = Accepter(run_dir)
     cfg = {"codec": codecs[0], "workload": wl.source or wl.name, "scale": scale,
-           "workers": workers, "steps": steps, "returns": returns, "dispatch": dispatch, "gc": gc,
+           "workers": workers, "steps": steps, "returns": returns, "dispatch": dispatch, "gc": gc_modes[0],
            "transport": transport, "engine": engine, "ray_path": "arg", "ray_address": ray_address,
            "ray_temp_dir": ray_tmp, "warm_up": "steps" if len(codecs) > 1 else "row",
            "object_store_bytes": store, "run_dir": run_dir, "t0": t0,
@@ -129,7 +134,7 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
             start = t0
             if i:
                 start = time.monotonic()
-                conn.send(Next(type="next", codec=result.codec, t0=start,
+                conn.send(Next(type="next", codec=result.codec, gc=result.gc, t0=start,
                                t0_wall=time.time() - (time.monotonic() - start)))
             measured = MeasuredRun(start, run_dir, sample_interval_s, reading="private",
                                    budget_bytes=None if cg_path else budget).start()

@@ -62,9 +62,9 @@ class ReplicaEngine:
         self.ray.get([w.finish.remote() for w in self.workers])
 
     def switch(self, data: NodeData, cfg: dict[str, Any]) -> None:
-        """The next replay of a series: its codec and clock, here and in every worker."""
+        """The next replay of a series: its codec, collector mode and clock, here and in every worker."""
         self.data, self.cfg = data, cfg
-        self.ray.get([w.switch.remote(cfg["codec"], cfg["t0"], cfg["t0_wall"]) for w in self.workers])
+        self.ray.get([w.switch.remote(cfg["codec"], cfg["t0"], cfg["t0_wall"], cfg["gc"]) for w in self.workers])
 
     def step(self, whole: Any) -> None:
         """One training step as verl's single controller runs it (DP_COMPUTE_PROTO: chunk, call, collect)."""

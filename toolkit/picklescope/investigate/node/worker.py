@@ -68,11 +68,14 @@ class NodeWorker:
     def _send(self, ev: Event) -> None:
         self.conn.send(ev)
 
-    def switch(self, codec: str, t0: float, t0_wall: float) -> None:
-        """The next replay of a series: its codec and its clock (:meth:`arm` then takes the new baseline)."""
-        self.cfg = {**self.cfg, "codec": codec, "t0": t0, "t0_wall": t0_wall}
+    def switch(self, codec: str, t0: float, t0_wall: float, gc_mode: str | None = None) -> None:
+        """The next replay of a series: its codec, its collector mode (the unmeasured steps before it run
+        under it already, as in the driver) and its clock (:meth:`arm` then takes the new baseline)."""
+        self.cfg = {**self.cfg, "codec": codec, "t0": t0, "t0_wall": t0_wall, "gc": gc_mode or self.cfg["gc"]}
         self.data = NodeData(codec)
         self.t0 = events.local_t0(self.cfg)
+        gc.enable()
+        collector.apply_mode(self.cfg["gc"])
 
     def compute(self, arg: Any) -> Any:
         """Receive a chunk (already deserialized by Ray, or a ref to ``ray.get``), return a small result."""
