@@ -59,9 +59,16 @@ def __setstate__(self, data):
 '''
 
 
-def cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "picklescope", *args], capture_output=True, text=True,
-                          timeout=timeout)
+def in_process(*args: str, capfd: pytest.CaptureFixture[str]) -> subprocess.CompletedProcess:
+    """``picklescope ARGS`` through the CLI's ``main()`` in this process, for checks of its exit status and
+    messages: no interpreter to start, no torch to import, no forkserver to warm. Whatever the command
+    starts itself still runs in children (their output is captured at the file descriptors)."""
+    from picklescope.cli import main
+
+    capfd.readouterr()
+    rc = main(list(args))
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(["picklescope", *args], rc, out, err)
 
 
 @pytest.fixture(scope="module")
@@ -200,12 +207,14 @@ def test_mode_mismatch_between_sender_and_receiver_is_explained(verl_envs):
     assert "a bytes-like object is required" in r.error  # verl's own error is kept for reference
 
 
-def test_inspect_loads_only_trusted_blobs_and_explains_the_wrong_mode(verl_envs, tmp_path):
+def test_inspect_loads_only_trusted_blobs_and_explains_the_wrong_mode(verl_envs, tmp_path, capfd):
+    # the command in this process (the blob is loaded in a child with --as; verl never enters this process,
+    # which test_verl_is_never_imported_in_the_parent checks)
     outside = tmp_path / "old.pkl"
     shutil.copy(Path(__file__).parents[1] / "data" / "blobs" / "verl-0.9.0-numpy.pkl", outside)
-    p = cli("inspect", str(outside), "--as", "verl-0.9.1:numpy")
+    p = in_process("inspect", str(outside), "--as", "verl-0.9.1:numpy", capfd=capfd)
     assert p.returncode == 2 and "refusing to unpickle" in p.stderr and "--trust" in p.stderr
-    p = cli("inspect", str(outside), "--as", "verl-0.9.1:torch", "--trust")
+    p = in_process("inspect", str(outside), "--as", "verl-0.9.1:torch", "--trust", capfd=capfd)
     assert p.returncode == 2
     assert "written in numpy mode, read in torch mode" in p.stderr
     assert "set VERL_DATAPROTO_SERIALIZATION_METHOD=numpy on the receiver" in p.stderr
@@ -258,10 +267,13 @@ def test_checkout_source_links_only_the_package(verl_envs, tmp_path, monkeypatch
     assert not any(str(checkout) in p for p in report["tests_importable_from"])
 
 
-def test_confirm_cli_with_headroom_and_an_emitted_test(verl_envs, numpy_first, tmp_path):
+def test_confirm_cli_with_headroom_and_an_emitted_test(verl_envs, numpy_first, tmp_path, capfd):
+    # the command's main() in this process: its runs, headroom searches and the emitted test's two pytest
+    # runs are children either way; what is saved is an interpreter that imports torch and warms a forkserver
     emitted = tmp_path / "verl-repo" / "tests" / "test_dataproto_memory.py"
-    p = cli("confirm", "--baseline", "verl-0.9.0:numpy", "--candidate", str(numpy_first),
-            "--workload", WORKLOAD, "--scale", "0.05", "--no-trace", "--emit-test", str(emitted), "--json")
+    p = in_process("confirm", "--baseline", "verl-0.9.0:numpy", "--candidate", str(numpy_first),
+                   "--workload", WORKLOAD, "--scale", "0.05", "--no-trace", "--emit-test", str(emitted), "--json",
+                   capfd=capfd)
     assert p.returncode == 0, p.stderr
     d = json.loads(p.stdout)
     assert d["ok"] and d["verdict"].startswith("CONFIRMED")
@@ -278,7 +290,7 @@ def test_confirm_cli_with_headroom_and_an_emitted_test(verl_envs, numpy_first, t
     assert [(r["passed"], r["returncode"]) for r in e["runs"]] == [(False, 1), (True, 0)]  # same 0.9.0 wheel
 
 
-def test_user_errors_are_one_line(verl_envs, tmp_path):
+def test_user_errors_are_one_line(verl_envs, tmp_path, capfd):
     from picklescope import run
     from picklescope.errors import PicklescopeError
     from picklescope.investigate.confirm import confirm
@@ -289,7 +301,7 @@ def test_user_errors_are_one_line(verl_envs, tmp_path):
         (("verl", "install", "nine"), "not a verl version number"),
         (("confirm", "--baseline", "verl-0.9.0:numpy", "--candidate", str(empty)), "defines neither"),
     ]:
-        p = cli(*args, timeout=120)
+        p = in_process(*args, capfd=capfd)  # messages only: the command's main() in this process
         assert p.returncode == 2, (args, p.stdout, p.stderr)
         assert needle in p.stderr and len(p.stderr.strip().splitlines()) == 1, (args, p.stderr)
     for call, needle in [
