@@ -263,3 +263,19 @@ def test_a_polyglot_is_refused_with_and_without_trust_and_never_run(tmp_path):
         assert_one_line(p, str(poly), "polyglot", "refused with or without --trust", "save the batch on its own")
         assert_small(above, hwm)
         assert not marker.exists(), extra
+
+
+def test_a_trusted_load_of_a_pickle_that_names_code_is_refused_and_never_run(tmp_path):
+    """``--trust`` allows the loader the file's format calls for, nothing more (docs/safe_loading.md): a whole
+    pickle whose ``__reduce__`` calls ``os.system`` is refused by ``inspect --as`` with ``--trust``, in its
+    child, before the call, and the command never runs."""
+    marker = tmp_path / "marker-created-by-the-file"
+    evil = tmp_path / "evil.pkl"
+    evil.write_bytes(pickle.dumps(_Touch(marker), protocol=4))
+    for codec in ("numpy", "numpy-legacy"):
+        p, above, hwm = inspect_measured(tmp_path, str(evil), "--as", codec, "--trust")
+        assert "classes named: posix.system" in p.stdout  # identified first, without loading
+        line = p.stderr.strip()
+        assert p.returncode == 2 and len(line.splitlines()) == 1 and "Traceback" not in line, p.stderr[-2000:]
+        assert "posix.system" in line and "not on the allow-list of a trusted load" in line, line
+        assert not marker.exists(), codec

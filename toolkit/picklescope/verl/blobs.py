@@ -137,10 +137,17 @@ class _Captured:
         self.state = state
 
 
-class _CapturingUnpickler(pickle.Unpickler):
+class _CapturingUnpickler(_trust.AllowListUnpickler):
+    """The trusted load's unpickler: a DataProto is captured (its state goes to the codec's real
+    ``__setstate__``), picklescope's own Batch (which saved blobs name) is allowed, and every other name
+    must be on the allow-list of plain-data constructors: a stream that names other code is refused,
+    with ``--trust`` or without (docs/safe_loading.md)."""
+
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) == ("verl.protocol", "DataProto"):
             return _Captured
+        if (module, name) == ("picklescope.batch", "Batch"):
+            return Batch
         return super().find_class(module, name)
 
 
