@@ -101,6 +101,12 @@ def _drive(conn: Any, cfg: dict[str, Any]) -> None:
     if cfg.get("cgroup") and not cgroup.add_process(cfg["cgroup"], os.getpid()):
         raise PicklescopeError(f"the node's driver cannot join the memory cgroup {cfg['cgroup']}",
                                "use --enforcement watchdog")
+    if cfg.get("ray_view_cgroup"):  # Ray's monitor reads the watched cgroup as the machine's (see enforce)
+        try:
+            cgroup.view_as_root(cfg["ray_view_cgroup"])
+        except OSError as exc:
+            raise PicklescopeError(f"--enforcement ray cannot show the run's cgroup to Ray: {exc}",
+                                   "use --enforcement cgroup or watchdog") from None
     data = NodeData(cfg["codec"])
     if data.info:
         conn.send(CodecInfo(type="codec_info", side="driver", info=data.info))
