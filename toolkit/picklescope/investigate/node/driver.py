@@ -38,6 +38,7 @@ from picklescope.transports.ray.driver import (
 )
 from picklescope.workloads.spec import load_workload
 
+ROUGH_MEMORY_RESOURCE = 2**30  # --enforcement ray: Ray's logical memory resource (no task reserves any)
 DRIVER_LOG = "driver.log"  # the driver's stdout and stderr, in the run's folder
 
 
@@ -192,10 +193,15 @@ def _replay(conn: Any, cfg: dict[str, Any], engine: ReplicaEngine | VerlEngine, 
 
 
 def _init_args(cfg: dict[str, Any]) -> dict[str, Any] | None:
-    """``ray.init`` arguments for the verl engine's own cluster: one logical CPU per worker (verl's
-    resource pool reserves a CPU bundle per worker); None (the usual arguments) otherwise."""
-    if cfg.get("engine") != "verl" or cfg.get("ray_address"):
+    """``ray.init`` arguments of a cluster the run starts: for the verl engine one logical CPU per worker
+    (verl's resource pool reserves a CPU bundle per worker), for ``--enforcement ray`` a given memory
+    resource; the usual arguments otherwise (None for a joined cluster)."""
+    if cfg.get("ray_address"):
         return None
     args = init_args(cfg)
-    args["num_cpus"] = max(int(args.get("num_cpus") or 1), int(cfg["workers"]))
+    if cfg.get("ray_view_cgroup"):  # Ray now reads the watched cgroup's small limit as the machine's memory;
+        # its logical "memory" resource (what tasks may reserve, none here) is given, not derived from it
+        args["_memory"] = ROUGH_MEMORY_RESOURCE
+    if cfg.get("engine") == "verl":
+        args["num_cpus"] = max(int(args.get("num_cpus") or 1), int(cfg["workers"]))
     return args
