@@ -19,7 +19,7 @@ import pytest
 
 from picklescope.core import cgroup
 from picklescope.errors import PicklescopeError
-from picklescope.investigate.node import NodeResult, enforce, node
+from picklescope.investigate.node import NodeResult, enforce, node, node_series
 from picklescope.measure.session import KillRecord
 from picklescope.transports.ray import ray_available
 
@@ -84,6 +84,9 @@ def test_bad_input_is_one_line():
         with pytest.raises(PicklescopeError) as exc:
             node("numpy", **kw)
         assert "--enforcement ray" in exc.value.problem
+    with pytest.raises(PicklescopeError) as exc:
+        node_series(("numpy-legacy", "numpy"), node_budget="2x", enforcement="ray")
+    assert "--enforcement ray" in exc.value.problem
 
 
 def test_a_private_mount_namespace_shows_the_runs_cgroup_where_ray_reads():

@@ -115,6 +115,9 @@ def plan(codecs: Sequence[str], workload: str, scale: float, workers: int, steps
     if len(codecs) > 1 and (engine != "replica" or any(c.startswith("verl-") for c in codecs)):
         raise PicklescopeError("a node series switches codecs inside its processes, which real verl's codecs "
                                "cannot (each loads its own verl)", "run picklescope node once per verl codec")
+    if len(codecs) > 1 and enforcement == "ray":  # Ray's threshold is fixed at start-up on one watched cgroup
+        raise PicklescopeError("--enforcement ray watches one cgroup from the first replay's baseline, so a series' "
+                               "later replays would start above it", "run picklescope node once per codec")
     for codec in codecs:
         check_options(codec, workers, steps, dispatch, gc, transport, returns, engine)
     wl = load_workload(workload)
