@@ -115,6 +115,8 @@ def _drive(conn: Any, cfg: dict[str, Any]) -> None:
     niceness = os.getpriority(os.PRIO_PROCESS, 0)
     import ray  # deferred: Ray is imported only in the node's own processes, never by the parent
 
+    if cfg.get("ray_view_cgroup"):
+        _machine_memory_for_ray_start()
     init_ray(conn, cfg, _init_args(cfg))  # the start-up policy of transports.ray.startup
     info = cluster_info()
     info["node_id"] = ray.get_runtime_context().get_node_id()
@@ -190,6 +192,18 @@ def _replay(conn: Any, cfg: dict[str, Any], engine: ReplicaEngine | VerlEngine, 
                    cycle_held_bytes=m.cycle_held_bytes, t_s=m.end_t, full_collections=m.at_end))
     conn.send(Finished(type="finished"))
     return True
+
+
+def _machine_memory_for_ray_start() -> None:
+    """``--enforcement ray``: Ray's Python start-up (in this process) sizes and checks the object store
+    against the machine's memory, which it reads at the same cgroup path as the raylet's monitor; with
+    the watched cgroup shown there it would refuse a store larger than the budget. Its checks get the
+    machine's memory; the raylet's monitor (C++, its own reading) still sees the watched cgroup."""
+    import psutil
+    import ray._common.utils as ray_utils  # deferred: Ray is imported only in the node's own processes
+
+    total = int(psutil.virtual_memory().total)
+    ray_utils.get_system_memory = lambda *args, **kwargs: total
 
 
 def _init_args(cfg: dict[str, Any]) -> dict[str, Any] | None:
