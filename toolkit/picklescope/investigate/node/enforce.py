@@ -97,7 +97,11 @@ def remove(path: str, result: NodeResult) -> None:
 
 
 # -- --enforcement ray: Ray's own memory monitor chooses and kills ----------------------------------
-RAY_THRESHOLD = 0.95  # Ray's default RAY_memory_usage_threshold; the user's own value is used when set
+# The run's RAY_memory_usage_threshold (the user's own value is used when set). Not Ray's default 0.95:
+# the kernel's limit is the budget / threshold, and at 0.95 the 5% between them is less than one chunk's
+# write, which the kernel then sees before a 50 ms poll of Ray's monitor does (measured: the kernel killed
+# the driver in an object-store write). At 0.5 the kernel's limit is twice the budget.
+RAY_THRESHOLD = 0.5
 RAY_REFRESH_MS = "50"  # Ray's default is 250 ms: a short one so the monitor acts before the kernel's limit
 RAY_KILL_TYPES = ("OutOfMemoryError",)
 _WORKER_ID = re.compile(r"Ray killed this worker \(ID: ([0-9a-f]+)\)")
