@@ -48,6 +48,32 @@ def _usable() -> str | None:
     return None if ok else why
 
 
+# Ray 2.60's words (abridged) from a measured run: the chosen worker on its own line, the table header
+# on the "Top 10" line
+MESSAGE_260 = textwrap.dedent("""\
+    1 worker(s) were killed due to the node running low on memory. Memory on the node (IP: 192.0.2.2, ID: 5ed0) \
+    was 0.37GB used / 0.55GB limit (0.677318)
+    OOM kill reason: Memory usage 303017984B exceeded threshold of 297201664B (50.0% of 594403328B limit)
+    Ray killed 1 worker(s) based on the killing policy
+    Considered workers: [
+    Selected to kill: (Actor(7fa6): job ID=01000000, lease ID=0100, task name=NodeWorker.__init__, \
+    required resources={}, pid=23567, actual memory used=0.29GB, worker ID=117015347687c17c)
+    ]
+    Top 10 memory users: PID\tMEM(GB)\tCOMMAND
+    23490\t0.29\tray::NodeWorker
+    23567\t0.29\tray::NodeWorker
+    Refer to the documentation on how to address the out of memory issue.
+    """)
+
+
+def test_ray_260_message_names_the_selected_worker():
+    said = enforce.ray_victim(MESSAGE_260)
+    assert said["pid"] == 23567 and said["worker_id"] == "117015347687c17c"
+    assert said["task"] == "NodeWorker.__init__"
+    assert [row["pid"] for row in said["top_memory_users"]] == [23490, 23567]
+    assert enforce.is_ray_kill({"exc_type": "OutOfMemoryError", "message": MESSAGE_260})
+
+
 def test_ray_message_names_the_worker_and_its_top_memory_users():
     said = enforce.ray_victim(MESSAGE)
     assert said["worker_id"] == "9a8b7c6d"

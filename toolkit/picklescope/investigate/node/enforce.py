@@ -104,7 +104,8 @@ def remove(path: str, result: NodeResult) -> None:
 RAY_THRESHOLD = 0.5
 RAY_REFRESH_MS = "50"  # Ray's default is 250 ms: a short one so the monitor acts before the kernel's limit
 RAY_KILL_TYPES = ("OutOfMemoryError",)
-_WORKER_ID = re.compile(r"Ray killed this worker \(ID: ([0-9a-f]+)\)")
+_WORKER_ID = re.compile(r"Ray killed this worker \(ID: ([0-9a-f]+)\)")  # Ray before 2.56
+_SELECTED = re.compile(r"Selected to kill: \((.*?)\)\s*$", re.M)  # Ray 2.56+: one line per worker it chose
 _TOP_ROW = re.compile(r"^\s*(\d+)\s+([0-9.]+)\s+(\S.*)$")
 
 
@@ -131,12 +132,26 @@ def is_ray_kill(ev: dict[str, Any]) -> bool:
 
 
 def ray_victim(message: str) -> dict[str, Any]:
-    """What Ray's message says about the kill: the worker's id and the "Top 10 memory users" rows."""
+    """What Ray's message says about the kill: the worker's id, the pid and task it selected (Ray 2.56+),
+    and the "Top 10 memory users" rows."""
     found = _WORKER_ID.search(message)
+    selected = _SELECTED.search(message)
+    worker_id = found.group(1) if found else None
+    pid = task = None
+    if selected:
+        text = selected.group(1)
+        for key, pattern in (("pid", r"pid=(\d+)"), ("task", r"task name=([^,]+)"), ("id", r"worker ID=([0-9a-f]+)")):
+            m = re.search(pattern, text)
+            if m and key == "pid":
+                pid = int(m.group(1))
+            elif m and key == "task":
+                task = m.group(1).strip()
+            elif m:
+                worker_id = m.group(1)
     top = []
     in_table = False
     for line in message.splitlines():
-        if line.strip().startswith("PID") and "MEM" in line:
+        if "PID" in line and "MEM" in line:
             in_table = True
             continue
         m = _TOP_ROW.match(line) if in_table else None
@@ -144,7 +159,7 @@ def ray_victim(message: str) -> dict[str, Any]:
             top.append({"pid": int(m.group(1)), "gb": float(m.group(2)), "command": m.group(3).strip()})
         elif in_table and line.strip():
             in_table = False
-    return {"worker_id": found.group(1) if found else None, "top_memory_users": top}
+    return {"worker_id": worker_id, "pid": pid, "task": task, "top_memory_users": top}
 
 
 def record_ray_kill(session: Session, result: NodeResult, tracking: Tracking, ev: dict[str, Any]) -> bool:
@@ -158,7 +173,7 @@ def record_ray_kill(session: Session, result: NodeResult, tracking: Tracking, ev
     named = {name: rec.pid for name, rec in session.processes.items()}
     by_pid = {pid: name for name, pid in named.items()}
     dead = [name for name, pid in named.items() if name != "driver" and not _alive(pid)]
-    listed = [by_pid[row["pid"]] for row in said["top_memory_users"] if row["pid"] in by_pid]
+    listed = [by_pid[p] for p in [said["pid"]] + [row["pid"] for row in said["top_memory_users"]] if p in by_pid]
 
     def seen_until(name: str) -> float:
         r = session.processes.get(name)
@@ -179,6 +194,8 @@ def record_ray_kill(session: Session, result: NodeResult, tracking: Tracking, ev
     result.killed_by, result.killed_message = "ray", message
     result.cgroup["killed_by"] = "Ray's memory monitor"
     result.cgroup["ray_worker_id"] = said["worker_id"]
+    result.cgroup["ray_selected"] = {"pid": said["pid"], "task": said["task"],
+                                     "process": by_pid.get(said["pid"]) if said["pid"] else None}
     result.cgroup["ray_top_memory_users"] = said["top_memory_users"]
     if len(dead) > 1:
         result.notes.append("also gone when Ray's memory monitor fired: " + ", ".join(n for n in dead if n != victim))
