@@ -198,3 +198,34 @@ display(sentence(answer, strong=True))
 # %%
 cluster.stop()
 print("cluster stopped, left:", cluster.report["remaining"])
+
+# %% [markdown]
+# ## Your node
+#
+# The replays above fit on this machine. `picklescope predict` answers for a node that does not: it
+# plays a cost model fitted on small replays forward at your batch, your workers and your node's RAM,
+# and names the training step and the process Ray's memory monitor would kill (docs/predict.md). Set
+# the sizes of your node below. The fit needs replays at three sizes and two worker counts; they are
+# cached after the first `picklescope predict` on this workload, and this cell uses them only if they
+# are all cached (it says so otherwise, and runs nothing).
+
+# %%
+from picklescope.investigate.predict import fit as fitting  # noqa: E402
+from picklescope.investigate.predict.prediction import predict  # noqa: E402
+from picklescope.workloads.spec import load_workload  # noqa: E402
+
+your_payload = "44GB"  # the batch's tensor payload (verl-omni #402: 512 videos of about 86 MB)
+your_workers, your_steps, your_node_memory = 8, 120, "1507GB"
+your_gc = "default"
+wl_fit = load_workload(workload)
+missing = [(c, s, w) for c in (legacy, fixed) for s in fitting.FIT_SCALES for w in fitting.FIT_WORKERS
+           if fitting.load_cached(fitting.cache_path(wl_fit, c, your_gc, s, w, fitting.FIT_STEPS)) is None]
+if missing:
+    print(f"not predicted: {len(missing)} of the fit's replays are not cached (first: {missing[0][0]} at "
+          f"x{missing[0][1]:g} with {missing[0][2]} workers). Run once, outside the notebook:\n"
+          f"  picklescope predict --workload {workload} --codec {legacy},{fixed} --gc {your_gc} "
+          f"--payload {your_payload} --workers {your_workers} --steps {your_steps} --node-memory {your_node_memory}")
+else:
+    for p in predict((legacy, fixed), workload, payload=your_payload, workers=your_workers, steps=your_steps,
+                     gc=your_gc, node_memory=your_node_memory):
+        print(p.summary(), end="\n\n")

@@ -13,7 +13,10 @@ uses the watchdog.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import subprocess
+import sys
 import time
 
 from picklescope.core.procmem import kill_until_gone
@@ -290,3 +293,63 @@ def remove(path: str) -> None:
             return
         except OSError:
             time.sleep(0.02)
+
+
+# -- a cgroup seen as the machine's memory cgroup, by one process tree ------------------------------
+_CLONE_NEWNS = 0x00020000
+_MS_BIND, _MS_REC, _MS_PRIVATE = 4096, 16384, 1 << 18
+
+
+def view_as_root(path: str) -> None:
+    """Make the calling thread (and every process it starts from now on) see the cgroup ``path`` where
+    the machine's v1 memory hierarchy is mounted, as a container sees its own cgroup.
+
+    Ray's memory monitor reads ``/sys/fs/cgroup/memory/memory.limit_in_bytes`` and
+    ``memory.usage_in_bytes`` at that fixed place, never the cgroup its raylet is in; inside a private
+    mount namespace with ``path`` bound there, it reads ``path``'s limit as the node's memory and
+    ``path``'s usage as what the node uses. Needs CAP_SYS_ADMIN; raises OSError (with why) otherwise.
+    Nothing outside the new namespace changes, and it ends with the last process in it.
+    """
+    mount = _v1_memory_mount()
+    if mount is None:
+        raise OSError("no cgroup v1 memory hierarchy is mounted")
+    libc = ctypes.CDLL(None, use_errno=True)
+    for what, ok in (("unshare(CLONE_NEWNS)", lambda: libc.unshare(_CLONE_NEWNS)),
+                     ("making / private", lambda: libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None)),
+                     (f"binding {path}", lambda: libc.mount(path.encode(), mount[0].encode(), None, _MS_BIND, None))):
+        if ok() != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"{what} failed: {os.strerror(err)}")
+
+
+def can_view_as_root() -> tuple[bool, str]:
+    """Whether :func:`view_as_root` works here, tried in a throw-away child (this process keeps its mounts)."""
+    code = ("import ctypes,sys; l=ctypes.CDLL(None,use_errno=True); "
+            f"sys.exit(0 if l.unshare({_CLONE_NEWNS})==0 else ctypes.get_errno())")
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, f"cannot start a probe ({exc})"
+    if done.returncode == 0:
+        return True, "a private mount namespace can show the run's cgroup to Ray"
+    return False, f"this user cannot make a private mount namespace ({os.strerror(done.returncode)})"
+
+
+def move_all(src: str, dst: str) -> list[int]:
+    """Move every process of ``src`` into ``dst`` (their charges so far stay with ``src``); the pids moved."""
+    moved = []
+    for pid in procs(src):
+        if add_process(dst, pid):
+            moved.append(pid)
+    return moved
+
+
+def set_limit(path: str, limit_bytes: int) -> None:
+    """Cap ``path`` at ``limit_bytes`` (swap counted too, where the kernel counts it)."""
+    _write(os.path.join(path, "memory.limit_in_bytes"), str(limit_bytes))
+    memsw = os.path.join(path, "memory.memsw.limit_in_bytes")
+    if os.path.exists(memsw):
+        try:
+            _write(memsw, str(limit_bytes))
+        except OSError:
+            pass

@@ -43,8 +43,9 @@ def register(sub: Any) -> None:
     p.add_argument("--engine", default="replica",
                    help="replica (default), or verl: real verl's RayWorkerGroup, DP_COMPUTE_PROTO (needs a verl codec)")
     p.add_argument("--enforcement", default="watchdog",
-                   help="watchdog (default: kill the highest oom_score at the budget) or cgroup (one memory cgroup "
-                        "for the cluster, the kernel's OOM killer picks)")
+                   help="watchdog (default: kill the highest oom_score at the budget), cgroup (one memory cgroup "
+                        "for the cluster, the kernel's OOM killer picks) or ray (Ray's memory monitor picks and kills "
+                        "at the budget, with its own message)")
     p.add_argument("--ray-address", default=None, help="join this Ray cluster instead of starting a local one")
     p.add_argument("--worker-resources", type=_resources, default=None,
                    help="Ray resources each worker needs, as JSON (pins workers to nodes that have them)")

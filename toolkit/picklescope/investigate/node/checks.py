@@ -23,7 +23,7 @@ DISPATCHES = ("chunk", "broadcast")
 GC_MODES = ("default", "off", "each-step")
 NODE_TRANSPORTS = ("ray-arg", "ray")
 ENGINES = ("replica", "verl")
-ENFORCEMENTS = ("watchdog", "cgroup")
+ENFORCEMENTS = ("watchdog", "cgroup", "ray")
 MIN_TIMEOUT_S = 60.0
 DEFAULT_SCALE = 0.25
 
@@ -80,20 +80,27 @@ def check_enforcement(enforcement: str, budget: int | None, ray_address: str | N
     """The cgroup directory to create the run's memory cgroup in (``cgroup``), else None; bad input raises."""
     if enforcement not in ENFORCEMENTS:
         raise PicklescopeError(f"--enforcement {enforcement!r} is not one of {', '.join(ENFORCEMENTS)}",
-                               "use --enforcement watchdog (the oom_score check) or cgroup (the kernel)")
+                               "use --enforcement watchdog (the oom_score check), cgroup (the kernel) or ray "
+                               "(Ray's memory monitor)")
     if enforcement == "watchdog":
         return None
     if budget is None:
-        raise PicklescopeError("--enforcement cgroup needs a --node-budget (the cgroup's limit above the baseline)",
-                               "add e.g. --node-budget 2x")
+        raise PicklescopeError(f"--enforcement {enforcement} needs a --node-budget (where it kills, above the "
+                               "node's baseline)", "add e.g. --node-budget 2x")
     if ray_address:
-        raise PicklescopeError("--enforcement cgroup puts the cluster it starts in one cgroup; a joined cluster's "
-                               "processes are not its children", "leave --ray-address out with --enforcement cgroup")
+        raise PicklescopeError(f"--enforcement {enforcement} puts the cluster it starts in a cgroup; a joined "
+                               "cluster's processes are not its children",
+                               f"leave --ray-address out with --enforcement {enforcement}")
     cgroup.remove_stale_everywhere()
     base, why = cgroup.support()
     if base is None:
-        raise PicklescopeError(f"--enforcement cgroup is unavailable here: {why}",
+        raise PicklescopeError(f"--enforcement {enforcement} is unavailable here: {why}",
                                "use --enforcement watchdog (picklescope kills the highest oom_score itself)")
+    if enforcement == "ray":
+        ok, why = cgroup.can_view_as_root()
+        if not ok:  # Ray's monitor reads the cgroup at /sys/fs/cgroup/memory only: it must be shown there
+            raise PicklescopeError(f"--enforcement ray is unavailable here: {why}",
+                                   "use --enforcement cgroup (the kernel) or watchdog")
     return base
 
 
@@ -116,6 +123,9 @@ def plan(codecs: Sequence[str], workload: str, scale: float, workers: int, steps
     if len(codecs) > 1 and (engine != "replica" or any(c.startswith("verl-") for c in codecs)):
         raise PicklescopeError("a node series switches codecs inside its processes, which real verl's codecs "
                                "cannot (each loads its own verl)", "run picklescope node once per verl codec")
+    if len(codecs) > 1 and enforcement == "ray":  # Ray's threshold is fixed at start-up on one watched cgroup
+        raise PicklescopeError("--enforcement ray watches one cgroup from the first replay's baseline, so a series' "
+                               "later replays would start above it", "run picklescope node once per codec")
     for codec, gc_mode in zip(codecs, gc_modes):
         check_options(codec, workers, steps, dispatch, gc_mode, transport, returns, engine)
     wl = load_workload(workload)

@@ -38,6 +38,7 @@ from picklescope.transports.ray.driver import (
 )
 from picklescope.workloads.spec import load_workload
 
+ROUGH_MEMORY_RESOURCE = 2**30  # --enforcement ray: Ray's logical memory resource (no task reserves any)
 DRIVER_LOG = "driver.log"  # the driver's stdout and stderr, in the run's folder
 
 
@@ -101,6 +102,12 @@ def _drive(conn: Any, cfg: dict[str, Any]) -> None:
     if cfg.get("cgroup") and not cgroup.add_process(cfg["cgroup"], os.getpid()):
         raise PicklescopeError(f"the node's driver cannot join the memory cgroup {cfg['cgroup']}",
                                "use --enforcement watchdog")
+    if cfg.get("ray_view_cgroup"):  # Ray's monitor reads the watched cgroup as the machine's (see enforce)
+        try:
+            cgroup.view_as_root(cfg["ray_view_cgroup"])
+        except OSError as exc:
+            raise PicklescopeError(f"--enforcement ray cannot show the run's cgroup to Ray: {exc}",
+                                   "use --enforcement cgroup or watchdog") from None
     data = NodeData(cfg["codec"])
     if data.info:
         conn.send(CodecInfo(type="codec_info", side="driver", info=data.info))
@@ -108,6 +115,8 @@ def _drive(conn: Any, cfg: dict[str, Any]) -> None:
     niceness = os.getpriority(os.PRIO_PROCESS, 0)
     import ray  # deferred: Ray is imported only in the node's own processes, never by the parent
 
+    if cfg.get("ray_view_cgroup"):
+        _machine_memory_for_ray_start()
     init_ray(conn, cfg, _init_args(cfg))  # the start-up policy of transports.ray.startup
     info = cluster_info()
     info["node_id"] = ray.get_runtime_context().get_node_id()
@@ -186,11 +195,28 @@ def _replay(conn: Any, cfg: dict[str, Any], engine: ReplicaEngine | VerlEngine, 
     return True
 
 
+def _machine_memory_for_ray_start() -> None:
+    """``--enforcement ray``: Ray's Python start-up (in this process) sizes and checks the object store
+    against the machine's memory, which it reads at the same cgroup path as the raylet's monitor; with
+    the watched cgroup shown there it would refuse a store larger than the budget. Its checks get the
+    machine's memory; the raylet's monitor (C++, its own reading) still sees the watched cgroup."""
+    import psutil
+    import ray._common.utils as ray_utils  # deferred: Ray is imported only in the node's own processes
+
+    total = int(psutil.virtual_memory().total)
+    ray_utils.get_system_memory = lambda *args, **kwargs: total
+
+
 def _init_args(cfg: dict[str, Any]) -> dict[str, Any] | None:
-    """``ray.init`` arguments for the verl engine's own cluster: one logical CPU per worker (verl's
-    resource pool reserves a CPU bundle per worker); None (the usual arguments) otherwise."""
-    if cfg.get("engine") != "verl" or cfg.get("ray_address"):
+    """``ray.init`` arguments of a cluster the run starts: for the verl engine one logical CPU per worker
+    (verl's resource pool reserves a CPU bundle per worker), for ``--enforcement ray`` a given memory
+    resource; the usual arguments otherwise (None for a joined cluster)."""
+    if cfg.get("ray_address"):
         return None
     args = init_args(cfg)
-    args["num_cpus"] = max(int(args.get("num_cpus") or 1), int(cfg["workers"]))
+    if cfg.get("ray_view_cgroup"):  # Ray now reads the watched cgroup's small limit as the machine's memory;
+        # its logical "memory" resource (what tasks may reserve, none here) is given, not derived from it
+        args["_memory"] = ROUGH_MEMORY_RESOURCE
+    if cfg.get("engine") == "verl":
+        args["num_cpus"] = max(int(args.get("num_cpus") or 1), int(cfg["workers"]))
     return args

@@ -1,5 +1,10 @@
 """``--enforcement cgroup``: the whole cluster in one memory cgroup, and the kernel's OOM killer as the enforcer.
 
+With ``--enforcement ray`` (the functions at the end) the cluster is born in a start cgroup and moves,
+at the baseline, into a watched cgroup that the raylet sees as the machine's own (a private mount
+namespace, :func:`picklescope.core.cgroup.view_as_root`), so Ray's memory monitor reads the node's
+usage above the baseline against a limit set so that it fires at the budget, before the kernel does.
+
 The driver joins the cgroup before Ray starts (every process of the cluster is born inside it); at
 the node's baseline the parent caps it at what it holds then plus the budget (:func:`limit`); when
 the kernel's OOM killer fires, :func:`record_kill` finds which process it took and when, and at the
@@ -10,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import time
 from typing import Any
 
@@ -74,6 +80,7 @@ def record_kill(session: Session, result: NodeResult, tracking: Tracking) -> Non
     session.kill = KillRecord(victim, named[victim], t, node_now, int(tracking.budget or 0),
                               session.current_training_step(last), step, {}, memory, step_of=step_of)
     result.cgroup["killed_by"] = "the kernel's OOM killer in the run's memory cgroup"
+    result.killed_by = "kernel"
     if len(dead) > 1:
         others = ", ".join(n for n in dead if n != victim)
         result.notes.append(f"also gone when the cgroup's OOM killer fired: {others}")
@@ -87,3 +94,109 @@ def remove(path: str, result: NodeResult) -> None:
         result.cgroup["killed_at_end"] = left
     cgroup.remove(path)
     result.cgroup["removed"] = not os.path.exists(path)
+
+
+# -- --enforcement ray: Ray's own memory monitor chooses and kills ----------------------------------
+# The run's RAY_memory_usage_threshold (the user's own value is used when set). Not Ray's default 0.95:
+# the kernel's limit is the budget / threshold, and at 0.95 the 5% between them is less than one chunk's
+# write, which the kernel then sees before a 50 ms poll of Ray's monitor does (measured: the kernel killed
+# the driver in an object-store write). At 0.5 the kernel's limit is twice the budget.
+RAY_THRESHOLD = 0.5
+RAY_REFRESH_MS = "50"  # Ray's default is 250 ms: a short one so the monitor acts before the kernel's limit
+RAY_KILL_TYPES = ("OutOfMemoryError",)
+_WORKER_ID = re.compile(r"Ray killed this worker \(ID: ([0-9a-f]+)\)")  # Ray before 2.56
+_SELECTED = re.compile(r"Selected to kill: \((.*?)\)\s*$", re.M)  # Ray 2.56+: one line per worker it chose
+_TOP_ROW = re.compile(r"^\s*(\d+)\s+([0-9.]+)\s+(\S.*)$")
+
+
+def ray_threshold(env: dict[str, str]) -> float:
+    """The fraction of the node's memory at which Ray's monitor kills: the user's ``RAY_memory_usage_threshold``
+    if set and valid, else Ray's default."""
+    try:
+        value = float(env.get("RAY_memory_usage_threshold", RAY_THRESHOLD))
+    except ValueError:
+        return RAY_THRESHOLD
+    return value if 0.0 < value < 1.0 else RAY_THRESHOLD
+
+
+def ray_limit(budget: int, threshold: float) -> int:
+    """The watched cgroup's limit: Ray's monitor fires at ``threshold`` x the limit = the budget, and the
+    kernel's OOM killer only above it (at the limit itself), so Ray's policy decides first."""
+    return int(math.ceil(budget / threshold))
+
+
+def is_ray_kill(ev: dict[str, Any]) -> bool:
+    """Whether a process's error is Ray's memory monitor killing a worker (the caller's ``ray.get`` raised)."""
+    message = str(ev.get("message") or "")
+    return ev.get("exc_type") in RAY_KILL_TYPES or "low on memory" in message or "memory monitor" in message
+
+
+def ray_victim(message: str) -> dict[str, Any]:
+    """What Ray's message says about the kill: the worker's id, the pid and task it selected (Ray 2.56+),
+    and the "Top 10 memory users" rows."""
+    found = _WORKER_ID.search(message)
+    selected = _SELECTED.search(message)
+    worker_id = found.group(1) if found else None
+    pid = task = None
+    if selected:
+        text = selected.group(1)
+        for key, pattern in (("pid", r"pid=(\d+)"), ("task", r"task name=([^,]+)"), ("id", r"worker ID=([0-9a-f]+)")):
+            m = re.search(pattern, text)
+            if m and key == "pid":
+                pid = int(m.group(1))
+            elif m and key == "task":
+                task = m.group(1).strip()
+            elif m:
+                worker_id = m.group(1)
+    top = []
+    in_table = False
+    for line in message.splitlines():
+        if "PID" in line and "MEM" in line:
+            in_table = True
+            continue
+        m = _TOP_ROW.match(line) if in_table else None
+        if m:
+            top.append({"pid": int(m.group(1)), "gb": float(m.group(2)), "command": m.group(3).strip()})
+        elif in_table and line.strip():
+            in_table = False
+    return {"worker_id": worker_id, "pid": pid, "task": task, "top_memory_users": top}
+
+
+def record_ray_kill(session: Session, result: NodeResult, tracking: Tracking, ev: dict[str, Any]) -> bool:
+    """The driver's ``ray.get`` raised Ray's OutOfMemoryError: record the victim as Ray named it, the
+    training step, and what every process held then. True if recorded."""
+    if session.kill is not None or not is_ray_kill(ev):
+        return False
+    message = str(ev.get("message") or "")
+    said = ray_victim(message)
+    t = round(time.monotonic() - session.t0, 6)
+    named = {name: rec.pid for name, rec in session.processes.items()}
+    by_pid = {pid: name for name, pid in named.items()}
+    dead = [name for name, pid in named.items() if name != "driver" and not _alive(pid)]
+    listed = [by_pid[p] for p in [said["pid"]] + [row["pid"] for row in said["top_memory_users"]] if p in by_pid]
+
+    def seen_until(name: str) -> float:
+        r = session.processes.get(name)
+        return r.timeline.t_s[-1] if r is not None and r.timeline.t_s else math.inf
+
+    victim = min(dead, key=seen_until) if dead else (listed[0] if listed else "a Ray worker")
+    rec = session.processes.get(victim)
+    last = rec.timeline.t_s[-1] if rec is not None and rec.timeline.t_s else t
+    step, step_of = session.step_at_kill(victim, at=last) if rec is not None else (None, None)
+    memory = {}
+    for name, r in session.processes.items():
+        if r.timeline.t_s and r.timeline.t_s[-1] >= last:
+            memory[name] = session.value_at(r.timeline, last) or 0
+    memory["store"] = session.value_at(session.store, last) or 0
+    node_now = (session.value_at(session.node, last) or 0) - (session.node_baseline or 0)
+    session.kill = KillRecord(victim, named.get(victim, 0), t, node_now, int(tracking.budget or 0),
+                              session.current_training_step(last), step, {}, memory, step_of=step_of)
+    result.killed_by, result.killed_message = "ray", message
+    result.cgroup["killed_by"] = "Ray's memory monitor"
+    result.cgroup["ray_worker_id"] = said["worker_id"]
+    result.cgroup["ray_selected"] = {"pid": said["pid"], "task": said["task"],
+                                     "process": by_pid.get(said["pid"]) if said["pid"] else None}
+    result.cgroup["ray_top_memory_users"] = said["top_memory_users"]
+    if len(dead) > 1:
+        result.notes.append("also gone when Ray's memory monitor fired: " + ", ".join(n for n in dead if n != victim))
+    return True

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from picklescope.core import cgroup
 from picklescope.core.events import Event, Go, Hello, RayInfo
 from picklescope.investigate.node import enforce
 from picklescope.investigate.node.result import NodeResult
@@ -140,7 +141,12 @@ def on_driver(session: Session, result: NodeResult, conn: Any, ev: Event, tracki
     elif kind == "ready":
         set_phase(tracking, "the baseline")
         session.take_baseline()
-        if tracking.cgroup and tracking.budget is not None:
+        if tracking.start_cgroup and tracking.cgroup:  # --enforcement ray: from now on the watched cgroup
+            # (whose limit Ray's monitor read at start-up) charges what the node allocates above its baseline
+            moved = cgroup.move_all(tracking.start_cgroup, tracking.cgroup)
+            tracking.limit = {"moved_at_baseline": len(moved)}
+            result.cgroup.update(tracking.limit)
+        elif tracking.cgroup and tracking.budget is not None:
             tracking.limit = enforce.limit(tracking.cgroup, tracking.budget)
             result.cgroup.update(tracking.limit)
         conn.send(Go(type="go"))
@@ -148,7 +154,9 @@ def on_driver(session: Session, result: NodeResult, conn: Any, ev: Event, tracki
         tracking.finished = True
         return True
     elif kind == "error":
-        if session.kill is None:
+        if tracking.start_cgroup and enforce.record_ray_kill(session, result, tracking, ev):
+            pass  # Ray's memory monitor killed a worker: the driver's ray.get said so, with Ray's message
+        elif session.kill is None:
             verdicts.conclude(result, "error", f"{ev.get('exc_type')}: {ev.get('message')}")
             if ev.get("bad_input"):
                 tracking.bad_input = ev["bad_input"]

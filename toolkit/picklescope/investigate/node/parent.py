@@ -111,16 +111,30 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
            "ray_env": ray_env(bool(ray_address)), "parent_pid": os.getpid(),
            "deadline_wall": time.time() + (t0 + timeout_s - reserve - time.monotonic()),
            "worker_resources": worker_resources or {}, "spread": spread}
-    cg_path = None
+    cg_path = start_cg = None
     if checked.cgroup_base is not None:
-        cg_path = cgroup.create(checked.cgroup_base, f"{temp_name('picklescope-')}node{os.urandom(3).hex()}")
+        name = f"{temp_name('picklescope-')}node{os.urandom(3).hex()}"
+        cg_path = cgroup.create(checked.cgroup_base, name)
         cfg["cgroup"] = cg_path
-        cfg["ray_env"]["RAY_memory_monitor_refresh_ms"] = "0"  # the kernel decides, not Ray's monitor
         for r in results:
             r.cgroup = {"path": cg_path}
+        if enforcement == "ray":  # born in a start cgroup, moved into the watched one at the baseline
+            start_cg = cfg["cgroup"] = cgroup.create(checked.cgroup_base, name + "start")
+            cfg["ray_view_cgroup"] = cg_path
+            threshold = enforce.ray_threshold(cfg["ray_env"])
+            limit = enforce.ray_limit(int(budget or 0), threshold)
+            cgroup.set_limit(cg_path, limit)
+            cfg["ray_env"].update(RAY_memory_monitor_refresh_ms=enforce.RAY_REFRESH_MS,
+                                  RAY_memory_usage_threshold=f"{threshold:g}", RAY_min_memory_free_bytes="-1")
+            for r in results:
+                r.cgroup.update(start_path=start_cg, limit_bytes=limit, ray_threshold=threshold,
+                                ray_threshold_bytes=int(limit * threshold),
+                                ray_refresh_ms=int(enforce.RAY_REFRESH_MS))
+        else:
+            cfg["ray_env"]["RAY_memory_monitor_refresh_ms"] = "0"  # the kernel decides, not Ray's monitor
     proc = conn = None
     driver_start = None
-    tracking = Tracking(t0, timeout_s, workers, t0 + timeout_s, budget, cg_path)
+    tracking = Tracking(t0, timeout_s, workers, t0 + timeout_s, budget, cg_path, start_cgroup=start_cg)
     set_phase(tracking, "the driver's start (the warm forkserver imports torch first)")
     measured: MeasuredRun | None = None  # the current replay's
     current = results[0]
@@ -174,6 +188,10 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
             c.close()
         if cg_path is not None:
             enforce.remove(cg_path, current)
+        if start_cg is not None:
+            cgroup.kill_all(start_cg)
+            cgroup.remove(start_cg)
+            current.cgroup["start_removed"] = not os.path.exists(start_cg)
         tracking.driver_log = _tail(os.path.join(run_dir, DRIVER_LOG))
         shutil.rmtree(run_dir, ignore_errors=True)
         if ray_tmp:

@@ -35,6 +35,8 @@ class NodeResult:
     outcome: str = "ok"  # ok | oom-killed | error | timeout | interrupted
     error: str | None = None
     killed: KillRecord | None = None
+    killed_by: str | None = None  # "ray" or "kernel" when they chose; None: the watchdog (picklescope's check)
+    killed_message: str | None = None  # --enforcement ray: Ray's own words (the OutOfMemoryError's message)
     budget_bytes: int | None = None
     node_baseline_bytes: int | None = None
     node_peak_bytes: int | None = None  # node total above its baseline, highest sample
@@ -68,7 +70,7 @@ class NodeResult:
             killed = {"process": k.process, "training_step": k.training_step, "step": k.step, "step_of": k.step_of,
                       "t_s": k.t_s,
                       "node_bytes": k.node_bytes, "memory_bytes": k.memory_bytes, "oom_scores": k.oom_scores,
-                      "stack": k.stack}
+                      "stack": k.stack, "by": self.killed_by or "watchdog", "message": self.killed_message}
         procs = {}
         for name, p in self.processes.items():
             procs[name] = {
@@ -129,6 +131,8 @@ class NodeResult:
             r.killed = KillRecord(k["process"], 0, k["t_s"], k["node_bytes"], n.get("budget_bytes") or 0,
                                   k["training_step"], k["step"], k.get("oom_scores") or {}, k.get("memory_bytes") or {},
                                   k.get("stack"), step_of=k.get("step_of"))
+            r.killed_by = k.get("by") if k.get("by") != "watchdog" else None
+            r.killed_message = k.get("message")
         for name, p in doc["processes"].items():
             r.processes[name] = ProcessRecord(
                 name, p["pid"], p["role"], p["node_id"], p["sampled"], p["baseline_bytes"], None, p["peak_bytes"],
@@ -235,8 +239,14 @@ class NodeResult:
                        f"({who})" + (f"; budget {fmt_bytes(self.budget_bytes)}" if self.budget_bytes else ""))
         if self.killed is not None:
             k = self.killed
-            out.append(f"killed {k.process} (highest oom_score {k.oom_scores.get(k.process)}) in training step "
+            chooser = {"ray": "by Ray's memory monitor", "kernel": "by the kernel's OOM killer"}.get(
+                self.killed_by or "", f"(highest oom_score {k.oom_scores.get(k.process)})")
+            out.append(f"killed {k.process} {chooser} in training step "
                        f"{k.training_step}, {k.during()}, node {fmt_bytes(k.node_bytes)} above baseline")
+            if self.killed_message:
+                lines = [ln.strip() for ln in self.killed_message.splitlines() if ln.strip()]
+                said = next((ln for ln in lines if "Memory on the node" in ln), lines[0] if lines else "")
+                out.append("Ray said: " + said[:400])
         out += self.step_lines()
         return "\n".join(out)
 

@@ -28,7 +28,8 @@ class Tracking:
     workers: int = 0
     end_by: float = float("inf")  # monotonic: the replay under way ends by then, clean-up included
     budget: int | None = None
-    cgroup: str | None = None  # --enforcement cgroup: the run's memory cgroup
+    cgroup: str | None = None  # --enforcement cgroup or ray: the run's (watched) memory cgroup
+    start_cgroup: str | None = None  # --enforcement ray: where the cluster is born, left at the baseline
     limit: dict[str, Any] | None = None  # the cgroup's limit, set at the baseline
     driver: tuple[int, int | None] | None = None  # (pid, start ticks)
     cluster_pids: dict[str, list[int]] = field(default_factory=dict)  # Ray's own processes, by role
