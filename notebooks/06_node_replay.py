@@ -77,6 +77,7 @@ import picklescope as ps
 from picklescope.core.units import fmt_bytes
 from picklescope.investigate.node import compare_drivers, node_series
 from picklescope.transports.ray.local_cluster import LocalCluster
+from picklescope.transports.ray.startup import RayStartError
 from picklescope.views import figures, table
 from picklescope.views.richtext import sentence
 
@@ -89,7 +90,8 @@ print(f"{workload} x{scale:g}: payload {fmt_bytes(payload)}, {workers} workers, 
 # ## 1. One cluster for every run, one node for every series
 # Starting a Ray cluster costs seconds to tens of seconds, so the runs below join one local cluster,
 # exactly as `picklescope node --ray-address HOST:PORT` joins a real one. The notebook's last cell
-# stops every process of it.
+# stops every process of it. If it cannot start (a busy machine can take longer than Ray allows), the
+# cell says why in one sentence and every series below starts a cluster of its own instead.
 #
 # Starting a node's processes costs tens of seconds too (the driver and every worker import torch),
 # so replays that can share them run as a *series* (`node_series`): one driver and one set of workers
@@ -99,13 +101,18 @@ print(f"{workload} x{scale:g}: payload {fmt_bytes(payload)}, {workers} workers, 
 # their own verl, so with them every replay starts a node of its own.
 
 # %%
-cluster = LocalCluster(object_store_bytes=max(256 * 2**20, 4 * payload)).start()
-print("cluster at", cluster.address)
+try:
+    cluster = LocalCluster(object_store_bytes=max(256 * 2**20, 4 * payload)).start()
+    address = cluster.address
+    print("cluster at", address)
+except RayStartError as exc:  # one sentence, then each series starts (and stops) a cluster of its own
+    cluster = address = None
+    print(f"The shared cluster is not used: {exc.problem}. Each series below starts a cluster of its own.")
 
 
 def replays(codecs: list[str], gc: list[str], **kw) -> list[ps.NodeResult]:
     """One replay per codec, with the collector mode of the same position in ``gc``."""
-    kw = {"workers": workers, "steps": steps, "engine": engine, "ray_address": cluster.address, **kw}
+    kw = {"workers": workers, "steps": steps, "engine": engine, "ray_address": address, **kw}
     if any(c.startswith("verl-") for c in codecs):  # one node each: a process loads one verl
         return [ps.node(c, workload, scale, gc=mode, **kw) for c, mode in zip(codecs, gc)]
     done = node_series(codecs, workload, scale, gc=gc, **kw)
@@ -196,8 +203,9 @@ else:
 display(sentence(answer, strong=True))
 
 # %%
-cluster.stop()
-print("cluster stopped, left:", cluster.report["remaining"])
+if cluster is not None:
+    cluster.stop()
+    print("cluster stopped, left:", cluster.report["remaining"])
 
 # %% [markdown]
 # ## Your node

@@ -304,3 +304,38 @@ def test_a_kernel_killed_with_its_forkserver_leaves_no_temporaries(tmp_path, mon
         nbrun.execute(src, tmp_path / "killed.ipynb")
     pid = int(pid_file.read_text())
     assert glob.glob(os.path.join(tempfile.gettempdir(), f"picklescope-*-{pid}-*")) == []
+
+
+_SHARED_CLUSTER_FAILS = r"""
+import sys
+from picklescope.transports.ray import local_cluster
+from picklescope.transports.ray.startup import RayStartError
+
+def refuse(self, timeout_s=None):
+    raise RayStartError(12.0, ["the raylet did not come up (made to fail by the test)"], 9.5)
+
+local_cluster.LocalCluster.start = refuse
+src = open(sys.argv[1]).read()
+for name, value in (("scale", "0.02"), ("workers", "2"), ("steps", "2")):  # the notebook's parameters, made small
+    src = src.replace(f"\n{name} = ", f"\n{name} = {value}  # ", 1)
+exec(compile(src, sys.argv[1], "exec"), {"__name__": "__main__"})
+"""
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_notebook_06_says_in_one_sentence_when_its_shared_cluster_does_not_start_and_goes_on(tmp_path):
+    """A busy machine can take longer to start Ray than Ray allows: the cell that starts the notebook's
+    shared cluster says so in one sentence, each series then starts a cluster of its own, the answer still
+    comes, and no Ray process is left."""
+    script = tmp_path / "fails.py"
+    script.write_text(_SHARED_CLUSTER_FAILS)
+    p = subprocess.run([sys.executable, str(script), str(NOTEBOOKS / "06_node_replay.py")], capture_output=True,
+                       text=True, timeout=1800, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = p.stdout.splitlines()
+    said = [ln for ln in lines if ln.startswith("The shared cluster is not used: the local Ray cluster did not start")]
+    assert len(said) == 1 and "made to fail by the test" in said[0] and "cluster of its own" in said[0], lines[:5]
+    assert "Traceback" not in p.stdout + p.stderr
+    assert any("was killed" in ln and "completed every step" in ln for ln in lines), lines[-8:]
+    assert not any(ln.startswith("cluster stopped") for ln in lines)
