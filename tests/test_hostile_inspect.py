@@ -25,10 +25,12 @@ import time
 import zipfile
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from picklescope.core.safefile import READER_MEMORY_BOUND
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
+from hostile_files import deflate_bomb, many_keys  # noqa: E402
 
 GiB, MiB = 1 << 30, 1 << 20
 
@@ -36,6 +38,7 @@ _PEAK = """
 import json, sys
 import picklescope.cli.commands.inspect  # what the command imports (torch, with the blob loader) is its baseline
 from picklescope.cli import main
+
 
 def status(key):
     with open("/proc/self/status") as f:
@@ -91,23 +94,10 @@ def _sparse(path: Path, size: int, head: bytes, tail: bytes = b"") -> None:
 
 
 # -- a deflate bomb --------------------------------------------------------------------------------------
-def _expansion(path: Path, size: int) -> None:
-    """A .pt whose deflated data.pkl is a whole pickle followed by zeros up to ``size`` bytes."""
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as z:
-        z.writestr("archive/version", b"3\n")
-        with z.open("archive/data.pkl", "w", force_zip64=True) as m:
-            head = pickle.dumps({}, protocol=2)
-            m.write(head)
-            chunk, left = bytes(64 * MiB), size - len(head)
-            while left > 0:
-                m.write(chunk[:left] if left < len(chunk) else chunk)
-                left -= len(chunk)
-
-
 @pytest.mark.parametrize("size", [512 * MiB, pytest.param(3 * GiB, marks=pytest.mark.slow)], ids=["512MiB", "3GiB"])
 def test_a_deflate_bomb_is_refused_by_its_declared_size(tmp_path, size):
     pt = tmp_path / "expands.pt"
-    _expansion(pt, size)
+    deflate_bomb(pt, size)
     assert pt.stat().st_size < size // 100  # a small file that claims a big member
     for extra in ([], ["--json"], ["--as", "numpy", "--trust"]):
         p, above, hwm = inspect_measured(tmp_path, str(pt), *extra)
@@ -164,24 +154,10 @@ def test_a_growing_file_is_read_only_as_far_as_it_was_at_open(tmp_path):
 
 
 # -- a dict of 10 million keys ---------------------------------------------------------------------------
-def _many_keys(path: Path, count: int, batch: int | None) -> None:
-    """A pickle of one dict of ``count`` int keys, written opcode by opcode (building the dict would cost
-    gigabytes here): SETITEMS every ``batch`` pairs as pickle writes them, or all under one MARK."""
-    pairs = np.zeros(count, dtype=[("op", "u1"), ("key", "<i4"), ("op2", "u1"), ("val", "u1")])
-    pairs["op"], pairs["key"], pairs["op2"] = ord("J"), np.arange(count, dtype="<i4"), ord("K")
-    raw = pairs.view(np.uint8)
-    with open(path, "wb") as f:
-        f.write(b"\x80\x02}q\x00")
-        step = batch or count
-        for start in range(0, count, step):
-            f.write(b"(" + raw[start * 7:(start + step) * 7].tobytes() + b"u")
-        f.write(b".")
-
-
 @pytest.mark.parametrize("batch", [1000, None], ids=["setitems-of-1000", "one-mark"])
 def test_ten_million_keys_are_refused_early_with_the_count(tmp_path, batch):
     big = tmp_path / "keys.pkl"
-    _many_keys(big, 10_000_000, batch)
+    many_keys(big, 10_000_000, batch)
     assert big.stat().st_size > 60 * MiB
     p, above, hwm = inspect_measured(tmp_path, str(big))
     assert_one_line(p, str(big), "entries by byte", "refused before reading the rest",

@@ -37,6 +37,20 @@ def _alive(pid: int) -> bool:
     return ticks is not None and running(pid, ticks)
 
 
+def _seen_until(session: Session, name: str) -> float:
+    """When ``name`` was last sampled (infinity for a process the session does not sample)."""
+    r = session.processes.get(name)
+    return r.timeline.t_s[-1] if r is not None and r.timeline.t_s else math.inf
+
+
+def _moment(session: Session, at: float) -> tuple[dict[str, int], int]:
+    """Each process's memory (those still sampled then) and the store's at ``at``; the node above its baseline."""
+    memory = {name: session.value_at(r.timeline, at) or 0 for name, r in session.processes.items()
+              if r.timeline.t_s and r.timeline.t_s[-1] >= at}
+    memory["store"] = session.value_at(session.store, at) or 0
+    return memory, (session.value_at(session.node, at) or 0) - (session.node_baseline or 0)
+
+
 def record_kill(session: Session, result: NodeResult, tracking: Tracking) -> None:
     """After the kernel's OOM killer fired in the run's cgroup: record which process it killed, and when."""
     path = tracking.cgroup
@@ -54,13 +68,9 @@ def record_kill(session: Session, result: NodeResult, tracking: Tracking) -> Non
     if not dead:
         return
 
-    def seen_until(name: str) -> float:
-        r = session.processes.get(name)
-        return r.timeline.t_s[-1] if r is not None and r.timeline.t_s else math.inf
-
     # the first to vanish is the one the killer chose; the others died of it (Ray ends a dead worker's
     # driver, a dead raylet's workers). A Ray core process is not sampled: it is taken when no sampled one died.
-    victim = min(dead, key=seen_until)
+    victim = min(dead, key=lambda name: _seen_until(session, name))
     rec = session.processes.get(victim)
     # what the node held on the victim's last sample (once it is gone, its memory is gone from the total)
     if rec is not None and rec.timeline.t_s:
@@ -71,12 +81,7 @@ def record_kill(session: Session, result: NodeResult, tracking: Tracking) -> Non
         last = (driver.timeline.t_s[-1] if driver is not None and driver.timeline.t_s
                 else (session.node.t_s or [t])[-1])
     step, step_of = session.step_at_kill(victim, at=last)  # the step it died in, closed since or not
-    memory = {}
-    for name, r in session.processes.items():
-        if r.timeline.t_s and r.timeline.t_s[-1] >= last:
-            memory[name] = session.value_at(r.timeline, last) or 0
-    memory["store"] = session.value_at(session.store, last) or 0
-    node_now = (session.value_at(session.node, last) or 0) - (session.node_baseline or 0)
+    memory, node_now = _moment(session, last)
     session.kill = KillRecord(victim, named[victim], t, node_now, int(tracking.budget or 0),
                               session.current_training_step(last), step, {}, memory, step_of=step_of)
     result.cgroup["killed_by"] = "the kernel's OOM killer in the run's memory cgroup"
@@ -175,20 +180,12 @@ def record_ray_kill(session: Session, result: NodeResult, tracking: Tracking, ev
     dead = [name for name, pid in named.items() if name != "driver" and not _alive(pid)]
     listed = [by_pid[p] for p in [said["pid"]] + [row["pid"] for row in said["top_memory_users"]] if p in by_pid]
 
-    def seen_until(name: str) -> float:
-        r = session.processes.get(name)
-        return r.timeline.t_s[-1] if r is not None and r.timeline.t_s else math.inf
-
-    victim = min(dead, key=seen_until) if dead else (listed[0] if listed else "a Ray worker")
+    first_gone = min(dead, key=lambda name: _seen_until(session, name)) if dead else None
+    victim = first_gone or (listed[0] if listed else "a Ray worker")
     rec = session.processes.get(victim)
     last = rec.timeline.t_s[-1] if rec is not None and rec.timeline.t_s else t
     step, step_of = session.step_at_kill(victim, at=last) if rec is not None else (None, None)
-    memory = {}
-    for name, r in session.processes.items():
-        if r.timeline.t_s and r.timeline.t_s[-1] >= last:
-            memory[name] = session.value_at(r.timeline, last) or 0
-    memory["store"] = session.value_at(session.store, last) or 0
-    node_now = (session.value_at(session.node, last) or 0) - (session.node_baseline or 0)
+    memory, node_now = _moment(session, last)
     session.kill = KillRecord(victim, named.get(victim, 0), t, node_now, int(tracking.budget or 0),
                               session.current_training_step(last), step, {}, memory, step_of=step_of)
     result.killed_by, result.killed_message = "ray", message
