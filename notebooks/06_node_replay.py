@@ -208,7 +208,7 @@ if cluster is not None:
     print("cluster stopped, left:", cluster.report["remaining"])
 
 # %% [markdown]
-# ## Your node
+# ### Next: your node
 #
 # The replays above fit on this machine. `picklescope predict` answers for a node that does not: it
 # plays a cost model fitted on small replays forward at your batch, your workers and your node's RAM,

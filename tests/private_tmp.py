@@ -34,8 +34,9 @@ def private_tmp(command: list[str], tmpdir: str, timeout_s: float) -> tuple[int,
     env = {k: v for k, v in os.environ.items() if k != TORCH_CACHE_ENV}
     env.update({"TMPDIR": tmpdir, **files})
     try:
+        # from a folder that exists inside the namespace: the test process's own may lie under the real /tmp
         subprocess.run([UNSHARE, "--mount", "--propagation", "private", "sh", "-c", script, "sh", *command],
-                       env=env, timeout=timeout_s, check=False)
+                       env=env, timeout=timeout_s, check=False, cwd=control)
         read = {k: Path(v).read_text() if os.path.exists(v) else "" for k, v in files.items()}
     finally:
         shutil.rmtree(control, ignore_errors=True)
