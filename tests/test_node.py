@@ -416,6 +416,11 @@ def test_two_node_cluster_groups_processes_by_ray_node_and_takes_a_workload_path
         assert len(workers_on) == 1 and r.driver.node_id not in workers_on, (r.driver.node_id, workers_on)
         assert sorted(groups[workers_on.pop()]["processes"]) == ["worker-0", "worker-1"]
         assert all(p.peak_bytes is not None for p in r.processes.values())
+        # without a placement asked for, the replay is of one node: the workers stay on the driver's
+        # Ray node, although the other node has room for them (docs/node.md, "Many nodes")
+        one = node("numpy", workload="tiny", scale=1.0, workers=2, steps=1, ray_address=cluster.address)
+        assert one.outcome == "ok", one.error
+        assert {one.processes[f"worker-{i}"].node_id for i in range(2)} == {one.driver.node_id}
     finally:
         if second is not None:
             ray_procs.stop_all(lambda: ray_procs.cluster_processes(second.pid, ticks, (), tmp))

@@ -31,6 +31,12 @@ class ReplicaEngine:
             options["resources"] = dict(cfg["worker_resources"])
         if cfg.get("spread"):
             options["scheduling_strategy"] = "SPREAD"
+        elif not cfg.get("worker_resources"):
+            # A replay is of one node: without a placement asked for, the workers stay on the driver's Ray
+            # node (Ray's default could place them on any node of a joined cluster, one being stopped included)
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+                node_id=ray.get_runtime_context().get_node_id(), soft=False)
         self.workers = [actor_cls.options(**options).remote(cfg, f"worker-{i}") for i in range(cfg["workers"])]
         self.info: dict[str, Any] = {"engine": "replica",
                                      "worker_class": f"{NodeWorker.__module__}.{NodeWorker.__qualname__}"}
