@@ -24,14 +24,14 @@ from pathlib import Path
 
 from picklescope.errors import PicklescopeError
 from picklescope.investigate.node import node
-from picklescope.transports.ray.local_cluster import LocalCluster
+from picklescope.ray.local_cluster import LocalCluster
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MiB = 1024**2
 
 
 def _start_cluster() -> LocalCluster:
-    """A local cluster (two tries on a loaded machine, transports/ray/startup.py), or the one line why not."""
+    """A local cluster (two tries on a loaded machine, ray/startup.py), or the one line why not."""
     try:
         return LocalCluster(object_store_bytes=1024 * MiB, num_cpus=1).start()
     except PicklescopeError as exc:

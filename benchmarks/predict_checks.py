@@ -28,7 +28,7 @@ from picklescope.investigate.predict import fit as fitting
 from picklescope.investigate.predict.model import fit as fit_model
 from picklescope.investigate.predict.model import released_at
 from picklescope.investigate.predict.prediction import fit_scales, leaf_row_bytes, play_node
-from picklescope.transports.ray.local_cluster import LocalCluster
+from picklescope.ray.local_cluster import LocalCluster
 from picklescope.workloads.spec import load_workload
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from picklescope import run
-from picklescope.transports.ray.local_cluster import LocalCluster
+from picklescope.ray.local_cluster import LocalCluster
 
 WORKLOAD = "seed-6400x20480"
 CODECS = ("numpy", "torch")

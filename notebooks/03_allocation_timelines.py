@@ -127,7 +127,7 @@ figures.attribution_figure(legacy)
 
 # %%
 from picklescope.errors import PicklescopeError
-from picklescope.transports.ray import ray_available
+from picklescope.ray import ray_available
 from picklescope.views.ray_figure import failed_sentence, ray_timeline_figure
 
 ray_fig = None

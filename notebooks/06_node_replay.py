@@ -76,8 +76,8 @@ from IPython.display import display
 import picklescope as ps
 from picklescope.core.units import fmt_bytes
 from picklescope.investigate.node import compare_drivers, node_series
-from picklescope.transports.ray.local_cluster import LocalCluster
-from picklescope.transports.ray.startup import RayStartError
+from picklescope.ray.local_cluster import LocalCluster
+from picklescope.ray.startup import RayStartError
 from picklescope.views import figures, table
 from picklescope.views.richtext import sentence
 

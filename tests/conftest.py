@@ -136,13 +136,13 @@ def ray_cluster():
 
     Started on first use, stopped after the last test; nothing of it may be left. Ray's own start-up
     deadlines are sometimes missed on a loaded two-core machine: the start's own policy tries twice."""
-    from picklescope.transports.ray import ray_available
+    from picklescope.ray import ray_available
 
     if not ray_available():
         pytest.skip("ray is not installed (pip install 'picklescope[ray]')")
-    from picklescope.transports.ray.local_cluster import LocalCluster
+    from picklescope.ray.local_cluster import LocalCluster
 
-    # LocalCluster.start tries twice within its own deadlines (transports/ray/startup.py) and raises
+    # LocalCluster.start tries twice within its own deadlines (ray/startup.py) and raises
     # one sentence with the reason and the load average when neither try came up
     c = LocalCluster(object_store_bytes=1024 * MiB, num_cpus=3).start()
     yield c

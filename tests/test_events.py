@@ -56,7 +56,7 @@ def test_the_scan_finds_the_known_producers():
     assert {"baseline", "step_start", "step_end", "done", "go", "release", "hello"} <= set(found)
     assert "core/steps.py" in found["step_end"]
     assert "measure/runner.py" in found["go"]
-    assert "transports/ray/orchestrate.py" in found["store_process"]  # read by a consumer (kind == ...)
+    assert "ray/orchestrate.py" in found["store_process"]  # read by a consumer (kind == ...)
     assert "investigate/node/driver.py" in found["finished"]
 
 

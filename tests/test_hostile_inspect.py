@@ -2,7 +2,7 @@
 
 ``inspect`` runs in the user's own process (a shell, a notebook's kernel), so it must stay small whatever
 it is given: it streams the blob through the shared bounded reader and the one inert pickle machine
-(toolkit/picklescope/verl/blobinfo.py). Each test runs the CLI in a process of its own and reads, from
+(toolkit/picklescope/workloads/blobinfo.py). Each test runs the CLI in a process of its own and reads, from
 the kernel, how far its resident memory rose above what it held once the command was imported
 (``VmHWM`` after writing 5 to ``/proc/self/clear_refs``): under
 ``picklescope.core.safefile.READER_MEMORY_BOUND`` (256 MiB), and the whole process under 1 GiB, for

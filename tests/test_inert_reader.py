@@ -19,8 +19,7 @@ import pytest
 from picklescope.core.safefile import BoundedFile
 from picklescope.core.safeload import Bounds, InertUnpickler, Opaque, Refused, Skipped, Text
 from picklescope.errors import PicklescopeError
-from picklescope.verl import blobinfo
-from picklescope.workloads import inert
+from picklescope.workloads import blobinfo, inert
 from picklescope.workloads.spec import parse_workload, workload_text
 
 

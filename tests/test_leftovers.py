@@ -296,7 +296,7 @@ def test_ray_processes_of_a_dead_creator_are_killed_when_their_folder_is_already
 
 
 LOCAL_CLUSTER_PARENT = textwrap.dedent('''
-    from picklescope.transports.ray.local_cluster import LocalCluster
+    from picklescope.ray.local_cluster import LocalCluster
 
     LocalCluster(object_store_bytes=80 * 1024 * 1024).start()
     print("STARTED", flush=True)
@@ -320,7 +320,7 @@ def test_a_local_cluster_whose_starter_is_killed_during_start_up_is_ended(tmp_pa
     """``LocalCluster`` runs ``ray start --block`` in a session of its own; its starter SIGKILLed while the
     cluster comes up (a raylet exists) must not leave that session or its psrayc- folder: a watcher
     process (transports_ray.cluster.watch_main) ends them within seconds, without waiting for a sweep."""
-    from picklescope.transports.ray import ray_available
+    from picklescope.ray import ray_available
 
     if not ray_available():
         pytest.skip("ray is not installed (pip install 'picklescope[ray]')")
@@ -355,7 +355,7 @@ def test_a_local_cluster_whose_starter_is_killed_during_start_up_is_ended(tmp_pa
 def test_the_cluster_watcher_starts_on_the_standard_library_alone(tmp_path):
     """The watcher runs ``cluster.py`` as a script under ``python -S`` (no site-packages, no picklescope on the
     path): an import of picklescope there would kill it at once and leave a dead starter's cluster running."""
-    from picklescope.transports.ray import cluster
+    from picklescope.ray import cluster
 
     # a leader that is not running (pid 1 never started at tick 0): the watcher has nothing to do and exits 0
     p = subprocess.run([sys.executable, "-S", cluster.__file__, str(os.getpid()), "0", "1", "0", ""],
@@ -458,7 +458,7 @@ def test_a_run_leaves_nothing_in_tmp_or_tmpdir_when_tmpdir_points_elsewhere(tran
     """Over Ray the cluster's temp dir, its sockets and torch's cache of every Ray worker go under TMPDIR
     too; a Ray that cannot start on a busy machine ends in its one line (exit 2), and leaves nothing either."""
     if transport == "ray":
-        from picklescope.transports.ray import ray_available
+        from picklescope.ray import ray_available
 
         if not ray_available():
             pytest.skip("ray is not installed")

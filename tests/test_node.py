@@ -30,7 +30,7 @@ from picklescope.investigate.node import NodeResult, node, node_series
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
 from private_tmp import private_tmp, unshare_works  # noqa: E402
 
-from picklescope.transports.ray import ray_available
+from picklescope.ray import ray_available
 
 pytestmark = pytest.mark.skipif(not ray_available(), reason="ray is not installed (pip install 'picklescope[ray]')")
 
@@ -375,7 +375,7 @@ def test_two_node_cluster_groups_processes_by_ray_node_and_takes_a_workload_path
     """Workers pinned to a second Ray node are grouped under it; and a workload file named by a relative
     path reaches the driver and every worker actor, which run elsewhere (on the other node here): one
     replay for both checks, so its two workers start once."""
-    from picklescope.transports.ray import cluster as ray_procs
+    from picklescope.ray import cluster as ray_procs
 
     (tmp_path / "sub").mkdir()
     preset = Path(__file__).resolve().parents[1] / "data" / "workloads" / "tiny.yaml"
@@ -544,11 +544,11 @@ def test_a_series_of_verl_codecs_is_refused_in_one_line(capsys):
 
 
 def test_a_start_up_try_is_cut_short_by_a_dead_core_process_and_by_its_own_time():
-    """The guard around ``ray.init`` (transports/ray/driver.py): a watched process that dies ends the try
+    """The guard around ``ray.init`` (ray/driver.py): a watched process that dies ends the try
     within about a second, named; a try that outlives its budget ends too. No Ray needed: a sleeping
     child stands in for the raylet, a sleep loop for ``ray.init``'s own waiting."""
-    from picklescope.transports.ray import startup
-    from picklescope.transports.ray.driver import _StartupGuard, _StartupInterrupt
+    from picklescope.ray import startup
+    from picklescope.ray.driver import _StartupGuard, _StartupInterrupt
 
     child = subprocess.Popen(["sleep", "600"])
     try:
@@ -571,7 +571,7 @@ def test_a_start_up_try_is_cut_short_by_a_dead_core_process_and_by_its_own_time(
 
 def test_ray_start_failure_is_one_sentence_with_the_reason_and_the_load():
     from picklescope.errors import PicklescopeError
-    from picklescope.transports.ray import startup
+    from picklescope.ray import startup
 
     reason = startup.short_reason(Exception("The current node timed out during startup. This could happen because"
                                             " some of the raylet failed to startup or the GCS has become overloaded."))
@@ -669,7 +669,7 @@ def test_a_core_process_that_dies_after_start_up_is_named_with_what_the_run_was_
     """The parent's watch once the cluster is up (``dead_component``): a sleeping child stands in for
     the raylet; its death is named with the phase, within a few polls (one a second)."""
     from picklescope.investigate.node.tracking import Tracking, dead_component, set_phase
-    from picklescope.transports.ray import startup
+    from picklescope.ray import startup
 
     child = subprocess.Popen(["sleep", "600"])
     try:

@@ -21,7 +21,7 @@ from picklescope.core import cgroup
 from picklescope.errors import PicklescopeError
 from picklescope.investigate.node import NodeResult, enforce, node, node_series
 from picklescope.measure.session import KillRecord
-from picklescope.transports.ray import ray_available
+from picklescope.ray import ray_available
 
 pytestmark = [pytest.mark.skipif(not ray_available(), reason="ray is not installed (pip install 'picklescope[ray]')"),
               pytest.mark.ray]

@@ -308,8 +308,8 @@ def test_a_kernel_killed_with_its_forkserver_leaves_no_temporaries(tmp_path, mon
 
 _SHARED_CLUSTER_FAILS = r"""
 import sys
-from picklescope.transports.ray import local_cluster
-from picklescope.transports.ray.startup import RayStartError
+from picklescope.ray import local_cluster
+from picklescope.ray.startup import RayStartError
 
 def refuse(self, timeout_s=None):
     raise RayStartError(12.0, ["the raylet did not come up (made to fail by the test)"], 9.5)

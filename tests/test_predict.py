@@ -148,11 +148,11 @@ def test_fit_on_small_replays_predicts_a_held_out_replay(tmp_path, monkeypatch):
     must come within 15% of the real replay's controller peak for the legacy codec
     (the fixed controller holds about nothing, so there the check is that it stays near nothing). One local
     cluster joined like a real one (its store holds every step's chunks of x0.2: 5 x 93 MiB)."""
-    from picklescope.transports.ray import ray_available
+    from picklescope.ray import ray_available
 
     if not ray_available():
         pytest.skip("ray is not installed")
-    from picklescope.transports.ray.local_cluster import LocalCluster
+    from picklescope.ray.local_cluster import LocalCluster
 
     monkeypatch.setenv("PICKLESCOPE_CACHE", str(tmp_path))
     failures = []

@@ -15,8 +15,8 @@ import psutil
 import pytest
 
 import picklescope as ps
-from picklescope.transports.ray import ray_available
-from picklescope.transports.ray.transport import TransferQueueTransport
+from picklescope.ray import ray_available
+from picklescope.ray.transport import TransferQueueTransport
 
 pytestmark = pytest.mark.skipif(not ray_available(), reason="ray is not installed (pip install 'picklescope[ray]')")
 
@@ -49,7 +49,7 @@ def temp_root(r: ps.RunResult) -> str | None:
 def cluster():
     """A cluster of this module's own, not the session's ``ray_cluster``: the store checks below read the
     plasma file's allocated pages, which never shrink, so the store must start with no other tests' pages."""
-    from picklescope.transports.ray.local_cluster import LocalCluster
+    from picklescope.ray.local_cluster import LocalCluster
 
     c = LocalCluster(object_store_bytes=640 * MiB, num_cpus=3).start()
     yield c
@@ -209,7 +209,7 @@ def test_two_sided_figure_has_the_store_between_the_sides(seed):
 
 
 def test_unavailable_transport_says_why_before_anything_runs(monkeypatch):
-    from picklescope.transports.ray import transport
+    from picklescope.ray import transport
 
     monkeypatch.setattr(transport.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(transport.TransportUnavailable, match="ray package is not installed"):

@@ -1,7 +1,7 @@
 """Ray given a wrong address, or not installed: one line naming the cause and the way out, nothing started.
 
 ``ray.init`` given an address where no GCS answers retries for minutes; the parent checks the
-address itself first (:mod:`picklescope.transports.ray.address`). Each case here must be refused
+address itself first (:mod:`picklescope.ray.address`). Each case here must be refused
 before any child is started (``launcher.start`` is made to fail if it is called) and leave no run
 directory behind. The GCS check's positive side is exercised by every joined run in test_ray.py
 (a real GCS) and here by a server that answers like one.
@@ -23,7 +23,7 @@ import pytest
 
 import picklescope as ps
 from picklescope.measure import launcher
-from picklescope.transports.ray import address, ray_available
+from picklescope.ray import address, ray_available
 
 ROOT = Path(__file__).resolve().parents[1]
 

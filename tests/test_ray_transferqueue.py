@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 import picklescope as ps
-from picklescope.transports.ray.transferqueue import INSTALL_HINT
-from picklescope.transports.ray.transport import TransferQueueTransport, TransportUnavailable
+from picklescope.ray.transferqueue import INSTALL_HINT
+from picklescope.ray.transport import TransferQueueTransport, TransportUnavailable
 
 TQ = TransferQueueTransport()
 

@@ -246,7 +246,7 @@ def test_a_ray_lane_that_fails_is_one_sentence_in_the_terminal_and_the_report(tm
     gives one line saying the Ray rows did not run and why, the report says it too, no traceback."""
     from picklescope import cli as main_cli
     from picklescope.investigate import ray_matrix
-    from picklescope.transports.ray import ray_available
+    from picklescope.ray import ray_available
 
     if not ray_available():
         pytest.skip("ray is not installed: there is no Ray lane to fail")

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from picklescope.errors import PicklescopeError
-from picklescope.verl.blobinfo import describe_blob
 from picklescope.verl.blobs import BLOB_DIR, check_trusted, manifest_entry, read_manifest
+from picklescope.workloads.blobinfo import describe_blob
 
 
 def test_manifest_lists_both_modes_written_by_real_verl_090():

@@ -4,7 +4,7 @@ The numpy codec's receiver copies every received buffer into a ``bytearray`` (+P
 copy (``torch.from_numpy`` straight on the received array) saves the memory, and over Ray it also
 makes every received tensor a window into the shared object store: numpy's read-only flag is lost,
 torch lets the tensor be written in place, and the write changes the stored object for every other
-reader (:mod:`picklescope.transports.ray.received` detects it and the Ray tests demonstrate it).
+reader (:mod:`picklescope.ray.received` detects it and the Ray tests demonstrate it).
 The sender is exactly :class:`~picklescope.codecs.numpy_codec.NumpyCodec`'s, so a blob is
 interchangeable with verl's numpy mode.
 """

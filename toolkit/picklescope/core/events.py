@@ -3,9 +3,9 @@
 Every measured process (a sender or receiver child, the cell magic's child, the Ray driver, the
 receiver actor, a node's driver and workers) reports to the parent with small dicts sent as they
 happen, over a ``multiprocessing`` pipe (our own children) or a socket (Ray actors, see
-:mod:`picklescope.transports.ray.events`). A SIGKILL therefore loses nothing already sent. The
+:mod:`picklescope.ray.events`). A SIGKILL therefore loses nothing already sent. The
 parent folds them into a result: :class:`picklescope.measure.fold.RunFold` (a two-sided run),
-:func:`picklescope.measure.cellrun.run_cell` (a cell), :class:`picklescope.transports.ray.orchestrate.RayRun`
+:func:`picklescope.measure.cellrun.run_cell` (a cell), :class:`picklescope.ray.orchestrate.RayRun`
 (a run over Ray) and :meth:`picklescope.measure.session.Session.fold` (a node of processes).
 Every event is also handed to the caller's ``on_event`` hook (the live views) and to the
 watchdog and the tracers' collector.
@@ -38,7 +38,7 @@ else:  # Python 3.10: typing's TypedDict there does not know NotRequired
 class Hello(TypedDict):
     """A process the parent did not start announces itself, once, as soon as it connects.
 
-    Sent by the Ray receiver actor (``transports/ray/actor.py``: ``side`` and ``role``) and by each
+    Sent by the Ray receiver actor (``ray/actor.py``: ``side`` and ``role``) and by each
     worker actor of a node run (``investigate/node.py``: ``name`` and ``node_id``). The parent starts
     sampling ``pid`` when ``machine`` (host name and boot id) is its own, and from then on attributes
     the connection's events to that process.
@@ -56,7 +56,7 @@ class Hello(TypedDict):
 class Note(TypedDict):
     """Something the parent should record but that changes no figure (a retried Ray start-up).
 
-    Sent by the Ray driver (``transports/ray/driver.py``) and a node's driver; the parent keeps the
+    Sent by the Ray driver (``ray/driver.py``) and a node's driver; the parent keeps the
     message in the run's notes (``RunResult.ray["notes"]``, ``NodeResult.notes``).
     """
 
@@ -81,7 +81,7 @@ class CodecInfo(TypedDict):
 class RayInfo(TypedDict):
     """The Ray cluster is up: the pids of its processes and where it keeps its files.
 
-    Sent by the Ray driver and a node's driver (``transports/ray/driver.cluster_info``) right after
+    Sent by the Ray driver and a node's driver (``ray/driver.cluster_info``) right after
     ``ray.init``. The parent finds the object store's plasma file from the raylet's pid (or, having
     joined a cluster, from ``raylet_socket``), samples it, and later kills every process listed.
     ``pids`` is empty when the driver only joined a cluster; ``error`` says why the lists are
@@ -194,7 +194,7 @@ class Baseline(TypedDict):
     Sent by :meth:`picklescope.core.steps.Meter.start` in every measured process. Every later peak
     of that process is above this baseline; the watchdog arms the side's budget on it. Over Ray the
     event also carries the process's resident shared-memory pages (``shm_bytes``,
-    ``transports/ray/events.with_shared``), which belong to the object store.
+    ``ray/events.with_shared``), which belong to the object store.
     """
 
     type: Literal["baseline"]
@@ -348,7 +348,7 @@ class Error(TypedDict):
 
 
 class Received(TypedDict):
-    """The Ray receiver actor's look at what it received (``transports/ray/received.inspect``).
+    """The Ray receiver actor's look at what it received (``ray/received.inspect``).
 
     Sent just before its :class:`Done`: where the received tensors live (object store or private
     copies) and whether an in-place write reaches other readers. The parent stores ``report`` in

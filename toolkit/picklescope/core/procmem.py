@@ -150,7 +150,7 @@ def kill_until_gone(still_there: Callable[[], Iterable[int]], wait_s: float, pol
     What must end (a cgroup's processes) may fork while it is being killed, so the caller's
     ``still_there`` is asked again after each round and says what is left (a cgroup's members, new
     children included). Each pid is signalled once. Returns the pids that took the signal, in order.
-    ``transports/ray/cluster.kill`` keeps a loop of its own: that module also runs as a script under
+    ``ray/cluster.kill`` keeps a loop of its own: that module also runs as a script under
     ``python -S``, with the standard library only.
     """
     sent: list[int] = []

@@ -222,7 +222,7 @@ class RunResult:
     sampler_priority: str | None = None  # realtime / raised / normal: see measure/sampler.py
     # Ray and TransferQueue runs
     ray: dict[str, Any] | None = None  # the cluster: address, its processes, what was stopped and what remains
-    object_store: dict[str, Any] | None = None  # the store's allocated pages over time (transports/ray/store.py)
+    object_store: dict[str, Any] | None = None  # the store's allocated pages over time (ray/store.py)
     received: dict[str, Any] | None = None  # how the receiver got the tensors: copied, shared, read-only
     sender_cost: dict[str, Any] | None = None  # serialize and store-write costs, with their explanation
     receiver_cost: dict[str, Any] | None = None  # the receiver's cost, by kind (zero-copy, copy, ...)

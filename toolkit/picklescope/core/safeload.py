@@ -8,7 +8,7 @@ ways, both here:
   name), large byte strings and strings skipped by seeking, and what the stream makes it hold counted
   against :class:`Bounds` as it is read. ``workload from`` gives it stand-ins that record a batch's
   structure (:mod:`picklescope.workloads.inert`); ``inspect`` reads which codec wrote a blob with it
-  (:mod:`picklescope.verl.blobinfo`). Nothing the file names is imported or called.
+  (:mod:`picklescope.workloads.blobinfo`). Nothing the file names is imported or called.
 - **through torch**, with ``torch.load(weights_only=True)``, for the archives the torch codec writes
   (:func:`load_tensordict_archive`), below.
 

@@ -3,7 +3,7 @@
 ``zipfile`` believes what an archive's end record says: a directory declaring a million members makes
 it build a million records, and a member declaring 3 GiB uncompressed is inflated as far as it goes.
 Both ``workload from`` (:mod:`picklescope.workloads.inert_zip`) and ``inspect``
-(:mod:`picklescope.verl.blobinfo`) open archives here, so each claim is checked against the archive's
+(:mod:`picklescope.workloads.blobinfo`) open archives here, so each claim is checked against the archive's
 real size and a stated limit before ``zipfile`` acts on it, and every failure is one line.
 """
 

@@ -26,7 +26,7 @@ from picklescope.codecs import get_codec
 from picklescope.codecs.base import PreparesInChild
 from picklescope.core import steps
 from picklescope.errors import PicklescopeError
-from picklescope.transports.ray import hooks
+from picklescope.ray import hooks
 from picklescope.verl import loader
 
 CODEC_ENV = "PICKLESCOPE_NODE_VERL_CODEC"  # tells a worker which verl to load before its class is unpickled

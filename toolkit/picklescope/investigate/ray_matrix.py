@@ -13,7 +13,7 @@ from typing import Any
 
 from picklescope.core.result import RunResult
 from picklescope.measure.runner import run
-from picklescope.transports.ray.local_cluster import LocalCluster
+from picklescope.ray.local_cluster import LocalCluster
 from picklescope.workloads.spec import load_workload
 
 CLUSTER_START = "starting a local Ray cluster"  # the progress label while it starts (not a run)

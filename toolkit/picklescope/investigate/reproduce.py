@@ -24,9 +24,9 @@ from picklescope.measure import launcher, verdicts
 from picklescope.measure.budget import plan as plan_limits
 from picklescope.measure.runner import check_repeat, fresh_forkserver, run, worst_of
 from picklescope.measure.session import Cancelled, cancellable, raise_if_cancelled
+from picklescope.ray import ray_available
+from picklescope.ray.startup import RayStartError
 from picklescope.transports import TRANSPORTS
-from picklescope.transports.ray import ray_available
-from picklescope.transports.ray.startup import RayStartError
 from picklescope.workloads.spec import DEFAULT_WORKLOAD, load_workload
 
 DEFAULT_SCALE = 0.25

@@ -1,7 +1,7 @@
 """The one fold of a run's events into its result, and the verdict drawn from what arrived.
 
 The pair runner (:mod:`picklescope.measure.runner`), a cell (:mod:`picklescope.measure.cellrun`) and the Ray
-pair (:mod:`picklescope.transports.ray.orchestrate`) all fold through :class:`RunFold` and end with
+pair (:mod:`picklescope.ray.orchestrate`) all fold through :class:`RunFold` and end with
 :func:`finish_run`. It sits below all three, with the measuring machinery, so that none of them imports
 another to reach it.
 """

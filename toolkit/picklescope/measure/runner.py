@@ -88,7 +88,7 @@ def run(
     their views land in ``result.tracers`` and memray's stacks in ``result.attribution``.
 
     ``transport_options`` go to a transport that runs its own receiver (``ray``: ``ray_address`` to
-    join an existing cluster, ``object_store_bytes``); see :mod:`picklescope.transports.ray`.
+    join an existing cluster, ``object_store_bytes``); see :mod:`picklescope.ray`.
 
     ``handoff_dir`` puts the run's hand-off file (and its other temporaries) in that folder instead of
     ``/dev/shm``; a hand-off that does not fit the free space there is refused before any child starts

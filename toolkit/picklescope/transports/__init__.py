@@ -9,7 +9,7 @@ store would be), then unpickles from the mapping.
 
 Every transport is a :class:`Transport` (a name and a description). The two above are
 instances of :class:`PickleTransport`: the runner's sender and receiver children call their ``send``,
-``prepare`` and ``receive``. The transports of :mod:`picklescope.transports.ray` have none of those:
+``prepare`` and ``receive``. The transports of :mod:`picklescope.ray` have none of those:
 they run both sides themselves, which :class:`OwnsItsReceiver` declares and the runner checks with
 ``isinstance``.
 """
@@ -236,9 +236,9 @@ for _cls in (PickleInBand, Pickle5OutOfBand):
     TRANSPORTS.register(_cls.name, _cls())
 
 
-# Ray and TransferQueue (:mod:`picklescope.transports.ray`) own their receiver process and build on this module's
+# Ray and TransferQueue (:mod:`picklescope.ray`) own their receiver process and build on this module's
 # base classes: they are named as a provider, imported on the first lookup, so that this module imports none of them.
-TRANSPORTS.add_provider("picklescope.transports.ray:transports")
+TRANSPORTS.add_provider("picklescope.ray:transports")
 
 
 def get_transport(name: str) -> Transport:

@@ -7,7 +7,8 @@ its ~5 s / ~360 MiB import and two versions never mix.
 - :mod:`~picklescope.verl.envs`: ``picklescope verl install`` (one folder per version or checkout)
 - :mod:`~picklescope.verl.codec`: the ``verl-<version>:<mode>`` codecs
 - :mod:`~picklescope.verl.matrix`: what each real codec can carry (round trip per leaf kind)
-- :mod:`~picklescope.verl.blobs` / :mod:`~picklescope.verl.blobinfo`: reference blobs, ``inspect``
+- :mod:`~picklescope.verl.blobs`: reference blobs, ``inspect --as`` (the inert description of any blob
+  file is :mod:`picklescope.workloads.blobinfo`)
 - :mod:`~picklescope.verl.loader`: the child side (one verl on the path, patch, instrumentation)
 - :mod:`~picklescope.verl.stepview`: the step-through of a real codec, for the confirm investigation
   (:mod:`picklescope.investigate.confirm`, drawn by :mod:`picklescope.views.confirm_text`; the regression

@@ -32,8 +32,8 @@ from picklescope.codecs import trust as _trust
 from picklescope.codecs.base import PreparesInChild
 from picklescope.errors import PicklescopeError
 from picklescope.verl import childcall, envs, loader
-from picklescope.verl.blobinfo import describe_blob, require_pickle
 from picklescope.verl.codec import VerlCodec
+from picklescope.workloads.blobinfo import describe_blob, require_pickle
 from picklescope.workloads.spec import DATA_DIR, load_workload
 
 BLOB_DIR = DATA_DIR / "blobs"

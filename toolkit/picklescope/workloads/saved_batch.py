@@ -41,7 +41,7 @@ from typing import Any, BinaryIO
 from picklescope.core.safefile import BLOB_LIMIT_ENV, BoundedFile, blob_limit, check_file, open_bounded
 from picklescope.core.units import fmt_bytes
 from picklescope.errors import PicklescopeError, safe_text
-from picklescope.verl.blobinfo import ZIP_MAGIC, describe_blob, require_pickle
+from picklescope.workloads.blobinfo import ZIP_MAGIC, describe_blob, require_pickle
 from picklescope.workloads.inert import (
     MAX_DICT_KEYS,
     MAX_ITEMS,

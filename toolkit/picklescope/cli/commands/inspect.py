@@ -9,8 +9,8 @@ from typing import Any
 from picklescope.cli.commands.common import print_json
 from picklescope.core.safefile import blob_limit, check_file, describe_limit
 from picklescope.errors import PicklescopeError, safe_text
-from picklescope.verl.blobinfo import describe_blob, mode_hint, require_pickle
 from picklescope.verl.blobs import load_blob, manifest_entry
+from picklescope.workloads.blobinfo import describe_blob, mode_hint, require_pickle
 
 ORDER = 60
 

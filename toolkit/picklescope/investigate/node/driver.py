@@ -6,7 +6,7 @@ the workers through an engine (:class:`~picklescope.investigate.node.replica.Rep
 real verl's worker group, :class:`~picklescope.investigate.node_verl.VerlEngine`), then replays the
 training steps as named, exactly measured steps. In a series it switches codec when the parent
 says :class:`~picklescope.core.events.Next`. Its end is the Ray driver's: the parent's death ends
-the cluster and removes the temporaries at once (:class:`~picklescope.transports.ray.cluster.ParentWatch`).
+the cluster and removes the temporaries at once (:class:`~picklescope.ray.cluster.ParentWatch`).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from picklescope.investigate.node.worker import verl_worker_class
 from picklescope.investigate.node_verl import VerlEngine
 from picklescope.measure import launcher
 from picklescope.measure.child import arm_stack_dump, begin_measure, end_measure, error_event
-from picklescope.transports.ray import events, hooks
-from picklescope.transports.ray.cluster import ParentWatch, cluster_processes, stop_all
-from picklescope.transports.ray.driver import (
+from picklescope.ray import events, hooks
+from picklescope.ray.cluster import ParentWatch, cluster_processes, stop_all
+from picklescope.ray.driver import (
     _exit_on_sigterm,
     cluster_info,
     end_session,
@@ -117,7 +117,7 @@ def _drive(conn: Any, cfg: dict[str, Any]) -> None:
 
     if cfg.get("ray_view_cgroup"):
         _machine_memory_for_ray_start()
-    init_ray(conn, cfg, _init_args(cfg))  # the start-up policy of transports.ray.startup
+    init_ray(conn, cfg, _init_args(cfg))  # the start-up policy of picklescope.ray.startup
     info = cluster_info()
     info["node_id"] = ray.get_runtime_context().get_node_id()
     conn.send(RayInfo(type="ray_info", side="driver", **info))

@@ -23,7 +23,7 @@ from picklescope.core import cgroup
 from picklescope.investigate.node.result import NodeResult
 from picklescope.investigate.node.tracking import Tracking
 from picklescope.measure.session import KillRecord, Session
-from picklescope.transports.ray.cluster import running, start_ticks
+from picklescope.ray.cluster import running, start_ticks
 
 
 def limit(path: str, budget: int) -> dict[str, Any]:

@@ -24,14 +24,14 @@ from picklescope.investigate.node.tracking import Tracking, dead_component, set_
 from picklescope.measure import verdicts
 from picklescope.measure.engine import MeasuredRun
 from picklescope.measure.session import Session
-from picklescope.transports.ray import cluster, startup
-from picklescope.transports.ray.events import machine_id
-from picklescope.transports.ray.orchestrate import _Listener
-from picklescope.transports.ray.store import ShmFileReader
+from picklescope.ray import cluster, startup
+from picklescope.ray.events import machine_id
+from picklescope.ray.orchestrate import _Listener
+from picklescope.ray.store import ShmFileReader
 
 
 class Accepter(_Listener):
-    """The Ray run's event listener (:mod:`picklescope.transports.ray.orchestrate`), accepting every
+    """The Ray run's event listener (:mod:`picklescope.ray.orchestrate`), accepting every
     worker's connection rather than one actor's: each worker connects once, when its actor starts."""
 
     def __init__(self, run_dir: str) -> None:

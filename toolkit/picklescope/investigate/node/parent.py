@@ -31,10 +31,10 @@ from picklescope.investigate.node.result import NodeResult
 from picklescope.investigate.node.tracking import Tracking, set_phase, timeout_message
 from picklescope.measure import launcher, verdicts
 from picklescope.measure.engine import MeasuredRun
-from picklescope.transports.ray import cluster
-from picklescope.transports.ray.driver import object_store_bytes
-from picklescope.transports.ray.events import machine_id
-from picklescope.transports.ray.orchestrate import ray_env
+from picklescope.ray import cluster
+from picklescope.ray.driver import object_store_bytes
+from picklescope.ray.events import machine_id
+from picklescope.ray.orchestrate import ray_env
 
 RELEASE_WAIT_S = 30.0  # at most; less when the run's --timeout is near
 

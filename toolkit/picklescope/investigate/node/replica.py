@@ -14,8 +14,8 @@ from typing import Any
 from picklescope.core import steps
 from picklescope.investigate.node.data import NodeData
 from picklescope.investigate.node.worker import NodeWorker
-from picklescope.transports.ray import hooks
-from picklescope.transports.ray.driver import wait_s
+from picklescope.ray import hooks
+from picklescope.ray.driver import wait_s
 
 
 class ReplicaEngine:

@@ -14,7 +14,7 @@ from typing import Any
 
 from picklescope.core.events import Hello, RayInfo
 from picklescope.measure.session import Session
-from picklescope.transports.ray import startup
+from picklescope.ray import startup
 
 COMPONENT_POLL_S = 1.0  # how often the parent looks for a dead Ray core process
 

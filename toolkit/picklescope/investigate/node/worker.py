@@ -21,7 +21,7 @@ from picklescope.investigate.node.data import NodeData
 from picklescope.investigate.node_verl import CODEC_ENV, worker_class
 from picklescope.measure import launcher
 from picklescope.measure.child import arm_stack_dump, begin_measure, end_measure
-from picklescope.transports.ray import events, hooks
+from picklescope.ray import events, hooks
 
 
 class NodeWorker:

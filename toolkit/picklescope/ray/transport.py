@@ -4,7 +4,7 @@
 other way verl ships a batch, as the argument of a remote call (Ray serializes it in ``.remote()`` and
 deserializes it in the worker before the method runs); ``transferqueue`` puts the batch's fields into
 TransferQueue and the actor reads them back (see :mod:`.tq`). All three run through
-:func:`~picklescope.transports.ray.orchestrate.run_sides`, because the receiver is an actor that the
+:func:`~picklescope.ray.orchestrate.run_sides`, because the receiver is an actor that the
 cluster starts, not a child of ours. A transport that cannot run here says exactly why
 (:meth:`availability`) and is refused before anything starts: no numbers are ever made up.
 """
@@ -18,10 +18,10 @@ from typing import Any, ClassVar
 
 from picklescope.core.result import RunResult
 from picklescope.errors import PicklescopeError
+from picklescope.ray.address import check as check_address
+from picklescope.ray.orchestrate import run_sides
+from picklescope.ray.transferqueue import INSTALL_HINT, TQ_VERSION, missing
 from picklescope.transports import Transport
-from picklescope.transports.ray.address import check as check_address
-from picklescope.transports.ray.orchestrate import run_sides
-from picklescope.transports.ray.transferqueue import INSTALL_HINT, TQ_VERSION, missing
 
 RAY_MISSING = "the ray package is not installed"
 RAY_INSTALL = ("install it with pip install 'picklescope[ray]' (Ray 2.41 or later; the figures in the docs were "

@@ -1,7 +1,7 @@
 """Starting a local Ray cluster on a busy machine: one policy for every caller, one sentence when it fails.
 
 A cluster of our own (``ray.init(address="local")`` in a driver, or ``ray start --head`` for a
-:class:`~picklescope.transports.ray.local_cluster.LocalCluster`) starts gcs_server, a raylet (which
+:class:`~picklescope.ray.local_cluster.LocalCluster`) starts gcs_server, a raylet (which
 holds the object store) and two agents. On an idle 2-core machine that takes seconds; at a load
 average of 10 it can take minutes, and Ray's own waits are fixed (the driver gives the raylet 30 s to
 register with the GCS). So every start-up here follows one policy:
@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from picklescope.errors import PicklescopeError
-from picklescope.transports.ray import cluster
+from picklescope.ray import cluster
 
 TRIES = 2  # one retry
 TRY_TIMEOUT_S = 150.0  # one try at most: a loaded 2-core machine has started Ray in 30-90 s

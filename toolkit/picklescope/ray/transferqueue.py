@@ -6,7 +6,7 @@ consumer reads them back (``kv_batch_get``). ``DataProto.__getstate__`` is never
 does not apply (the result says so). Measured the same way as ``ray``: the driver (producer) as
 ``sender``, the receiver actor (consumer) as ``receiver``, and the storage unit's RSS as the store
 between them, all on one clock. The transport itself is
-:class:`~picklescope.transports.ray.transport.TransferQueueTransport`; this module is what the driver and
+:class:`~picklescope.ray.transport.TransferQueueTransport`; this module is what the driver and
 the actor run.
 
 It runs on one machine. Its wheel declares ``ray[default]`` (the full dashboard stack, which makes

@@ -273,7 +273,7 @@ def watch_main(argv: list[str]) -> int:
     """``python -S cluster.py PARENT PARENT_TICKS LEADER LEADER_TICKS TEMP_DIR``: end a ``ray start`` cluster
     whose starter died.
 
-    :class:`~picklescope.transports.ray.local_cluster.LocalCluster` starts ``ray start --head --block``
+    :class:`~picklescope.ray.local_cluster.LocalCluster` starts ``ray start --head --block``
     in a session of its own (the leader); a starter SIGKILLed during or after the start-up could not
     stop it. This small process (the standard library only, so it starts in milliseconds) waits on
     the starter; when it dies it kills every process of the leader's session and removes the

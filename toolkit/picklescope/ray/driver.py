@@ -28,11 +28,11 @@ from picklescope.core.leftovers import creator_pid
 from picklescope.core.plugins import load_plugins
 from picklescope.measure import launcher
 from picklescope.measure.child import arm_stack_dump, begin_measure, end_measure, error_event
-from picklescope.transports.ray import events, hooks, startup
-from picklescope.transports.ray import transferqueue as tq
-from picklescope.transports.ray.actor import ReceiverActor
-from picklescope.transports.ray.cluster import ParentWatch, cluster_processes, kill, parent_of
-from picklescope.transports.ray.transferqueue import tq_dir
+from picklescope.ray import events, hooks, startup
+from picklescope.ray import transferqueue as tq
+from picklescope.ray.actor import ReceiverActor
+from picklescope.ray.cluster import ParentWatch, cluster_processes, kill, parent_of
+from picklescope.ray.transferqueue import tq_dir
 from picklescope.workloads.spec import load_workload
 
 SIDE = "sender"

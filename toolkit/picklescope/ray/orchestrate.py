@@ -28,11 +28,11 @@ from picklescope.measure import verdicts
 from picklescope.measure.engine import MeasuredRun
 from picklescope.measure.fold import RunFold, finish_run
 from picklescope.measure.session import Session
-from picklescope.transports.ray import cluster
-from picklescope.transports.ray import costs as report
-from picklescope.transports.ray.driver import driver_main, object_store_bytes
-from picklescope.transports.ray.events import machine_id
-from picklescope.transports.ray.store import ShmFileReader, store_trace
+from picklescope.ray import cluster
+from picklescope.ray import costs as report
+from picklescope.ray.driver import driver_main, object_store_bytes
+from picklescope.ray.events import machine_id
+from picklescope.ray.store import ShmFileReader, store_trace
 
 RELEASE_WAIT_S = 30.0  # ray.shutdown on a busy 2-core machine takes a few seconds
 RAY_ENV_DEFAULTS = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DISABLE_DOCKER_CPU_WARNING": "1"}

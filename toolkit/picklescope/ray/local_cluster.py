@@ -20,7 +20,7 @@ from typing import Any
 
 from picklescope.core.paths import make_temp_dir, torch_cache_env
 from picklescope.measure.session import Cancelled, raise_if_cancelled
-from picklescope.transports.ray import cluster, startup
+from picklescope.ray import cluster, startup
 
 
 class _TryFailed(Exception):

@@ -8,7 +8,7 @@ Ray: only the driver child and the actor do.
 
 from __future__ import annotations
 
-from picklescope.transports.ray.transport import (
+from picklescope.ray.transport import (
     ProcessTransport,
     RayArg,
     RayPut,

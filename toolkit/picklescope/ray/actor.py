@@ -29,8 +29,8 @@ from picklescope.core.events import Done, Error, Received
 from picklescope.core.plugins import load_plugins
 from picklescope.measure.child import arm_stack_dump, begin_measure, end_measure, error_event
 from picklescope.measure.launcher import PRELOAD
-from picklescope.transports.ray import events, hooks, received
-from picklescope.transports.ray import transferqueue as tq
+from picklescope.ray import events, hooks, received
+from picklescope.ray import transferqueue as tq
 
 SIDE = "receiver"
 
