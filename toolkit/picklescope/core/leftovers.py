@@ -98,15 +98,15 @@ def _remove_where(roots: list[str], creator_is: Callable[[int | None], bool]) ->
     return removed
 
 
-def kill_naming(path: str) -> list[int]:
-    """SIGKILL every process of this user whose command line names ``path`` (a dead run's Ray temp dir)."""
+def _kill_where(matches: Callable[[str], bool]) -> list[int]:
+    """SIGKILL every process of this user (but this one) whose command line, joined with spaces, ``matches``."""
     killed = []
     me = os.getpid()
     for p in psutil.process_iter():
         if p.pid == me:
             continue
         try:
-            if any(path in arg for arg in p.cmdline()):
+            if matches(" ".join(p.cmdline())):
                 p.kill()
                 killed.append(p.pid)
         except (psutil.Error, OSError):
@@ -114,7 +114,17 @@ def kill_naming(path: str) -> list[int]:
     return killed
 
 
+def kill_naming(path: str) -> list[int]:
+    """SIGKILL every process of this user whose command line names ``path`` (a dead run's Ray temp dir)."""
+    return _kill_where(lambda cmd: path in cmd)
+
+
 _RAY_DIR = re.compile(r"/(?:psray|psrayc)-(\d+)-[^/\s]+")
+
+
+def _names_a_dead_creators_dir(cmd: str) -> bool:
+    m = _RAY_DIR.search(cmd)
+    return m is not None and _is_ray(cmd) and not psutil.pid_exists(int(m.group(1)))
 
 
 def kill_dead_creators_ray() -> list[int]:
@@ -122,24 +132,10 @@ def kill_dead_creators_ray() -> list[int]:
     (``/tmp/psray-<pid>-...``) whose creator ``pid`` is gone, whether or not the dir still exists.
 
     A driver whose parent died removes the dir before it kills the cluster (see
-    ``transports_ray.cluster.ParentWatch``); if it is itself ended in between, the processes name a
+    ``ray.cluster.ParentWatch``); if it is itself ended in between, the processes name a
     dir that no longer exists, which the per-entry sweep would never visit.
     """
-    killed = []
-    me = os.getpid()
-    for p in psutil.process_iter():
-        if p.pid == me:
-            continue
-        try:
-            cmd = " ".join(p.cmdline())
-            m = _RAY_DIR.search(cmd)
-            if m is None or not _is_ray(cmd) or psutil.pid_exists(int(m.group(1))):
-                continue
-            p.kill()
-            killed.append(p.pid)
-        except (psutil.Error, OSError):
-            continue
-    return killed
+    return _kill_where(_names_a_dead_creators_dir)
 
 
 PR_SET_CHILD_SUBREAPER = 36

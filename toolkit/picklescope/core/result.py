@@ -49,8 +49,25 @@ class Step:
 
 
 @dataclass
+class Series:
+    """Bytes over run time (seconds since the run started): a process's sampled memory, the node's sum, the
+    object store, a tracer's view. The one shape of a curve, from the session's sampling to the figures."""
+
+    t_s: list[float] = field(default_factory=list)
+    bytes: list[int] = field(default_factory=list)
+
+    @property
+    def end_s(self) -> float | None:
+        return self.t_s[-1] if self.t_s else None
+
+    def peak(self) -> int | None:
+        return max(self.bytes) if self.bytes else None
+
+
+@dataclass
 class Timeline:
-    """RSS of one process sampled from another process at about 1 ms."""
+    """RSS of one side of a pair, sampled from another process at about 1 ms: a :class:`Series` under the
+    name the saved results give its bytes (``rss_bytes``)."""
 
     t_s: list[float] = field(default_factory=list)
     rss_bytes: list[int] = field(default_factory=list)

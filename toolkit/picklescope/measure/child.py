@@ -132,16 +132,37 @@ def _prepare_codec(conn: Any, side: str, name: str) -> None:
         conn.send(CodecInfo(type="codec_info", side=side, info=info))
 
 
+def _set_up(conn: Any, cfg: dict[str, Any], side: str, codec: str) -> Any:
+    """What both sides do before their own set-up: plugins, the codec (prepared before the baseline), and the
+    pickle transport they hand off through."""
+    load_plugins(cfg.get("plugins"))
+    set_active_codec(codec)
+    _prepare_codec(conn, side, codec)
+    return pickle_transport(cfg["transport"])
+
+
+def _measured(conn: Any, cfg: dict[str, Any], side: str, work: Callable[[], Any]) -> tuple[Any, Any, Any, Error | None]:
+    """Run ``work`` as the side's measured phase (tracers on every step boundary, the budgets applied at the
+    baseline): returns the meter, its measurement, what ``work`` returned and the error it raised, if any."""
+    tracing = ChildTracing.from_cfg(cfg, side, conn.send)
+    meter = begin_measure(steps.make_meter(tracing.sink, cfg, side), tracing)
+    out = None
+    error: Error | None = None
+    try:
+        apply_in_child(cfg, side)  # cgroup / address-space budgets start at the baseline
+        out = work()
+    except BaseException as exc:  # noqa: BLE001 - a failure of the measured work is the side's result
+        error = error_event(side, exc)
+    return meter, end_measure(conn, meter, error, tracing=tracing, cfg=cfg), out, error
+
+
 def sender_main(conn: Any, cfg: dict[str, Any]) -> None:
     """Build the workload, serialize it with the codec over the transport, hand it off."""
     side = "sender"
     arm_stack_dump(cfg, side)
     _apply_env(cfg, side)
     try:
-        load_plugins(cfg.get("plugins"))
-        set_active_codec(cfg["codec"])
-        _prepare_codec(conn, side, cfg["codec"])
-        transport = pickle_transport(cfg["transport"])
+        transport = _set_up(conn, cfg, side, cfg["codec"])
         batch = load_workload(cfg["workload"]).build(cfg["scale"])
         expected = manifest(batch)
         gc.collect()
@@ -150,16 +171,7 @@ def sender_main(conn: Any, cfg: dict[str, Any]) -> None:
     except BaseException as exc:  # noqa: BLE001 - any setup failure is reported, not raised
         conn.send({**error_event(side, exc), "phase": "setup"})
         return
-    tracing = ChildTracing.from_cfg(cfg, side, conn.send)  # tracers see every step boundary
-    meter = begin_measure(steps.make_meter(tracing.sink, cfg, side), tracing)
-    info: dict[str, Any] | None = None
-    error: Error | None = None
-    try:
-        apply_in_child(cfg, side)  # cgroup / address-space budgets start at the baseline
-        info = transport.send(batch, cfg["run_dir"])
-    except BaseException as exc:  # noqa: BLE001
-        error = error_event(side, exc)
-    m = end_measure(conn, meter, error, tracing=tracing, cfg=cfg)
+    meter, m, info, _ = _measured(conn, cfg, side, lambda: transport.send(batch, cfg["run_dir"]))
     conn.send(Done(type="done", side=side, peak_bytes=m.peak_bytes, held_bytes=m.held_bytes,
                    cycle_held_bytes=m.cycle_held_bytes, handoff=info, baseline_bytes=m.baseline_bytes,
                    t_s=meter.now()))
@@ -172,10 +184,7 @@ def receiver_main(conn: Any, cfg: dict[str, Any]) -> None:
     arm_stack_dump(cfg, side)
     _apply_env(cfg, side)
     try:
-        load_plugins(cfg.get("plugins"))
-        set_active_codec(cfg.get("receiver_codec") or cfg["codec"])
-        _prepare_codec(conn, side, cfg.get("receiver_codec") or cfg["codec"])
-        transport = pickle_transport(cfg["transport"])
+        transport = _set_up(conn, cfg, side, cfg.get("receiver_codec") or cfg["codec"])
         procmem.populate_file_mappings()  # while the sender works: library pages into the baseline
         conn.send(Waiting(type="waiting", side=side, pid=os.getpid()))
         msg = conn.recv()
@@ -188,16 +197,7 @@ def receiver_main(conn: Any, cfg: dict[str, Any]) -> None:
     except BaseException as exc:  # noqa: BLE001
         conn.send({**error_event(side, exc), "phase": "setup"})
         return
-    tracing = ChildTracing.from_cfg(cfg, side, conn.send)  # tracers see every step boundary
-    meter = begin_measure(steps.make_meter(tracing.sink, cfg, side), tracing)
-    obj = None
-    error: Error | None = None
-    try:
-        apply_in_child(cfg, side)
-        obj = transport.receive(prepared)
-    except BaseException as exc:  # noqa: BLE001
-        error = error_event(side, exc)
-    m = end_measure(conn, meter, error, tracing=tracing, cfg=cfg)
+    _, m, obj, error = _measured(conn, cfg, side, lambda: transport.receive(prepared))
     mismatches = compare(msg["manifest"], obj) if error is None else []
     conn.send(Done(type="done", side=side, peak_bytes=m.peak_bytes, held_bytes=m.held_bytes,
                    cycle_held_bytes=m.cycle_held_bytes, baseline_bytes=m.baseline_bytes, t_s=m.end_t,

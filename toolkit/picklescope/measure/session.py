@@ -51,7 +51,7 @@ from typing import Any, Protocol
 from picklescope.core import procmem
 from picklescope.core.events import Event
 from picklescope.core.procmem import StatmReader
-from picklescope.core.result import Timeline
+from picklescope.core.result import Series, Timeline
 from picklescope.measure.sampler import hold_gc, raise_priority
 from picklescope.measure.watchdog import dump_stack_then_kill
 
@@ -145,12 +145,6 @@ def kill_during(process: str, step: str | None, step_of: str | None) -> str:
     if step_of in (None, process):
         return f"during {step}"
     return f"while the {step_of} was in {step}"
-
-
-@dataclass
-class Series:
-    t_s: list[float] = field(default_factory=list)
-    bytes: list[int] = field(default_factory=list)
 
 
 @dataclass

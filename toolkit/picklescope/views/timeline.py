@@ -16,23 +16,8 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from picklescope.core.result import RunResult
+from picklescope.core.result import RunResult, Series
 from picklescope.core.units import fmt_bytes
-
-
-@dataclass
-class Series:
-    """Bytes over run time (seconds since the run started)."""
-
-    t_s: list[float] = field(default_factory=list)
-    bytes: list[int] = field(default_factory=list)
-
-    @property
-    def end_s(self) -> float | None:
-        return self.t_s[-1] if self.t_s else None
-
-    def peak(self) -> int | None:
-        return max(self.bytes) if self.bytes else None
 
 
 @dataclass

@@ -37,9 +37,14 @@ from picklescope.workloads.inert_records import (
     _type_name,
 )
 
-__all__ = ["BATCH_BOUNDS", "MAX_DICT_KEYS", "MAX_ITEMS", "MAX_KEPT", "MAX_LIST_ITEMS", "MAX_MEMO",
+__all__ = ["BATCH_BOUNDS", "LIMITS", "MAX_DICT_KEYS", "MAX_ITEMS", "MAX_KEPT", "MAX_LIST_ITEMS", "MAX_MEMO",
            "MAX_OPS", "MAX_STACK", "MAX_ZIP_ENTRIES", "_Damaged", "_read", "_read_stream", "_Text", "_Unpickler",
            "_Unreadable"]
+
+# the reader's bounds, by name (what a refusal or the docs cite)
+LIMITS = {"MAX_DICT_KEYS": MAX_DICT_KEYS, "MAX_LIST_ITEMS": MAX_LIST_ITEMS, "MAX_ITEMS": MAX_ITEMS,
+          "MAX_STACK": MAX_STACK, "MAX_MEMO": MAX_MEMO, "MAX_KEPT": MAX_KEPT, "MAX_OPS": MAX_OPS,
+          "MAX_ZIP_ENTRIES": MAX_ZIP_ENTRIES}
 
 # what one stream may make the reader hold: the shared bounds of a file's structure, in a batch's words
 BATCH_BOUNDS = replace(

@@ -42,20 +42,7 @@ from picklescope.core.safefile import BLOB_LIMIT_ENV, BoundedFile, blob_limit, c
 from picklescope.core.units import fmt_bytes
 from picklescope.errors import PicklescopeError, safe_text
 from picklescope.workloads.blobinfo import ZIP_MAGIC, describe_blob, require_pickle
-from picklescope.workloads.inert import (
-    MAX_DICT_KEYS,
-    MAX_ITEMS,
-    MAX_KEPT,
-    MAX_LIST_ITEMS,
-    MAX_MEMO,
-    MAX_OPS,
-    MAX_STACK,
-    MAX_ZIP_ENTRIES,
-    _Damaged,
-    _read,
-    _read_stream,
-    _Unreadable,
-)
+from picklescope.workloads.inert import LIMITS, MAX_KEPT, _Damaged, _read, _read_stream, _Unreadable
 from picklescope.workloads.inert_records import (
     _NUMPY_TO_TORCH,
     NeedsCode,
@@ -71,10 +58,6 @@ from picklescope.workloads.schema import Described, _build, _contiguous, _refuse
 
 __all__ = ["LIMITS", "SAVED_BATCH_LIMIT", "read_saved_batch"]
 
-# the reader's bounds, by name
-LIMITS = {"MAX_DICT_KEYS": MAX_DICT_KEYS, "MAX_LIST_ITEMS": MAX_LIST_ITEMS, "MAX_ITEMS": MAX_ITEMS,
-          "MAX_STACK": MAX_STACK, "MAX_MEMO": MAX_MEMO, "MAX_KEPT": MAX_KEPT, "MAX_OPS": MAX_OPS,
-          "MAX_ZIP_ENTRIES": MAX_ZIP_ENTRIES}
 
 # structure is read by seeking past the data, so a saved batch may be far larger than a blob `inspect`
 # loads; the bound only stops a mistaken path (a disk image, a sparse file) from being walked

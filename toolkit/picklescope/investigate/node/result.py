@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from picklescope.core.result import Series
 from picklescope.core.units import fmt_bytes
-from picklescope.measure.session import KillRecord, ProcessRecord, Series, StepRecord, TrainingStep
+from picklescope.measure.session import KillRecord, ProcessRecord, StepRecord, TrainingStep
 
 
 @dataclass
