@@ -130,8 +130,11 @@ def test_node_timeline_is_the_sum_of_the_processes_and_the_store_at_every_sample
     assert len(node_tl["t_s"]) > 1000
     for t, total in zip(node_tl["t_s"], node_tl["bytes"]):
         assert abs(per_t.get(t, 0) + store.get(t, 0) - total) <= 0.01 * total, t
-    # the store holds the chunks the driver wrote: it is counted once, not inside the driver too
-    assert doc["node"]["store_peak_bytes"] >= 0.2 * doc["payload_bytes"]
+    # the store holds the chunks the driver wrote: it is counted once, not inside the driver too. Its pages
+    # are read as the plasma file's allocated size, which never shrinks: a replay after the series' warm-up
+    # steps may reuse pages the warm-up touched (its peak above the baseline can then be 0), so the store's
+    # own size is what shows the chunks
+    assert max(doc["node"]["store"]["bytes"]) >= 0.2 * doc["payload_bytes"]
 
 
 def test_json_has_the_documented_keys(runs):

@@ -3,7 +3,7 @@
 Every measured process (a sender or receiver child, the cell magic's child, the Ray driver, the
 receiver actor, a node's driver and workers) reports to the parent with small dicts sent as they
 happen, over a ``multiprocessing`` pipe (our own children) or a socket (Ray actors, see
-:mod:`picklescope.ray.events`). A SIGKILL therefore loses nothing already sent. The
+:mod:`picklescope.ray.channel`). A SIGKILL therefore loses nothing already sent. The
 parent folds them into a result: :class:`picklescope.measure.fold.RunFold` (a two-sided run),
 :func:`picklescope.measure.cellrun.run_cell` (a cell), :class:`picklescope.ray.orchestrate.RayRun`
 (a run over Ray) and :meth:`picklescope.measure.session.Session.fold` (a node of processes).
@@ -194,7 +194,7 @@ class Baseline(TypedDict):
     Sent by :meth:`picklescope.core.steps.Meter.start` in every measured process. Every later peak
     of that process is above this baseline; the watchdog arms the side's budget on it. Over Ray the
     event also carries the process's resident shared-memory pages (``shm_bytes``,
-    ``ray/events.with_shared``), which belong to the object store.
+    ``ray/channel.with_shared``), which belong to the object store.
     """
 
     type: Literal["baseline"]

@@ -29,7 +29,7 @@ from picklescope.core.events import Done, Error, Received
 from picklescope.core.plugins import load_plugins
 from picklescope.measure.child import arm_stack_dump, begin_measure, end_measure, error_event
 from picklescope.measure.launcher import PRELOAD
-from picklescope.ray import events, hooks, received
+from picklescope.ray import channel, hooks, received
 from picklescope.ray import transferqueue as tq
 
 SIDE = "receiver"
@@ -40,8 +40,8 @@ class ReceiverActor:
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         self.cfg = cfg
-        self.conn = events.connect(cfg)
-        self.conn.send(events.pid_event(SIDE, "receiver"))
+        self.conn = channel.connect(cfg)
+        self.conn.send(channel.pid_event(SIDE, "receiver"))
         if os.path.isdir(cfg["run_dir"]):  # the watchdog's SIGUSR1 writes our stack there before a kill
             self._stack_file = arm_stack_dump(cfg, SIDE)
         for key, value in (cfg.get("env") or {}).get(SIDE, {}).items():
@@ -57,7 +57,7 @@ class ReceiverActor:
         get_codec(codec)
         set_active_codec(codec)
         hooks.install(deserialize=True)
-        self.t0 = events.local_t0(cfg)
+        self.t0 = channel.local_t0(cfg)
         self.meter: steps.Meter | None = None
         self.manifest: dict[str, Any] | None = None
 
@@ -67,7 +67,7 @@ class ReceiverActor:
     def _start(self, manifest: dict[str, Any]) -> None:
         self.manifest = manifest
         gc.collect()
-        self.meter = begin_measure(steps.Meter(events.with_shared(self.conn.send), self.t0, SIDE))
+        self.meter = begin_measure(steps.Meter(channel.with_shared(self.conn.send), self.t0, SIDE))
 
     def arm(self, manifest: dict[str, Any]) -> None:
         """Argument path: measure from now, so the next call's argument deserialization is inside."""
@@ -109,7 +109,7 @@ class ReceiverActor:
     def _finish(self, obj: Any, error: Error | None, read_again: Any) -> bool:
         meter = self.meter
         assert meter is not None, "receive before arm"
-        m = end_measure(self.conn, meter, error, read_at_end=events.shared_bytes)
+        m = end_measure(self.conn, meter, error, read_at_end=channel.shared_bytes)
         mismatches = compare(self.manifest or {}, obj) if error is None else []
         report: dict[str, Any] = {}
         if error is None:

@@ -28,7 +28,7 @@ from picklescope.core.leftovers import creator_pid
 from picklescope.core.plugins import load_plugins
 from picklescope.measure import launcher
 from picklescope.measure.child import arm_stack_dump, begin_measure, end_measure, error_event
-from picklescope.ray import events, hooks, startup
+from picklescope.ray import channel, hooks, startup
 from picklescope.ray import transferqueue as tq
 from picklescope.ray.actor import ReceiverActor
 from picklescope.ray.cluster import ParentWatch, cluster_processes, kill, parent_of
@@ -200,7 +200,7 @@ def restore_priority(niceness: int) -> None:
             pass
 
 
-def driver_main(conn: Any, cfg: dict[str, Any]) -> None:
+def pair_driver_main(conn: Any, cfg: dict[str, Any]) -> None:
     """Run the sender side; always ends the Ray session it started."""
     os.setsid()
     os.dup2(2, 1)  # what Ray prints here ("A worker died ...") goes to stderr: stdout may carry --json
@@ -285,7 +285,7 @@ def _run(conn: Any, cfg: dict[str, Any]) -> None:
         conn.send({**error_event(SIDE, exc), "phase": "setup"})
         _wait_release(conn)
         return
-    meter = begin_measure(steps.Meter(events.with_shared(conn.send), cfg["t0"], SIDE))
+    meter = begin_measure(steps.Meter(channel.with_shared(conn.send), cfg["t0"], SIDE))
     error: Error | None = None
     pending, ref = None, None
     try:
@@ -307,7 +307,7 @@ def _run(conn: Any, cfg: dict[str, Any]) -> None:
                     hooks.end_store_write()
     except BaseException as exc:  # noqa: BLE001
         error = error_event(SIDE, exc)
-    m = end_measure(conn, meter, error, read_at_end=events.shared_bytes)
+    m = end_measure(conn, meter, error, read_at_end=channel.shared_bytes)
     last = hooks.last_serialized() or {}
     blob = last.get("total_bytes")
     handoff = Handoff(path=cfg["ray_path"], blob_bytes=blob, inband_bytes=None, oob_bytes=None)

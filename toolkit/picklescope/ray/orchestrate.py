@@ -28,10 +28,9 @@ from picklescope.measure import verdicts
 from picklescope.measure.engine import MeasuredRun
 from picklescope.measure.fold import RunFold, finish_run
 from picklescope.measure.session import Session
-from picklescope.ray import cluster
-from picklescope.ray import costs as report
-from picklescope.ray.driver import driver_main, object_store_bytes
-from picklescope.ray.events import machine_id
+from picklescope.ray import cluster, costs
+from picklescope.ray.channel import machine_id
+from picklescope.ray.driver import object_store_bytes, pair_driver_main
 from picklescope.ray.store import ShmFileReader, store_trace
 
 RELEASE_WAIT_S = 30.0  # ray.shutdown on a busy 2-core machine takes a few seconds
@@ -244,7 +243,7 @@ def run_sides(state: RunFold, cfg: dict[str, Any], *, ray_path: str, timeout_s: 
     try:
         try:
             with measured:
-                proc, _conn = measured.launch("sender", driver_main, (cfg,), "picklescope-ray-driver")
+                proc, _conn = measured.launch("sender", pair_driver_main, (cfg,), "picklescope-ray-driver")
                 run.tracking["driver_pid"] = result.sender.pid = proc.pid
                 run.driver_start = cluster.start_ticks(proc.pid)
                 _relay_ray_pair(run, measured, listener, t0 + timeout_s)
@@ -272,7 +271,7 @@ def run_sides(state: RunFold, cfg: dict[str, Any], *, ray_path: str, timeout_s: 
     finish_run(state)
     if guard is not None:
         verdicts.decide(result, state.errors, state.done, guard.kills, result.enforcement, counters)
-    report.summarize(result, run.shm, ray_path)
+    costs.summarize(result, run.shm, ray_path)
     result.wall_s = time.monotonic() - t0
     return result
 

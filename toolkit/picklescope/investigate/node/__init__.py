@@ -14,7 +14,7 @@ Three places run code, each in modules of its own:
   its fold of the events into one :class:`~picklescope.measure.session.Session` (:mod:`.follow`,
   :mod:`.tracking`), the cgroup enforcement (:mod:`.enforce`), and whatever happens, the kill of
   what is left of the cluster it started;
-- the driver (:func:`driver_main`, :mod:`.driver`), a session leader that starts or joins the
+- the driver (:func:`node_driver_main`, :mod:`.driver`), a session leader that starts or joins the
   cluster, creates the workers (:mod:`.replica`, or real verl's worker group in
   :mod:`picklescope.investigate.node_verl`) and runs the training steps with named, exactly measured
   steps, on the codec's data (:mod:`.data`) under the chosen collector (:mod:`.collector`);
@@ -32,12 +32,12 @@ from picklescope.investigate.node.checks import (
     GC_MODES,
     NODE_TRANSPORTS,
 )
-from picklescope.investigate.node.driver import driver_main
+from picklescope.investigate.node.driver import node_driver_main
 from picklescope.investigate.node.parent import cleanup_reserve, node, node_series
 from picklescope.investigate.node.result import NodeResult, compare_drivers
 from picklescope.investigate.node.worker import NodeWorker
 
 __all__ = [
     "DEFAULT_SCALE", "DISPATCHES", "ENFORCEMENTS", "ENGINES", "GC_MODES", "NODE_TRANSPORTS", "NodeResult", "NodeWorker",
-    "cleanup_reserve", "compare_drivers", "driver_main", "node", "node_series",
+    "cleanup_reserve", "compare_drivers", "node_driver_main", "node", "node_series",
 ]

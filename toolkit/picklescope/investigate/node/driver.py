@@ -26,7 +26,7 @@ from picklescope.investigate.node.worker import verl_worker_class
 from picklescope.investigate.node_verl import VerlEngine
 from picklescope.measure import launcher
 from picklescope.measure.child import arm_stack_dump, begin_measure, end_measure, error_event
-from picklescope.ray import events, hooks
+from picklescope.ray import channel, hooks
 from picklescope.ray.cluster import ParentWatch, cluster_processes, stop_all
 from picklescope.ray.driver import (
     _exit_on_sigterm,
@@ -42,7 +42,7 @@ ROUGH_MEMORY_RESOURCE = 2**30  # --enforcement ray: Ray's logical memory resourc
 DRIVER_LOG = "driver.log"  # the driver's stdout and stderr, in the run's folder
 
 
-def driver_main(conn: Any, cfg: dict[str, Any]) -> None:
+def node_driver_main(conn: Any, cfg: dict[str, Any]) -> None:
     """Run the driver; always ends the Ray session it started and removes the run's temporaries."""
     launcher.collect_like_a_fresh_process()  # the default collector as in verl's long-lived driver
     os.setsid()
@@ -64,7 +64,7 @@ def driver_main(conn: Any, cfg: dict[str, Any]) -> None:
     for key, value in (cfg.get("ray_env") or {}).items():
         os.environ.setdefault(key, value)
     try:
-        _drive(conn, cfg)
+        _run_node(conn, cfg)
     except BaseException as exc:  # noqa: BLE001 - reported, the parent decides
         try:
             conn.send(error_event("driver", exc))
@@ -97,7 +97,7 @@ def _result_shape(batch: Any, rows: int, payload: int, returns: float | None) ->
     return width, torch.float32
 
 
-def _drive(conn: Any, cfg: dict[str, Any]) -> None:
+def _run_node(conn: Any, cfg: dict[str, Any]) -> None:
     # the cgroup is joined before Ray starts: every process of the cluster is born inside it
     if cfg.get("cgroup") and not cgroup.add_process(cfg["cgroup"], os.getpid()):
         raise PicklescopeError(f"the node's driver cannot join the memory cgroup {cfg['cgroup']}",
@@ -148,7 +148,7 @@ def _drive(conn: Any, cfg: dict[str, Any]) -> None:
             return
         msg = _wait(conn)
         if not isinstance(msg, dict) or msg.get("type") != "next":
-            return  # the parent's release (or its end): the Ray session ends in driver_main
+            return  # the parent's release (or its end): the Ray session ends in node_driver_main
         cfg = {**cfg, "codec": msg["codec"], "gc": msg.get("gc", cfg["gc"]), "t0": msg["t0"], "t0_wall": msg["t0_wall"]}
         if isinstance(engine, ReplicaEngine):  # a series runs the built-in codecs on the replica engine only
             engine.switch(NodeData(cfg["codec"]), cfg)
@@ -170,7 +170,7 @@ def _replay(conn: Any, cfg: dict[str, Any], engine: ReplicaEngine | VerlEngine, 
         procmem.trim_heap()
     collector.apply_mode(cfg["gc"])
     collector.count_full_collections()
-    meter = begin_measure(steps.Meter(events.with_shared(conn.send), cfg["t0"], "driver"))
+    meter = begin_measure(steps.Meter(channel.with_shared(conn.send), cfg["t0"], "driver"))
     private_base = procmem.private_rss()  # VmRSS - RssShmem: the session's per-process accounting
     conn.send(Ready(type="ready", side="driver"))
     if _wait(conn) is None:

@@ -25,7 +25,7 @@ from picklescope.measure import verdicts
 from picklescope.measure.engine import MeasuredRun
 from picklescope.measure.session import Session
 from picklescope.ray import cluster, startup
-from picklescope.ray.events import machine_id
+from picklescope.ray.channel import machine_id
 from picklescope.ray.orchestrate import _Listener
 from picklescope.ray.store import ShmFileReader
 

@@ -25,15 +25,15 @@ from picklescope.core.paths import make_temp_dir
 from picklescope.errors import PicklescopeError
 from picklescope.investigate.node import enforce
 from picklescope.investigate.node.checks import DEFAULT_SCALE, plan
-from picklescope.investigate.node.driver import DRIVER_LOG, driver_main
+from picklescope.investigate.node.driver import DRIVER_LOG, node_driver_main
 from picklescope.investigate.node.follow import Accepter, adopt_known, follow, settle
 from picklescope.investigate.node.result import NodeResult
 from picklescope.investigate.node.tracking import Tracking, set_phase, timeout_message
 from picklescope.measure import launcher, verdicts
 from picklescope.measure.engine import MeasuredRun
 from picklescope.ray import cluster
+from picklescope.ray.channel import machine_id
 from picklescope.ray.driver import object_store_bytes
-from picklescope.ray.events import machine_id
 from picklescope.ray.orchestrate import ray_env
 
 RELEASE_WAIT_S = 30.0  # at most; less when the run's --timeout is near
@@ -238,7 +238,7 @@ def start_driver(cfg: dict[str, Any], deadline: float) -> tuple[Any, Any]:
         timer.daemon = True
         timer.start()
     try:
-        return launcher.start(driver_main, (cfg,), "picklescope-node-driver")
+        return launcher.start(node_driver_main, (cfg,), "picklescope-node-driver")
     except Exception:
         if fired.is_set():
             raise DriverStartTimeout() from None

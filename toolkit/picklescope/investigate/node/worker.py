@@ -21,7 +21,7 @@ from picklescope.investigate.node.data import NodeData
 from picklescope.investigate.node_verl import CODEC_ENV, worker_class
 from picklescope.measure import launcher
 from picklescope.measure.child import arm_stack_dump, begin_measure, end_measure
-from picklescope.ray import events, hooks
+from picklescope.ray import channel, hooks
 
 
 class NodeWorker:
@@ -31,8 +31,8 @@ class NodeWorker:
         import ray  # deferred: Ray is imported only in the node's own processes, never by the parent
 
         self.cfg, self.name = cfg, name
-        self.conn = events.connect(cfg)
-        self.conn.send(Hello(type="hello", name=name, pid=os.getpid(), machine=events.machine_id(),
+        self.conn = channel.connect(cfg)
+        self.conn.send(Hello(type="hello", name=name, pid=os.getpid(), machine=channel.machine_id(),
                              node_id=ray.get_runtime_context().get_node_id()))
         if os.path.isdir(cfg["run_dir"]):  # the budget check's SIGUSR1 writes our stack there before a kill
             self._stack = arm_stack_dump(cfg, name)
@@ -43,7 +43,7 @@ class NodeWorker:
         self.data = NodeData(cfg["codec"])
         self.width, self.dtype = width, getattr(torch, dtype)
         hooks.install(deserialize=True)
-        self.t0 = events.local_t0(cfg)
+        self.t0 = channel.local_t0(cfg)
         self.meter: steps.Meter | None = None
 
     def ready(self, width: int | None = None, dtype: str | None = None) -> int:
@@ -63,7 +63,7 @@ class NodeWorker:
             procmem.trim_heap()
         collector.apply_mode(self.cfg["gc"])
         collector.count_full_collections()
-        self.meter = begin_measure(steps.Meter(events.with_shared(self._send), self.t0, self.name))
+        self.meter = begin_measure(steps.Meter(channel.with_shared(self._send), self.t0, self.name))
 
     def _send(self, ev: Event) -> None:
         self.conn.send(ev)
@@ -73,7 +73,7 @@ class NodeWorker:
         under it already, as in the driver) and its clock (:meth:`arm` then takes the new baseline)."""
         self.cfg = {**self.cfg, "codec": codec, "t0": t0, "t0_wall": t0_wall, "gc": gc_mode or self.cfg["gc"]}
         self.data = NodeData(codec)
-        self.t0 = events.local_t0(self.cfg)
+        self.t0 = channel.local_t0(self.cfg)
         gc.enable()
         collector.apply_mode(self.cfg["gc"])
 
