@@ -19,7 +19,7 @@ from typing import Any
 from picklescope.core import cgroup, procmem, steps
 from picklescope.core.events import CodecInfo, Done, Engine, Finished, RayInfo, Ready, TrainStepEnd, TrainStepStart
 from picklescope.errors import PicklescopeError
-from picklescope.investigate.node import collector
+from picklescope.investigate.node import collector, controller
 from picklescope.investigate.node.data import NodeData
 from picklescope.investigate.node.replica import ReplicaEngine
 from picklescope.investigate.node.worker import verl_worker_class
@@ -35,6 +35,7 @@ from picklescope.transports.ray.driver import (
     init_args,
     init_ray,
     restore_priority,
+    wait_s,
 )
 from picklescope.workloads.spec import load_workload
 
@@ -108,10 +109,6 @@ def _drive(conn: Any, cfg: dict[str, Any]) -> None:
         except OSError as exc:
             raise PicklescopeError(f"--enforcement ray cannot show the run's cgroup to Ray: {exc}",
                                    "use --enforcement cgroup or watchdog") from None
-    data = NodeData(cfg["codec"])
-    if data.info:
-        conn.send(CodecInfo(type="codec_info", side="driver", info=data.info))
-    wl = load_workload(cfg["workload"])
     niceness = os.getpriority(os.PRIO_PROCESS, 0)
     import ray  # deferred: Ray is imported only in the node's own processes, never by the parent
 
@@ -121,6 +118,62 @@ def _drive(conn: Any, cfg: dict[str, Any]) -> None:
     info = cluster_info()
     info["node_id"] = ray.get_runtime_context().get_node_id()
     conn.send(RayInfo(type="ray_info", side="driver", **info))
+    restore = None if cfg.get("ray_address") else niceness
+    if cfg.get("controller") == "actor":
+        _run_actor(ray, conn, cfg, restore)
+    else:
+        _control(ray, conn, cfg, restore)
+
+
+def _run_actor(ray: Any, conn: Any, cfg: dict[str, Any], restore: int | None) -> None:
+    """``--controller actor``: the loop runs in a :class:`TaskRunner` actor; this process only relays."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    relay = controller.Relay(cfg["run_dir"])
+    runner = ray.remote(num_cpus=1, max_restarts=0)(TaskRunner).options(  # verl's TaskRunner takes one CPU
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(),
+                                                           soft=False)).remote()
+    ref = runner.run.remote(cfg, relay.address, relay.key)
+
+    def seen(msg: Any) -> None:  # the workers are up once the engine is announced: every Ray process back
+        if restore is not None and isinstance(msg, dict) and msg.get("type") == "engine":
+            restore_priority(restore)
+
+    try:
+        relay.run(ray, ref, conn, lambda cap: wait_s(cfg, cap), seen)
+    finally:
+        relay.close()
+
+
+class TaskRunner:
+    """``--controller actor``: the node's controller as a Ray actor, in the place of verl's ``TaskRunner``
+    (named so that Ray's messages name it as verl's users read them: ``ray::TaskRunner.run``)."""
+
+    def run(self, cfg: dict[str, Any], address: str, key: bytes) -> None:
+        """The whole replay (batch, workers, training steps), talking to the parent through the driver."""
+        import ray  # deferred: Ray is imported only in the node's own processes, never by the parent
+
+        conn = controller.connect(address, key)
+        _stack = arm_stack_dump(cfg, "driver")  # noqa: F841 - kept open for the signal handler
+        try:
+            controller.hello(conn)
+            _control(ray, conn, cfg, None)
+        except BaseException as exc:  # noqa: BLE001 - reported, the parent decides
+            try:
+                conn.send(error_event("driver", exc))
+                _wait(conn)
+            except (OSError, BrokenPipeError):
+                pass
+        finally:
+            conn.close()
+
+
+def _control(ray: Any, conn: Any, cfg: dict[str, Any], restore: int | None) -> None:
+    """The controller: the batch, the workers, the training steps (in the driver, or in its actor)."""
+    data = NodeData(cfg["codec"])
+    if data.info:
+        conn.send(CodecInfo(type="codec_info", side="driver", info=data.info))
+    wl = load_workload(cfg["workload"])
     hooks.install(serialize=True)
     engine: ReplicaEngine | VerlEngine
     replica = cfg.get("engine") != "verl"
@@ -138,8 +191,8 @@ def _drive(conn: Any, cfg: dict[str, Any]) -> None:
         engine = VerlEngine(ray, cfg, verl_worker_class(cfg["codec"]), width, dtype_name)
         engine.ready()
     conn.send(Engine(type="engine", info={**engine.info, **data.split_join()}))
-    if not cfg.get("ray_address"):
-        restore_priority(niceness)
+    if restore is not None:
+        restore_priority(restore)
     # A small call per worker during set-up: first-call costs (lazy imports on both ends,
     # Ray's first object-store mapping) land in the baselines, not in training step 1.
     engine.warm(whole)
@@ -219,4 +272,6 @@ def _init_args(cfg: dict[str, Any]) -> dict[str, Any] | None:
         args["_memory"] = ROUGH_MEMORY_RESOURCE
     if cfg.get("engine") == "verl":
         args["num_cpus"] = max(int(args.get("num_cpus") or 1), int(cfg["workers"]))
+        if cfg.get("controller") == "actor":  # and one for the controller actor, as verl's TaskRunner
+            args["num_cpus"] += 1
     return args

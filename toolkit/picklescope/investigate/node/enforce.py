@@ -177,7 +177,9 @@ def record_ray_kill(session: Session, result: NodeResult, tracking: Tracking, ev
     t = round(time.monotonic() - session.t0, 6)
     named = {name: rec.pid for name, rec in session.processes.items()}
     by_pid = {pid: name for name, pid in named.items()}
-    dead = [name for name, pid in named.items() if name != "driver" and not _alive(pid)]
+    # the driver script is never Ray's victim, but a controller actor (--controller actor) can be
+    dead = [name for name, pid in named.items()
+            if (name != "driver" or result.controller == "actor") and not _alive(pid)]
     listed = [by_pid[p] for p in [said["pid"]] + [row["pid"] for row in said["top_memory_users"]] if p in by_pid]
 
     first_gone = min(dead, key=lambda name: _seen_until(session, name)) if dead else None
