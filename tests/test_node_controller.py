@@ -1,0 +1,92 @@
+"""``picklescope node --controller actor``: the training loop in a Ray actor, as verl's ``TaskRunner`` runs it.
+
+The actor is measured under the driver's name (the node's schema stays), the process that started
+Ray as ``script``; the legacy codec's discarded copies must then show in the actor, not in the script.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from picklescope.errors import PicklescopeError
+from picklescope.investigate.node import NodeResult, node
+from picklescope.measure.session import Session
+from picklescope.transports.ray import ray_available
+
+ray_only = pytest.mark.skipif(not ray_available(), reason="ray is not installed (pip install 'picklescope[ray]')")
+
+
+def test_an_unknown_controller_is_one_line_before_anything_starts():
+    with pytest.raises(PicklescopeError) as exc:
+        node("numpy", controller="thread")
+    assert "--controller 'thread'" in exc.value.problem and "actor" in exc.value.hint
+    done = subprocess.run([sys.executable, "-m", "picklescope", "node", "--controller", "thread"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "--controller" in lines[0] and "Traceback" not in done.stderr, done.stderr
+
+
+def test_hand_over_keeps_the_old_curve_under_its_new_name():
+    """The session measures a name in another process from a moment on; the first process goes on as itself."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    session = Session(time.monotonic(), None, 0.001, reading="private")
+    try:
+        session.adopt("driver", os.getpid(), role="driver")
+        session.start()
+        deadline = time.monotonic() + 60
+        while len(session.processes["driver"].timeline.t_s) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        before = len(session.processes["driver"].timeline.t_s)
+        assert before >= 3
+        rec = session.hand_over("driver", child.pid, "script", role="driver", node_id="n1")
+        assert rec.pid == child.pid and rec.node_id == "n1" and session.processes["driver"] is rec
+        script = session.processes["script"]
+        assert script.pid == os.getpid() and script.name == script.role == "script"
+        while (not rec.timeline.t_s or len(script.timeline.t_s) <= before) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert rec.timeline.t_s and len(script.timeline.t_s) > before  # both sampled from then on
+        assert rec.timeline.t_s[0] >= script.timeline.t_s[before - 1]  # the new curve starts at the hand-over
+    finally:
+        session.stop()
+        child.kill()
+        child.wait()
+
+
+def test_json_names_the_controller_and_reads_back():
+    r = NodeResult("numpy", "flowgrpo", 0.05, 2, 2, 1, "chunk", "off", "ray-arg", None, controller="actor")
+    doc = r.to_json_dict()
+    assert doc["controller"] == "actor" and doc["node"]["config"]["controller"] == "actor"
+    assert NodeResult.from_json_dict(doc).controller == "actor"
+    doc.pop("controller")  # a document written before the option existed: the driver process ran the loop
+    assert NodeResult.from_json_dict(doc).controller == "process"
+
+
+@ray_only
+@pytest.mark.ray
+def test_the_actor_runs_the_loop_and_is_measured_as_the_driver():
+    r = node("numpy-legacy", "flowgrpo", 0.05, workers=2, steps=2, gc="off", controller="actor")
+    assert r.outcome == "ok", (r.error, r.notes)
+    assert r.controller == "actor" and r.to_json_dict()["controller"] == "actor"
+    assert set(r.processes) == {"driver", "script", "worker-0", "worker-1"}
+    driver, script = r.processes["driver"], r.processes["script"]
+    assert driver.pid != script.pid and driver.role == "driver" and script.role == "script"
+    names = {s.name for s in driver.steps}
+    assert {"chunk", "argument serialization", "consolidate", "ray.get", "concat"} <= names, names
+    assert not script.steps  # the script only relays
+    assert {s.training_step for s in driver.steps if s.name == "chunk"} == {1, 2}
+    # with the collector off the legacy codec keeps each step's consolidated copies (about one payload):
+    # in the actor, where the loop ran, and not in the script
+    grew = r.training_steps[-1].driver_bytes - r.training_steps[0].driver_bytes
+    assert grew >= 0.8 * r.payload_bytes, (grew, r.payload_bytes)
+    assert r.own_peak_bytes("script") < 0.2 * r.payload_bytes, r.own_peak_bytes("script")
+    assert r.cleanup["remaining"] == [], r.cleanup
+    alive = [p.pid for p in r.processes.values() if psutil.pid_exists(p.pid)
+             and psutil.Process(p.pid).status() != psutil.STATUS_ZOMBIE]
+    assert alive == []
