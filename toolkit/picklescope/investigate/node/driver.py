@@ -58,7 +58,11 @@ def driver_main(conn: Any, cfg: dict[str, Any]) -> None:
     # If the parent dies (SIGKILL, closed terminal) at any moment, Ray's start-up included, a thread
     # removes the run's temporaries and kills the cluster this driver started; the forkserver's death
     # sends SIGTERM, which ends the main thread through the finally below.
-    watch = ParentWatch(cfg["parent_pid"], (cfg.get("ray_temp_dir"), cfg["run_dir"]), cfg.get("ray_temp_dir")).start()
+    # and the run's memory cgroups (--enforcement cgroup or ray), which the parent would have removed: held
+    # by descriptor now, since after view_as_root this process no longer sees them at their paths
+    cgroups = cgroup.Remover([p for p in (cfg.get("ray_view_cgroup"), cfg.get("cgroup")) if p])
+    watch = ParentWatch(cfg["parent_pid"], (cfg.get("ray_temp_dir"), cfg["run_dir"]), cfg.get("ray_temp_dir"),
+                        before_exit=cgroups.remove).start()
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     launcher.die_with_parent(signal.SIGTERM)
     _stack = arm_stack_dump(cfg, "driver")  # noqa: F841 - kept open for the signal handler
