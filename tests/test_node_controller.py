@@ -90,3 +90,18 @@ def test_the_actor_runs_the_loop_and_is_measured_as_the_driver():
     alive = [p.pid for p in r.processes.values() if psutil.pid_exists(p.pid)
              and psutil.Process(p.pid).status() != psutil.STATUS_ZOMBIE]
     assert alive == []
+
+
+@ray_only
+@pytest.mark.ray
+def test_verls_worker_group_runs_from_the_actor(verl_envs):
+    """--engine verl with --controller actor: verl's RayWorkerGroup is built and called from the actor."""
+    r = node("verl-0.9.0:numpy", scale=0.0625, workers=2, steps=2, engine="verl", gc="off", controller="actor")
+    assert r.outcome == "ok", (r.error, r.notes)
+    assert r.engine_info["worker_group"] == "verl.single_controller.ray.base.RayWorkerGroup", r.engine_info
+    names = {s.name for s in r.processes["driver"].steps}
+    assert {"worker group call", "DataProto.chunk", "consolidate", "DataProto.concat"} <= names, names
+    assert not r.processes["script"].steps
+    grew = r.training_steps[-1].driver_bytes - r.training_steps[0].driver_bytes
+    assert grew >= 0.8 * r.payload_bytes, (grew, r.payload_bytes)  # verl 0.9.0's discarded copies, in the actor
+    assert r.cleanup["remaining"] == [], r.cleanup
