@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -18,6 +19,9 @@ from picklescope.errors import PicklescopeError
 from picklescope.investigate.node import NodeResult, node
 from picklescope.measure.session import Session
 from picklescope.transports.ray import ray_available
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
+from test_node_ray_monitor import _usable  # noqa: E402
 
 ray_only = pytest.mark.skipif(not ray_available(), reason="ray is not installed (pip install 'picklescope[ray]')")
 
@@ -105,3 +109,23 @@ def test_verls_worker_group_runs_from_the_actor(verl_envs):
     grew = r.training_steps[-1].driver_bytes - r.training_steps[0].driver_bytes
     assert grew >= 0.8 * r.payload_bytes, (grew, r.payload_bytes)  # verl 0.9.0's discarded copies, in the actor
     assert r.cleanup["remaining"] == [], r.cleanup
+
+
+@ray_only
+@pytest.mark.ray
+@pytest.mark.slow
+def test_under_rays_monitor_the_actor_is_among_what_ray_considers_and_names():
+    """--enforcement ray: with the loop in an actor, Ray's message lists the controller as users see it
+    (``ray::TaskRunner.run`` among the top memory users; verl #3453), whichever process it kills."""
+    why = _usable()
+    if why:
+        pytest.skip(f"--enforcement ray is unavailable here: {why}")
+    r = node("numpy-legacy", "flowgrpo", 0.1, workers=2, steps=4, gc="off", node_budget="6x", enforcement="ray",
+             controller="actor")
+    assert r.outcome == "oom-killed" and r.killed_by == "ray", (r.error, r.cgroup, r.notes)
+    message = r.killed_message or ""
+    assert "ray::TaskRunner.run" in message and "task name=TaskRunner" in message, message
+    top = [row["command"] for row in r.cgroup["ray_top_memory_users"]]
+    assert "ray::TaskRunner.run" in top, top
+    assert r.killed.process in r.processes, r.killed  # Ray's victim, one of the node's sampled processes
+    assert r.cgroup["removed"] and r.cgroup["start_removed"] and r.cleanup["remaining"] == [], (r.cgroup, r.cleanup)
