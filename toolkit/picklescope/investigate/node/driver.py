@@ -1,12 +1,14 @@
 """A node's driver: a child of ours that starts (or joins) the cluster, creates the workers and runs the steps.
 
 It becomes a session leader first (so every process of the cluster it starts can be found and
-killed), sends what it prints to a log in the run's folder, builds the batch, starts Ray, creates
+killed), sends what it prints to a log in the run's folder, starts Ray, builds the batch, creates
 the workers through an engine (:class:`~picklescope.investigate.node.replica.ReplicaEngine`, or
 real verl's worker group, :class:`~picklescope.investigate.node_verl.VerlEngine`), then replays the
-training steps as named, exactly measured steps. In a series it switches codec when the parent
-says :class:`~picklescope.core.events.Next`. Its end is the Ray driver's: the parent's death ends
-the cluster and removes the temporaries at once (:class:`~picklescope.transports.ray.cluster.ParentWatch`).
+training steps as named, exactly measured steps. With ``--controller actor`` everything after Ray's
+start runs in a :class:`TaskRunner` actor instead, and this process relays (:mod:`.controller`). In
+a series it switches codec when the parent says :class:`~picklescope.core.events.Next`. Its end is
+the Ray driver's: the parent's death ends the cluster and removes the temporaries at once
+(:class:`~picklescope.transports.ray.cluster.ParentWatch`).
 """
 
 from __future__ import annotations
