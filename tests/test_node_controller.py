@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from picklescope.errors import PicklescopeError
-from picklescope.investigate.node import NodeResult, node
+from picklescope.investigate.node import NodeResult, node, node_series
 from picklescope.measure.session import Session
 from picklescope.transports.ray import ray_available
 
@@ -75,23 +75,29 @@ def test_json_names_the_controller_and_reads_back():
 @ray_only
 @pytest.mark.ray
 def test_the_actor_runs_the_loop_and_is_measured_as_the_driver():
-    r = node("numpy-legacy", "flowgrpo", 0.05, workers=2, steps=2, gc="off", controller="actor")
-    assert r.outcome == "ok", (r.error, r.notes)
-    assert r.controller == "actor" and r.to_json_dict()["controller"] == "actor"
-    assert set(r.processes) == {"driver", "script", "worker-0", "worker-1"}
-    driver, script = r.processes["driver"], r.processes["script"]
-    assert driver.pid != script.pid and driver.role == "driver" and script.role == "script"
-    names = {s.name for s in driver.steps}
+    # a series: the second replay's session finds the actor again (the same processes, measured again)
+    legacy, fixed = node_series(("numpy-legacy", "numpy"), "flowgrpo", 0.05, workers=2, steps=2, gc="off",
+                                controller="actor")
+    for r in (legacy, fixed):
+        assert r.outcome == "ok", (r.codec, r.error, r.notes)
+        assert r.controller == "actor" and r.to_json_dict()["controller"] == "actor"
+        assert set(r.processes) == {"driver", "script", "worker-0", "worker-1"}
+        driver, script = r.processes["driver"], r.processes["script"]
+        assert driver.pid != script.pid and driver.role == "driver" and script.role == "script"
+        assert not script.steps  # the script only relays
+        assert {s.training_step for s in driver.steps if s.name == "chunk"} == {1, 2}
+        assert r.own_peak_bytes("script") < 0.2 * r.payload_bytes, r.own_peak_bytes("script")
+    assert legacy.processes["driver"].pid == fixed.processes["driver"].pid
+    names = {s.name for s in legacy.driver.steps}
     assert {"chunk", "argument serialization", "consolidate", "ray.get", "concat"} <= names, names
-    assert not script.steps  # the script only relays
-    assert {s.training_step for s in driver.steps if s.name == "chunk"} == {1, 2}
+    assert "consolidate" not in {s.name for s in fixed.driver.steps}
     # with the collector off the legacy codec keeps each step's consolidated copies (about one payload):
-    # in the actor, where the loop ran, and not in the script
-    grew = r.training_steps[-1].driver_bytes - r.training_steps[0].driver_bytes
-    assert grew >= 0.8 * r.payload_bytes, (grew, r.payload_bytes)
-    assert r.own_peak_bytes("script") < 0.2 * r.payload_bytes, r.own_peak_bytes("script")
-    assert r.cleanup["remaining"] == [], r.cleanup
-    alive = [p.pid for p in r.processes.values() if psutil.pid_exists(p.pid)
+    # in the actor, where the loop ran, and not in the script; the fixed codec keeps none
+    grew = {r.codec: (r.training_steps[-1].driver_bytes - r.training_steps[0].driver_bytes) / r.payload_bytes
+            for r in (legacy, fixed)}
+    assert grew["numpy-legacy"] >= 0.8 and grew["numpy"] < 0.1, grew
+    assert fixed.cleanup["remaining"] == [], fixed.cleanup
+    alive = [p.pid for p in fixed.processes.values() if psutil.pid_exists(p.pid)
              and psutil.Process(p.pid).status() != psutil.STATUS_ZOMBIE]
     assert alive == []
 
