@@ -200,3 +200,39 @@ def test_a_kill_reads_the_node_before_the_victims_memory_falls_away():
     assert k.process == "worker-0"
     assert k.node_bytes == 50 * mib, k.node_bytes / mib  # at its highest sample, before the fall
     assert k.memory_bytes["worker-0"] == 450 * mib and k.memory_bytes["worker-1"] == 400 * mib
+
+
+def test_the_kernels_victim_is_the_first_whose_memory_vanished_even_while_it_is_still_listed(tmp_path):
+    """Measured with --controller actor under --enforcement cgroup: the controller's samples ended first
+    while its process was still listed (being torn down), a worker's a few ms later. Taking the first
+    process that was no longer listed for the victim read the node after the controller's memory had gone
+    from the total: killed.node_bytes came out at -8.69x the payload."""
+    mib = 2**20
+    fake = tmp_path / "cg"
+    fake.mkdir()
+    (fake / "memory.failcnt").write_text("3\n")
+    (fake / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
+    (fake / "cgroup.procs").write_text("")
+    session = Session(0.0)
+    ticks = [round(0.001 * i, 6) for i in range(1, 21)]
+    curves = {"script": [300] * 20, "driver": [450, 450, 480, 505, 505], "worker-0": [390] * 7,
+              "worker-1": [390] * 12}
+    pids = dict(zip(curves, [os.getpid(), os.getpid()] + _dead_pids(2)))  # the controller: still listed
+    for name, curve in curves.items():
+        rec = session.processes[name] = ProcessRecord(name, pids[name], "worker" if "worker" in name else name)
+        rec.timeline = Series(ticks[:len(curve)], [v * mib for v in curve])
+        rec.baseline_bytes = curve[0] * mib
+    session.store = Series(list(ticks), [20 * mib] * 20)
+    total = [sum(c[i] for c in curves.values() if i < len(c)) + 20 for i in range(20)]
+    session.node = Series(list(ticks), [v * mib for v in total])
+    session.node_baseline, session.baseline_s = total[0] * mib, ticks[0]
+    r = NodeResult("numpy-legacy", "flowgrpo", 0.1, 2, 4, 1, "chunk", "off", "ray-arg", None,
+                   enforcement="cgroup", controller="actor")
+    r.cgroup = {"path": str(fake)}
+    tracking = Tracking(0.0, budget=100 * mib, cgroup=str(fake))
+    tracking.limit = {"limit_bytes": 1}
+    enforce.record_kill(session, r, tracking)
+    k = session.kill
+    assert k is not None and k.process == "driver", k
+    assert k.node_bytes == 55 * mib, k.node_bytes / mib  # the controller at its highest, every process there
+    assert r.killed_by == "kernel"

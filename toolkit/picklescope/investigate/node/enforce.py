@@ -63,6 +63,14 @@ def _before_fall(session: Session, name: str, last: float) -> float:
     return t_s[i]
 
 
+def _vanished(session: Session, name: str) -> bool:
+    """Whether ``name``'s samples ended before the node's latest tick: its memory was gone (a process
+    being torn down, or a zombie, has none to read) although it may still be listed, even in the cgroup."""
+    rec = session.processes.get(name)
+    return bool(rec is not None and rec.timeline.t_s and session.node.t_s
+                and rec.timeline.t_s[-1] < session.node.t_s[-1])
+
+
 def _moment(session: Session, at: float) -> tuple[dict[str, int], int]:
     """Each process's memory (those still sampled then) and the store's at ``at``; the node above its baseline."""
     memory = {name: session.value_at(r.timeline, at) or 0 for name, r in session.processes.items()
@@ -84,7 +92,10 @@ def record_kill(session: Session, result: NodeResult, tracking: Tracking) -> Non
     for role, pids in tracking.cluster_pids.items():
         for pid in pids:
             named.setdefault(f"{role} ({pid})" if len(pids) > 1 else role, pid)
-    dead = [name for name, pid in named.items() if pid not in inside and not _alive(pid)]
+    # a process whose memory is already gone counts as dead though it is still listed: else a process that
+    # vanished later is taken for the victim, and the node read then lacks the first one (a negative figure)
+    dead = [name for name, pid in named.items()
+            if _vanished(session, name) or (pid not in inside and not _alive(pid))]
     if not dead:
         return
 
@@ -199,7 +210,7 @@ def record_ray_kill(session: Session, result: NodeResult, tracking: Tracking, ev
     by_pid = {pid: name for name, pid in named.items()}
     # the driver script is never Ray's victim, but a controller actor (--controller actor) can be
     dead = [name for name, pid in named.items()
-            if (name != "driver" or result.controller == "actor") and not _alive(pid)]
+            if (name != "driver" or result.controller == "actor") and (_vanished(session, name) or not _alive(pid))]
     listed = [by_pid[p] for p in [said["pid"]] + [row["pid"] for row in said["top_memory_users"]] if p in by_pid]
 
     first_gone = min(dead, key=lambda name: _seen_until(session, name)) if dead else None
