@@ -20,8 +20,9 @@ import pytest
 from picklescope.core import cgroup
 from picklescope.errors import PicklescopeError
 from picklescope.investigate.node import NodeResult, enforce, node, node_series
-from picklescope.measure.session import KillRecord
-from picklescope.ray import ray_available
+from picklescope.investigate.node.tracking import Tracking
+from picklescope.measure.session import KillRecord, ProcessRecord, Series, Session
+from picklescope.transports.ray import ray_available
 
 pytestmark = [pytest.mark.skipif(not ray_available(), reason="ray is not installed (pip install 'picklescope[ray]')"),
               pytest.mark.ray]
@@ -161,3 +162,77 @@ def test_legacy_is_killed_by_ray_and_numpy_completes_under_the_same_budget():
         assert r.cgroup["start_removed"] and not os.path.exists(r.cgroup["start_path"]), r.cgroup
         assert r.cleanup["remaining"] == [], r.cleanup
         assert _gone([p.pid for p in r.processes.values()]) == []
+
+
+def _dead_pids(n: int) -> list[int]:
+    """Pids of processes that ended (reaped), so the kill record sees them gone."""
+    pids = []
+    for _ in range(n):
+        p = subprocess.Popen(["true"])
+        p.wait()
+        pids.append(p.pid)
+    return pids
+
+
+def test_a_kill_reads_the_node_before_the_victims_memory_falls_away():
+    """A killed process stays in /proc while the kernel tears its memory down: its last samples fall far
+    below its own baseline. Read there, the node above its baseline came out negative; the kill record
+    reads it at the start of that fall, as the killer found it."""
+    mib = 2**20
+    session = Session(0.0)
+    ticks = [round(0.001 * i, 6) for i in range(1, 21)]
+    victim = [400] * 5 + [430, 450] + [300, 100, 20]  # grows, is killed, then its memory is torn down
+    curves = {"driver": [500] * 20, "worker-0": victim, "worker-1": [400] * 20}
+    for (name, curve), pid in zip(curves.items(), [os.getpid()] + _dead_pids(2)):
+        rec = session.processes[name] = ProcessRecord(name, pid, "driver" if name == "driver" else "worker")
+        rec.timeline = Series(ticks[:len(curve)], [v * mib for v in curve])
+        rec.baseline_bytes = curve[0] * mib
+    session.store = Series(list(ticks), [10 * mib] * 20)
+    node_total = [sum(c[i] for c in curves.values() if i < len(c)) + 10 for i in range(20)]
+    session.node = Series(list(ticks), [v * mib for v in node_total])
+    session.node_baseline, session.baseline_s = node_total[0] * mib, ticks[0]
+    # read on the victim's last sample, the node was 380 MiB below its baseline
+    assert enforce._moment(session, ticks[9])[1] == -380 * mib
+    r = NodeResult("numpy-legacy", "flowgrpo", 0.1, 2, 4, 1, "chunk", "off", "ray-arg", None, enforcement="ray")
+    tracking = Tracking(0.0, budget=40 * mib)
+    assert enforce.record_ray_kill(session, r, tracking, {"exc_type": "OutOfMemoryError", "message": MESSAGE})
+    k = session.kill
+    assert k.process == "worker-0"
+    assert k.node_bytes == 50 * mib, k.node_bytes / mib  # at its highest sample, before the fall
+    assert k.memory_bytes["worker-0"] == 450 * mib and k.memory_bytes["worker-1"] == 400 * mib
+
+
+def test_the_kernels_victim_is_the_first_whose_memory_vanished_even_while_it_is_still_listed(tmp_path):
+    """Measured with --controller actor under --enforcement cgroup: the controller's samples ended first
+    while its process was still listed (being torn down), a worker's a few ms later. Taking the first
+    process that was no longer listed for the victim read the node after the controller's memory had gone
+    from the total: killed.node_bytes came out at -8.69x the payload."""
+    mib = 2**20
+    fake = tmp_path / "cg"
+    fake.mkdir()
+    (fake / "memory.failcnt").write_text("3\n")
+    (fake / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
+    (fake / "cgroup.procs").write_text("")
+    session = Session(0.0)
+    ticks = [round(0.001 * i, 6) for i in range(1, 21)]
+    curves = {"script": [300] * 20, "driver": [450, 450, 480, 505, 505], "worker-0": [390] * 7,
+              "worker-1": [390] * 12}
+    pids = dict(zip(curves, [os.getpid(), os.getpid()] + _dead_pids(2)))  # the controller: still listed
+    for name, curve in curves.items():
+        rec = session.processes[name] = ProcessRecord(name, pids[name], "worker" if "worker" in name else name)
+        rec.timeline = Series(ticks[:len(curve)], [v * mib for v in curve])
+        rec.baseline_bytes = curve[0] * mib
+    session.store = Series(list(ticks), [20 * mib] * 20)
+    total = [sum(c[i] for c in curves.values() if i < len(c)) + 20 for i in range(20)]
+    session.node = Series(list(ticks), [v * mib for v in total])
+    session.node_baseline, session.baseline_s = total[0] * mib, ticks[0]
+    r = NodeResult("numpy-legacy", "flowgrpo", 0.1, 2, 4, 1, "chunk", "off", "ray-arg", None,
+                   enforcement="cgroup", controller="actor")
+    r.cgroup = {"path": str(fake)}
+    tracking = Tracking(0.0, budget=100 * mib, cgroup=str(fake))
+    tracking.limit = {"limit_bytes": 1}
+    enforce.record_kill(session, r, tracking)
+    k = session.kill
+    assert k is not None and k.process == "driver", k
+    assert k.node_bytes == 55 * mib, k.node_bytes / mib  # the controller at its highest, every process there
+    assert r.killed_by == "kernel"

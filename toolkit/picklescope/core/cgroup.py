@@ -353,3 +353,61 @@ def set_limit(path: str, limit_bytes: int) -> None:
             _write(memsw, str(limit_bytes))
         except OSError:
             pass
+
+
+class Remover:
+    """Removes cgroups from any thread of this process, one in a private mount namespace included.
+
+    After :func:`view_as_root` the calling thread sees another cgroup at the hierarchy's mount point, so
+    the run's cgroups can no longer be named by path there. A node's driver makes one of these before
+    that, from the paths: it holds a descriptor of each cgroup's parent directory, so when the run's
+    parent dies without cleaning up (SIGKILL), the driver can still leave its cgroups, kill what is left
+    in them and remove them.
+    """
+
+    def __init__(self, paths: list[str]) -> None:
+        self.entries: list[tuple[int, str]] = []
+        for path in paths:
+            try:
+                fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
+            except OSError:
+                continue
+            self.entries.append((fd, os.path.basename(path)))
+
+    def _procs(self, fd: int, name: str) -> list[int]:
+        try:
+            with open(os.open(f"{name}/cgroup.procs", os.O_RDONLY, dir_fd=fd)) as f:
+                return [int(x) for x in f.read().split()]
+        except (OSError, ValueError):
+            return []
+
+    def remove(self, wait_s: float = 5.0) -> list[str]:
+        """Move this process out (to each cgroup's parent), kill what is left inside, remove each; the
+        names removed."""
+        removed = []
+        for fd, name in self.entries:
+            try:
+                with open(os.open("cgroup.procs", os.O_WRONLY, dir_fd=fd), "w") as f:
+                    f.write(str(os.getpid()))
+            except OSError:
+                pass
+            kill_until_gone(lambda fd=fd, name=name: [p for p in self._procs(fd, name) if p != os.getpid()], wait_s)
+            for _ in range(50):
+                try:
+                    os.rmdir(name, dir_fd=fd)
+                    removed.append(name)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.02)
+        return removed
+
+    def close(self) -> None:
+        """Let the descriptors go (the cgroups stay)."""
+        for fd, _ in self.entries:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.entries = []

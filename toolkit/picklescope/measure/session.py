@@ -278,6 +278,24 @@ class Session:
                 self._readers[name] = reader
         return rec
 
+    def hand_over(self, name: str, pid: int, keep_as: str, *, role: str, node_id: str | None = None) -> ProcessRecord:
+        """Measure ``name`` in process ``pid`` from now on; the process measured under ``name`` so far goes on
+        as ``keep_as`` (its curve and reader with it). A node's controller can move into a Ray actor after the
+        script that started Ray was adopted under its name; raises OSError when ``pid`` cannot be read."""
+        reader = READINGS[self.reading](pid)
+        with self._lock:
+            old = self.processes.pop(name, None)
+            if old is not None:
+                old.name = old.role = keep_as
+                self.processes[keep_as] = old
+                if name in self._readers:
+                    self._readers[keep_as] = self._readers.pop(name)
+                if name in self._last:
+                    self._last[keep_as] = self._last.pop(name)
+            rec = self.processes[name] = ProcessRecord(name, pid, role, node_id)
+            self._readers[name] = reader
+        return rec
+
     def set_store(self, reader: Reader, source: str | None) -> None:
         """The object store's reader (``read() -> bytes``): sampled on the same tick, counted once."""
         with self._lock:
@@ -321,6 +339,8 @@ class Session:
         gone = []
         watchers = self.watchers
         for name, reader in readers:
+            if self._readers.get(name) is not reader:  # handed over since the snapshot (hand_over)
+                continue
             value = reader.read()
             if value is None:
                 gone.append(name)

@@ -221,8 +221,9 @@ class ParentWatch:
     """
 
     def __init__(self, parent: int, temporaries: Iterable[str | None], temp_dir: str | None = None,
-                 exit_code: int = 1) -> None:
+                 exit_code: int = 1, before_exit: Callable[[], object] | None = None) -> None:
         self.parent = parent
+        self.before_exit = before_exit  # what else goes once the cluster is gone (a node's cgroups)
         self.ticks = start_ticks(parent)
         self.temporaries = [t for t in temporaries if t]
         self.temp_dir = temp_dir
@@ -266,6 +267,11 @@ class ParentWatch:
             killed, remaining = stop_all(lambda: cluster_processes(me, None, (), self.temp_dir))
             self.report = {"killed": killed, "remaining": remaining}
             self.remove_temporaries()
+            if self.before_exit is not None:
+                try:
+                    self.before_exit()
+                except Exception:  # noqa: BLE001 - the process ends now whatever this left
+                    pass
             os._exit(self.exit_code)
 
 

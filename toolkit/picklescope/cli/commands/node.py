@@ -46,6 +46,9 @@ def register(sub: Any) -> None:
                    help="watchdog (default: kill the highest oom_score at the budget), cgroup (one memory cgroup "
                         "for the cluster, the kernel's OOM killer picks) or ray (Ray's memory monitor picks and kills "
                         "at the budget, with its own message)")
+    p.add_argument("--controller", default="process",
+                   help="where the training loop runs: process (default: the driver that starts Ray) or actor "
+                        "(a Ray actor, as verl's TaskRunner, so Ray's memory monitor can choose it)")
     p.add_argument("--ray-address", default=None, help="join this Ray cluster instead of starting a local one")
     p.add_argument("--worker-resources", type=_resources, default=None,
                    help="Ray resources each worker needs, as JSON (pins workers to nodes that have them)")
@@ -63,7 +66,8 @@ def main(args: argparse.Namespace) -> int:
     results = node_series(codecs, args.workload, args.scale, args.workers, args.steps, returns=args.returns,
                           dispatch=args.dispatch, gc=args.gc, transport=args.transport, node_budget=args.node_budget,
                           ray_address=args.ray_address, worker_resources=args.worker_resources, spread=args.spread,
-                          engine=args.engine, enforcement=args.enforcement, timeout_s=args.timeout)
+                          engine=args.engine, enforcement=args.enforcement, timeout_s=args.timeout,
+                          controller=args.controller)
     if args.json:
         docs = [r.to_json_dict() for r in results]
         print_json(docs[0] if len(docs) == 1 else docs)

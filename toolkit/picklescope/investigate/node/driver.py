@@ -1,12 +1,14 @@
 """A node's driver: a child of ours that starts (or joins) the cluster, creates the workers and runs the steps.
 
 It becomes a session leader first (so every process of the cluster it starts can be found and
-killed), sends what it prints to a log in the run's folder, builds the batch, starts Ray, creates
+killed), sends what it prints to a log in the run's folder, starts Ray, builds the batch, creates
 the workers through an engine (:class:`~picklescope.investigate.node.replica.ReplicaEngine`, or
 real verl's worker group, :class:`~picklescope.investigate.node_verl.VerlEngine`), then replays the
-training steps as named, exactly measured steps. In a series it switches codec when the parent
-says :class:`~picklescope.core.events.Next`. Its end is the Ray driver's: the parent's death ends
-the cluster and removes the temporaries at once (:class:`~picklescope.ray.cluster.ParentWatch`).
+training steps as named, exactly measured steps. With ``--controller actor`` everything after Ray's
+start runs in a :class:`TaskRunner` actor instead, and this process relays (:mod:`.controller`). In
+a series it switches codec when the parent says :class:`~picklescope.core.events.Next`. Its end is
+the Ray driver's: the parent's death ends the cluster and removes the temporaries at once
+(:class:`~picklescope.transports.ray.cluster.ParentWatch`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 from picklescope.core import cgroup, procmem, steps
 from picklescope.core.events import CodecInfo, Done, Engine, Finished, RayInfo, Ready, TrainStepEnd, TrainStepStart
 from picklescope.errors import PicklescopeError
-from picklescope.investigate.node import collector
+from picklescope.investigate.node import collector, controller
 from picklescope.investigate.node.data import NodeData
 from picklescope.investigate.node.replica import ReplicaEngine
 from picklescope.investigate.node.worker import verl_worker_class
@@ -35,6 +37,7 @@ from picklescope.ray.driver import (
     init_args,
     init_ray,
     restore_priority,
+    wait_s,
 )
 from picklescope.workloads.spec import load_workload
 
@@ -57,7 +60,11 @@ def node_driver_main(conn: Any, cfg: dict[str, Any]) -> None:
     # If the parent dies (SIGKILL, closed terminal) at any moment, Ray's start-up included, a thread
     # removes the run's temporaries and kills the cluster this driver started; the forkserver's death
     # sends SIGTERM, which ends the main thread through the finally below.
-    watch = ParentWatch(cfg["parent_pid"], (cfg.get("ray_temp_dir"), cfg["run_dir"]), cfg.get("ray_temp_dir")).start()
+    # and the run's memory cgroups (--enforcement cgroup or ray), which the parent would have removed: held
+    # by descriptor now, since after view_as_root this process no longer sees them at their paths
+    cgroups = cgroup.Remover([p for p in (cfg.get("ray_view_cgroup"), cfg.get("cgroup")) if p])
+    watch = ParentWatch(cfg["parent_pid"], (cfg.get("ray_temp_dir"), cfg["run_dir"]), cfg.get("ray_temp_dir"),
+                        before_exit=cgroups.remove).start()
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     launcher.die_with_parent(signal.SIGTERM)
     _stack = arm_stack_dump(cfg, "driver")  # noqa: F841 - kept open for the signal handler
@@ -108,10 +115,6 @@ def _run_node(conn: Any, cfg: dict[str, Any]) -> None:
         except OSError as exc:
             raise PicklescopeError(f"--enforcement ray cannot show the run's cgroup to Ray: {exc}",
                                    "use --enforcement cgroup or watchdog") from None
-    data = NodeData(cfg["codec"])
-    if data.info:
-        conn.send(CodecInfo(type="codec_info", side="driver", info=data.info))
-    wl = load_workload(cfg["workload"])
     niceness = os.getpriority(os.PRIO_PROCESS, 0)
     import ray  # deferred: Ray is imported only in the node's own processes, never by the parent
 
@@ -121,6 +124,62 @@ def _run_node(conn: Any, cfg: dict[str, Any]) -> None:
     info = cluster_info()
     info["node_id"] = ray.get_runtime_context().get_node_id()
     conn.send(RayInfo(type="ray_info", side="driver", **info))
+    restore = None if cfg.get("ray_address") else niceness
+    if cfg.get("controller") == "actor":
+        _run_actor(ray, conn, cfg, restore)
+    else:
+        _control(ray, conn, cfg, restore)
+
+
+def _run_actor(ray: Any, conn: Any, cfg: dict[str, Any], restore: int | None) -> None:
+    """``--controller actor``: the loop runs in a :class:`TaskRunner` actor; this process only relays."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    relay = controller.Relay(cfg["run_dir"])
+    runner = ray.remote(num_cpus=1, max_restarts=0)(TaskRunner).options(  # verl's TaskRunner takes one CPU
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(),
+                                                           soft=False)).remote()
+    ref = runner.run.remote(cfg, relay.address, relay.key)
+
+    def seen(msg: Any) -> None:  # the workers are up once the engine is announced: every Ray process back
+        if restore is not None and isinstance(msg, dict) and msg.get("type") == "engine":
+            restore_priority(restore)
+
+    try:
+        relay.run(ray, ref, conn, lambda cap: wait_s(cfg, cap), seen)
+    finally:
+        relay.close()
+
+
+class TaskRunner:
+    """``--controller actor``: the node's controller as a Ray actor, in the place of verl's ``TaskRunner``
+    (named so that Ray's messages name it as verl's users read them: ``ray::TaskRunner.run``)."""
+
+    def run(self, cfg: dict[str, Any], address: str, key: bytes) -> None:
+        """The whole replay (batch, workers, training steps), talking to the parent through the driver."""
+        import ray  # deferred: Ray is imported only in the node's own processes, never by the parent
+
+        conn = controller.connect(address, key)
+        _stack = arm_stack_dump(cfg, "driver")  # noqa: F841 - kept open for the signal handler
+        try:
+            controller.hello(conn)
+            _control(ray, conn, cfg, None)
+        except BaseException as exc:  # noqa: BLE001 - reported, the parent decides
+            try:
+                conn.send(error_event("driver", exc))
+                _wait(conn)
+            except (OSError, BrokenPipeError):
+                pass
+        finally:
+            conn.close()
+
+
+def _control(ray: Any, conn: Any, cfg: dict[str, Any], restore: int | None) -> None:
+    """The controller: the batch, the workers, the training steps (in the driver, or in its actor)."""
+    data = NodeData(cfg["codec"])
+    if data.info:
+        conn.send(CodecInfo(type="codec_info", side="driver", info=data.info))
+    wl = load_workload(cfg["workload"])
     hooks.install(serialize=True)
     engine: ReplicaEngine | VerlEngine
     replica = cfg.get("engine") != "verl"
@@ -138,8 +197,8 @@ def _run_node(conn: Any, cfg: dict[str, Any]) -> None:
         engine = VerlEngine(ray, cfg, verl_worker_class(cfg["codec"]), width, dtype_name)
         engine.ready()
     conn.send(Engine(type="engine", info={**engine.info, **data.split_join()}))
-    if not cfg.get("ray_address"):
-        restore_priority(niceness)
+    if restore is not None:
+        restore_priority(restore)
     # A small call per worker during set-up: first-call costs (lazy imports on both ends,
     # Ray's first object-store mapping) land in the baselines, not in training step 1.
     engine.warm(whole)
@@ -219,4 +278,6 @@ def _init_args(cfg: dict[str, Any]) -> dict[str, Any] | None:
         args["_memory"] = ROUGH_MEMORY_RESOURCE
     if cfg.get("engine") == "verl":
         args["num_cpus"] = max(int(args.get("num_cpus") or 1), int(cfg["workers"]))
+        if cfg.get("controller") == "actor":  # and one for the controller actor, as verl's TaskRunner
+            args["num_cpus"] += 1
     return args

@@ -43,6 +43,34 @@ def _seen_until(session: Session, name: str) -> float:
     return r.timeline.t_s[-1] if r is not None and r.timeline.t_s else math.inf
 
 
+def _before_fall(session: Session, name: str, last: float) -> float:
+    """When to read the node for a kill of ``name`` whose last sample was at ``last``: the start of the
+    strictly falling samples that end its curve.
+
+    A killed process does not vanish from ``/proc`` at once: while the kernel tears its memory down
+    (the OOM reaper, its exit), its samples fall, well below its own baseline at the end. The node
+    total on its last sample then counts the node above its baseline as negative. The moment before
+    that fall is the node as the killer found it."""
+    rec = session.processes.get(name)
+    if rec is None or not rec.timeline.t_s:
+        return last
+    t_s, values = rec.timeline.t_s, rec.timeline.bytes
+    i = len(values) - 1
+    while i > 0 and t_s[i] > last:
+        i -= 1
+    while i > 0 and values[i - 1] > values[i]:
+        i -= 1
+    return t_s[i]
+
+
+def _vanished(session: Session, name: str) -> bool:
+    """Whether ``name``'s samples ended before the node's latest tick: its memory was gone (a process
+    being torn down, or a zombie, has none to read) although it may still be listed, even in the cgroup."""
+    rec = session.processes.get(name)
+    return bool(rec is not None and rec.timeline.t_s and session.node.t_s
+                and rec.timeline.t_s[-1] < session.node.t_s[-1])
+
+
 def _moment(session: Session, at: float) -> tuple[dict[str, int], int]:
     """Each process's memory (those still sampled then) and the store's at ``at``; the node above its baseline."""
     memory = {name: session.value_at(r.timeline, at) or 0 for name, r in session.processes.items()
@@ -64,7 +92,10 @@ def record_kill(session: Session, result: NodeResult, tracking: Tracking) -> Non
     for role, pids in tracking.cluster_pids.items():
         for pid in pids:
             named.setdefault(f"{role} ({pid})" if len(pids) > 1 else role, pid)
-    dead = [name for name, pid in named.items() if pid not in inside and not _alive(pid)]
+    # a process whose memory is already gone counts as dead though it is still listed: else a process that
+    # vanished later is taken for the victim, and the node read then lacks the first one (a negative figure)
+    dead = [name for name, pid in named.items()
+            if _vanished(session, name) or (pid not in inside and not _alive(pid))]
     if not dead:
         return
 
@@ -72,7 +103,7 @@ def record_kill(session: Session, result: NodeResult, tracking: Tracking) -> Non
     # driver, a dead raylet's workers). A Ray core process is not sampled: it is taken when no sampled one died.
     victim = min(dead, key=lambda name: _seen_until(session, name))
     rec = session.processes.get(victim)
-    # what the node held on the victim's last sample (once it is gone, its memory is gone from the total)
+    # what the node held just before the victim's memory fell away (once it is gone, it is gone from the total)
     if rec is not None and rec.timeline.t_s:
         last = rec.timeline.t_s[-1]
     else:  # a process the session does not sample (a Ray core process): when the driver was last seen, since
@@ -81,7 +112,7 @@ def record_kill(session: Session, result: NodeResult, tracking: Tracking) -> Non
         last = (driver.timeline.t_s[-1] if driver is not None and driver.timeline.t_s
                 else (session.node.t_s or [t])[-1])
     step, step_of = session.step_at_kill(victim, at=last)  # the step it died in, closed since or not
-    memory, node_now = _moment(session, last)
+    memory, node_now = _moment(session, _before_fall(session, victim, last))
     session.kill = KillRecord(victim, named[victim], t, node_now, int(tracking.budget or 0),
                               session.current_training_step(last), step, {}, memory, step_of=step_of)
     result.cgroup["killed_by"] = "the kernel's OOM killer in the run's memory cgroup"
@@ -177,7 +208,9 @@ def record_ray_kill(session: Session, result: NodeResult, tracking: Tracking, ev
     t = round(time.monotonic() - session.t0, 6)
     named = {name: rec.pid for name, rec in session.processes.items()}
     by_pid = {pid: name for name, pid in named.items()}
-    dead = [name for name, pid in named.items() if name != "driver" and not _alive(pid)]
+    # the driver script is never Ray's victim, but a controller actor (--controller actor) can be
+    dead = [name for name, pid in named.items()
+            if (name != "driver" or result.controller == "actor") and (_vanished(session, name) or not _alive(pid))]
     listed = [by_pid[p] for p in [said["pid"]] + [row["pid"] for row in said["top_memory_users"]] if p in by_pid]
 
     first_gone = min(dead, key=lambda name: _seen_until(session, name)) if dead else None
@@ -185,7 +218,7 @@ def record_ray_kill(session: Session, result: NodeResult, tracking: Tracking, ev
     rec = session.processes.get(victim)
     last = rec.timeline.t_s[-1] if rec is not None and rec.timeline.t_s else t
     step, step_of = session.step_at_kill(victim, at=last) if rec is not None else (None, None)
-    memory, node_now = _moment(session, last)
+    memory, node_now = _moment(session, _before_fall(session, victim, last))
     session.kill = KillRecord(victim, named.get(victim, 0), t, node_now, int(tracking.budget or 0),
                               session.current_training_step(last), step, {}, memory, step_of=step_of)
     result.killed_by, result.killed_message = "ray", message

@@ -127,6 +127,9 @@ def on_driver(session: Session, result: NodeResult, conn: Any, ev: Event, tracki
         rec = session.processes.get("driver")
         if rec is not None:
             rec.node_id = ev.get("node_id")
+    elif kind == "controller":  # --controller actor: the loop runs in this actor, measured as the driver
+        tracking.controller = ev
+        adopt_controller(session, result, tracking)
     elif kind == "note":
         result.notes.append(ev["message"])
     elif kind == "engine":
@@ -198,6 +201,23 @@ def adopt_known(session: Session, result: NodeResult, tracking: Tracking) -> Non
             rec.node_id = tracking.ray_info.get("node_id")
     if tracking.engine_info is not None:
         result.engine_info = tracking.engine_info
+    if tracking.controller is not None:
+        adopt_controller(session, result, tracking)
+
+
+def adopt_controller(session: Session, result: NodeResult, tracking: Tracking) -> None:
+    """``--controller actor``: measure the actor as ``driver`` (the loop runs there) and the process that
+    started Ray, which now only relays, as ``script``."""
+    ev = tracking.controller or {}
+    node_id = tracking.ray_info.get("node_id") if tracking.ray_info is not None else ev.get("node_id")
+    try:
+        session.hand_over("driver", int(ev["pid"]), "script", role="driver", node_id=ev.get("node_id"))
+    except OSError as exc:
+        result.notes.append(f"the controller actor (pid {ev.get('pid')}) cannot be sampled: {exc}")
+        return
+    script = session.processes.get("script")
+    if script is not None:
+        script.node_id = node_id
 
 
 def attach_store(session: Session, ev: RayInfo, result: NodeResult) -> None:

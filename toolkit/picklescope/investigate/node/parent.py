@@ -25,7 +25,8 @@ from picklescope.core.paths import make_temp_dir
 from picklescope.errors import PicklescopeError
 from picklescope.investigate.node import enforce
 from picklescope.investigate.node.checks import DEFAULT_SCALE, plan
-from picklescope.investigate.node.driver import DRIVER_LOG, node_driver_main
+from picklescope.investigate.node.controller import check_controller
+from picklescope.investigate.node.driver import DRIVER_LOG, driver_main
 from picklescope.investigate.node.follow import Accepter, adopt_known, follow, settle
 from picklescope.investigate.node.result import NodeResult
 from picklescope.investigate.node.tracking import Tracking, set_phase, timeout_message
@@ -44,7 +45,7 @@ def node(codec: str = "numpy", workload: str = "flowgrpo", scale: float = DEFAUL
          transport: str = "ray-arg", node_budget: Any = None, ray_address: str | None = None,
          worker_resources: dict[str, float] | None = None, spread: bool = False, engine: str = "replica",
          enforcement: str = "watchdog", timeout_s: float = 900.0, sample_interval_s: float = 0.001,
-         on_event: Any = None) -> NodeResult:
+         on_event: Any = None, controller: str = "process") -> NodeResult:
     """Replay ``steps`` training steps of a verl node (a driver and ``workers`` actors); see the package doc.
 
     ``node_budget`` (bytes, ``"700MiB"`` or a payload multiple such as ``"1.5x"``) caps the node's total
@@ -55,7 +56,8 @@ def node(codec: str = "numpy", workload: str = "flowgrpo", scale: float = DEFAUL
     return node_series((codec,), workload, scale, workers, steps, returns=returns, dispatch=dispatch, gc=gc,
                        transport=transport, node_budget=node_budget, ray_address=ray_address,
                        worker_resources=worker_resources, spread=spread, engine=engine, enforcement=enforcement,
-                       timeout_s=timeout_s, sample_interval_s=sample_interval_s, on_event=on_event)[0]
+                       timeout_s=timeout_s, sample_interval_s=sample_interval_s, on_event=on_event,
+                       controller=controller)[0]
 
 
 def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float = DEFAULT_SCALE, workers: int = 4,
@@ -64,7 +66,7 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
                 transport: str = "ray-arg", node_budget: Any = None, ray_address: str | None = None,
                 worker_resources: dict[str, float] | None = None, spread: bool = False, engine: str = "replica",
                 enforcement: str = "watchdog", timeout_s: float = 900.0, sample_interval_s: float = 0.001,
-                on_event: Any = None) -> list[NodeResult]:
+                on_event: Any = None, controller: str = "process") -> list[NodeResult]:
     """One replay per codec, one after the other, on the same driver and worker actors; one result each.
 
     Starting a node is most of its cost (each worker imports torch, tensordict and Ray), so comparing
@@ -83,6 +85,7 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
                    transport=transport, node_budget=node_budget, ray_address=ray_address,
                    worker_resources=worker_resources, spread=spread, engine=engine, enforcement=enforcement,
                    timeout_s=timeout_s)
+    check_controller(controller, engine)
     codecs, wl, payload, budget = checked.codecs, checked.workload, checked.payload_bytes, checked.budget_bytes
     gc_modes = checked.gc_modes
     sweep_orphans()
@@ -98,7 +101,7 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
                    * (workers if dispatch == "broadcast" else 1))
     store = object_store_bytes(payload, int(room + (returns or 0) * payload + 64 * 2**20))
     results = [NodeResult(codec, wl.name, scale, workers, steps, payload, dispatch, mode, transport, returns,
-                          engine=engine, enforcement=enforcement, budget_bytes=budget)
+                          engine=engine, enforcement=enforcement, budget_bytes=budget, controller=controller)
                for codec, mode in zip(codecs, gc_modes)]
     accepter = Accepter(run_dir)
     cfg = {"codec": codecs[0], "workload": wl.source or wl.name, "scale": scale,
@@ -110,7 +113,7 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
            "events_address": accepter.address, "events_key": accepter.key.hex(),
            "ray_env": ray_env(bool(ray_address)), "parent_pid": os.getpid(),
            "deadline_wall": time.time() + (t0 + timeout_s - reserve - time.monotonic()),
-           "worker_resources": worker_resources or {}, "spread": spread}
+           "worker_resources": worker_resources or {}, "spread": spread, "controller": controller}
     cg_path = start_cg = None
     if checked.cgroup_base is not None:
         name = f"{temp_name('picklescope-')}node{os.urandom(3).hex()}"

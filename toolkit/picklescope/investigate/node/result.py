@@ -31,6 +31,7 @@ class NodeResult:
     returns: float | None
     engine: str = "replica"
     enforcement: str = "watchdog"
+    controller: str = "process"  # where the training loop ran: the driver process, or a Ray actor (verl's TaskRunner)
     cgroup: dict[str, Any] = field(default_factory=dict)  # --enforcement cgroup: path, limit, counters
     engine_info: dict[str, Any] = field(default_factory=dict)  # what split, called and joined (see docs/node.md)
     outcome: str = "ok"  # ok | oom-killed | error | timeout | interrupted
@@ -84,7 +85,7 @@ class NodeResult:
             }
         return {
             "codec": self.codec, "workers": self.workers, "steps": self.steps, "payload_bytes": self.payload_bytes,
-            "outcome": self.outcome, "killed": killed,
+            "controller": self.controller, "outcome": self.outcome, "killed": killed,
             "node": {
                 "peak_bytes": self.node_peak_bytes, "budget_bytes": self.budget_bytes,
                 "store_peak_bytes": self.store_peak_bytes,
@@ -98,7 +99,7 @@ class NodeResult:
                 "error": self.error, "wall_s": round(self.wall_s, 3), "cleanup": self.cleanup,
                 "config": {"workload": self.workload, "scale": self.scale, "dispatch": self.dispatch,
                            "gc": self.gc, "transport": self.transport, "returns": self.returns,
-                           "engine": self.engine, "enforcement": self.enforcement},
+                           "engine": self.engine, "enforcement": self.enforcement, "controller": self.controller},
                 "cgroup": self.cgroup or None,
                 "engine": self.engine_info,
                 "full_collections": self.full_collections,
@@ -117,7 +118,8 @@ class NodeResult:
         n, cfg = doc["node"], doc["node"]["config"]
         r = cls(doc["codec"], cfg["workload"], cfg["scale"], doc["workers"], doc["steps"], doc["payload_bytes"],
                 cfg["dispatch"], cfg["gc"], cfg["transport"], cfg["returns"], engine=cfg["engine"],
-                enforcement=cfg["enforcement"], cgroup=n.get("cgroup") or {}, engine_info=n.get("engine") or {},
+                enforcement=cfg["enforcement"], controller=doc.get("controller", "process"),
+                cgroup=n.get("cgroup") or {}, engine_info=n.get("engine") or {},
                 outcome=doc["outcome"], error=n.get("error"), budget_bytes=n.get("budget_bytes"),
                 node_baseline_bytes=n.get("baseline_bytes"), node_peak_bytes=n.get("peak_bytes"),
                 node_peak_t_s=n.get("peak_t_s"), at_peak_bytes=n.get("at_peak_bytes") or {},

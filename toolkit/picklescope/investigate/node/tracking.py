@@ -36,6 +36,7 @@ class Tracking:
     ray_info: RayInfo | None = None
     engine_info: dict[str, Any] | None = None
     hellos: dict[str, Hello] = field(default_factory=dict)  # a worker's name -> its hello
+    controller: dict[str, Any] | None = None  # --controller actor: the actor's event (its pid, its Ray node)
     names: dict[Any, str] = field(default_factory=dict)  # a worker's pipe -> its name ("" before its hello)
     worker_conns: dict[str, Any] = field(default_factory=dict)  # "connN" -> a worker's pipe
     conns: list[Any] = field(default_factory=list)  # every pipe accepted, closed at the end

@@ -1,0 +1,74 @@
+"""``picklescope node --enforcement ray`` on its fault paths: the command interrupted or killed mid-run.
+
+The run makes two memory cgroups (the start one and the watched one, named after the command's pid),
+a private mount namespace in its driver, a Ray cluster and temporaries in ``/tmp`` and ``/dev/shm``.
+Whether the command is interrupted (SIGINT), terminated (SIGTERM) or killed (SIGKILL, no handler of its
+own runs), none of it may outlive it: no Ray process, no cgroup, no file. The helpers are the node
+replay's fault test's (tests/test_node.py).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from picklescope.core import cgroup
+from picklescope.transports.ray import ray_available
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
+from test_node import CLI, SMALL, _cmd, _ours, _wait_for_workers, gone  # noqa: E402
+from test_node_ray_monitor import _usable  # noqa: E402
+
+pytestmark = [pytest.mark.skipif(not ray_available(), reason="ray is not installed (pip install 'picklescope[ray]')"),
+              pytest.mark.ray]
+
+SIGNALS = {"ctrl-c": signal.SIGINT, "sigterm": signal.SIGTERM, "sigkill": signal.SIGKILL}
+
+
+def _left(pid: int) -> list[str]:
+    """What a command with this pid left: its temporaries in /tmp (or TMPDIR) and /dev/shm, its cgroups."""
+    found = _ours(pid)
+    if os.path.isdir("/dev/shm"):
+        found += glob.glob(f"/dev/shm/*-{pid}-*")
+    base, _ = cgroup.support()
+    if base is not None:
+        found += glob.glob(os.path.join(base, f"picklescope-{pid}-*"))
+    return found
+
+
+@pytest.mark.parametrize("how,controller", [("ctrl-c", "process"), ("sigterm", "actor"), ("sigkill", "process"),
+                                            ("sigkill", "actor")])
+def test_interrupted_or_killed_ray_enforced_run_leaves_no_process_cgroup_or_file(how, controller):
+    why = _usable()
+    if why:
+        pytest.skip(f"--enforcement ray is unavailable here: {why}")
+    # a budget far above what the fixed codec's node holds: the run is in its training steps when it is stopped
+    p = subprocess.Popen(CLI + ["node", *SMALL, "--steps", "1000", "--enforcement", "ray", "--node-budget", "100x",
+                                "--controller", controller], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        procs = _wait_for_workers(p, 2)
+        assert any("TaskRunner" in " ".join(_cmd(q)) for q in procs) == (controller == "actor")
+        cgroups = [c for c in _left(p.pid) if c.startswith("/sys/fs/cgroup")]
+        assert len(cgroups) == 2, f"the run's start and watched cgroups should exist while it runs: {cgroups}"
+        os.kill(p.pid, SIGNALS[how])
+        p.wait(timeout=120)
+        if how == "ctrl-c":
+            assert p.returncode == 130 and "interrupted" in p.stderr.read()
+        alive = gone([q.pid for q in procs], wait_s=60)
+        assert alive == [], [" ".join(_cmd(psutil.Process(a)))[:100] for a in alive if psutil.pid_exists(a)]
+        deadline = time.monotonic() + 30
+        while _left(p.pid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert _left(p.pid) == []
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
