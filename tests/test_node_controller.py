@@ -18,7 +18,7 @@ import pytest
 from picklescope.errors import PicklescopeError
 from picklescope.investigate.node import NodeResult, node, node_series
 from picklescope.measure.session import Session
-from picklescope.transports.ray import ray_available
+from picklescope.ray import ray_available
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
 from test_node_ray_monitor import _usable  # noqa: E402

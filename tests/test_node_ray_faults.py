@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from picklescope.core import cgroup
-from picklescope.transports.ray import ray_available
+from picklescope.ray import ray_available
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
 from test_node import CLI, SMALL, _cmd, _ours, _wait_for_workers, gone  # noqa: E402

@@ -18,11 +18,12 @@ import psutil
 import pytest
 
 from picklescope.core import cgroup
+from picklescope.core.result import Series
 from picklescope.errors import PicklescopeError
 from picklescope.investigate.node import NodeResult, enforce, node, node_series
 from picklescope.investigate.node.tracking import Tracking
-from picklescope.measure.session import KillRecord, ProcessRecord, Series, Session
-from picklescope.transports.ray import ray_available
+from picklescope.measure.session import KillRecord, ProcessRecord, Session
+from picklescope.ray import ray_available
 
 pytestmark = [pytest.mark.skipif(not ray_available(), reason="ray is not installed (pip install 'picklescope[ray]')"),
               pytest.mark.ray]

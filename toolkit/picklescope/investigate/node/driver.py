@@ -8,7 +8,7 @@ training steps as named, exactly measured steps. With ``--controller actor`` eve
 start runs in a :class:`TaskRunner` actor instead, and this process relays (:mod:`.controller`). In
 a series it switches codec when the parent says :class:`~picklescope.core.events.Next`. Its end is
 the Ray driver's: the parent's death ends the cluster and removes the temporaries at once
-(:class:`~picklescope.transports.ray.cluster.ParentWatch`).
+(:class:`~picklescope.ray.cluster.ParentWatch`).
 """
 
 from __future__ import annotations

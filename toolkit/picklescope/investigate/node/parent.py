@@ -26,7 +26,7 @@ from picklescope.errors import PicklescopeError
 from picklescope.investigate.node import enforce
 from picklescope.investigate.node.checks import DEFAULT_SCALE, plan
 from picklescope.investigate.node.controller import check_controller
-from picklescope.investigate.node.driver import DRIVER_LOG, driver_main
+from picklescope.investigate.node.driver import DRIVER_LOG, node_driver_main
 from picklescope.investigate.node.follow import Accepter, adopt_known, follow, settle
 from picklescope.investigate.node.result import NodeResult
 from picklescope.investigate.node.tracking import Tracking, set_phase, timeout_message
