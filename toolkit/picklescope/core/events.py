@@ -289,6 +289,16 @@ class Engine(TypedDict):
     info: dict[str, Any]
 
 
+class Controller(TypedDict):
+    """With ``picklescope node --controller actor``, the ``TaskRunner`` actor that runs the training loop says
+    who it is (``investigate/node/controller.py``, relayed by the driver process): the parent measures this
+    process as ``driver`` from then on, and the process that started Ray as ``script``."""
+
+    type: Literal["controller"]
+    pid: int
+    node_id: str
+
+
 class TrainStepStart(TypedDict):
     """A node's driver begins training step ``index`` (``investigate/node.py``).
 
@@ -434,7 +444,7 @@ class Result(TypedDict):
 Event = Union[  # noqa: UP007 - a runtime union of TypedDicts, readable as a list
     Hello, Note, CodecInfo, RayInfo, StoreProcess, Waiting, Ready, Go,
     Tracer, Baseline, StepStart, StepEnd, Probe, Output, TrainStepStart, TrainStepEnd, Error,
-    Received, Done, Finished, Next, Release, Result, Engine,
+    Received, Done, Finished, Next, Release, Result, Engine, Controller,
 ]
 """Any event of the protocol; tell them apart by ``ev["type"]``."""
 
@@ -445,7 +455,7 @@ KINDS: dict[str, type] = {
     "output": Output, "train_step_start": TrainStepStart, "train_step_end": TrainStepEnd, "error": Error,
     "received": Received, "done": Done, "finished": Finished, "next": Next, "release": Release,
     "result": Result,
-    "engine": Engine,
+    "engine": Engine, "controller": Controller,
 }
 """Each event's ``type`` to its :class:`~typing.TypedDict` (``__required_keys__``, ``__optional_keys__``)."""
 

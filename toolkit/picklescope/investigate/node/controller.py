@@ -23,6 +23,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Client, Listener, wait
 from typing import Any
 
+from picklescope.core.events import Controller
 from picklescope.errors import PicklescopeError
 
 CONTROLLERS = ("process", "actor")
@@ -45,7 +46,7 @@ def hello(conn: Any) -> None:
     """The actor's first word to the script (relayed to the parent): who measures as ``driver`` now."""
     import ray  # deferred: Ray is imported only in the node's own processes, never by the parent
 
-    conn.send({"type": "controller", "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id()})
+    conn.send(Controller(type="controller", pid=os.getpid(), node_id=ray.get_runtime_context().get_node_id()))
 
 
 def connect(address: str, key: bytes) -> Any:
