@@ -16,6 +16,8 @@ import os
 import select
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -275,24 +277,68 @@ class ParentWatch:
             os._exit(self.exit_code)
 
 
+CGROUP_WAIT_S = 60.0  # a cgroup is removable once the kernel has let go of its killed processes
+
+
+def _remove_cgroups(paths: list[str], wait_s: float = CGROUP_WAIT_S) -> None:
+    """Kill what is left in each cgroup and remove it, the innermost first; gives up on one after ``wait_s``.
+    Only a run's own cgroups (named ``picklescope-*``) are touched."""
+    for path in sorted((p for p in paths if os.path.basename(p).startswith("picklescope-")), key=len, reverse=True):
+        deadline = time.monotonic() + wait_s
+        while os.path.isdir(path) and time.monotonic() < deadline:
+            try:
+                with open(os.path.join(path, "cgroup.procs")) as f:
+                    pids = [int(x) for x in f.read().split()]
+            except (OSError, ValueError):
+                pids = []
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            try:
+                os.rmdir(path)
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.05)
+
+
+def start_watch(parent: int, leader: int, leader_ticks: int, temp_dir: str | None = None,
+                cgroups: Iterable[str] = ()) -> subprocess.Popen:
+    """Start :func:`watch_main` in a session of its own (so that ending the leader's session spares it)."""
+    args = [str(parent), str(start_ticks(parent)), str(leader), str(leader_ticks), temp_dir or "", *cgroups]
+    return subprocess.Popen([sys.executable, "-S", __file__, *args], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
 def watch_main(argv: list[str]) -> int:
-    """``python -S cluster.py PARENT PARENT_TICKS LEADER LEADER_TICKS TEMP_DIR``: end a ``ray start`` cluster
+    """``python -S cluster.py PARENT PARENT_TICKS LEADER LEADER_TICKS TEMP_DIR [CGROUP ...]``: end a cluster
     whose starter died.
 
     :class:`~picklescope.ray.local_cluster.LocalCluster` starts ``ray start --head --block``
     in a session of its own (the leader); a starter SIGKILLed during or after the start-up could not
     stop it. This small process (the standard library only, so it starts in milliseconds) waits on
-    the starter; when it dies it kills every process of the leader's session and removes the
-    cluster's temp dir. It exits on its own once the leader is gone (a cluster stopped normally).
+    the starter; when it dies it kills every process of the leader's session, removes the
+    cluster's temp dir and the memory cgroups it was given (a node run's, which the node's driver
+    cannot be trusted to remove: once its raylet is killed, Ray's core worker ends the driver at
+    once). It exits on its own once the leader is gone while the starter lives (a run ended normally);
+    a leader gone with its starter leaves only the cgroups to remove.
     """
     parent, parent_ticks, leader, leader_ticks = (int(a) for a in argv[:4])
     temp_dir = argv[4] if len(argv) > 4 and argv[4] else None
+    cgroups = [a for a in argv[5:] if a]
     try:
         fd: int | None = os.pidfd_open(parent)
     except (AttributeError, OSError):
         fd = None
     while True:
         if not running(leader, leader_ticks):
+            # a run that ended normally, or a node's driver that Ray ended when its starter died: then only
+            # the cgroups are left (a dead leader's session is never looked for: its number may be reused)
+            if cgroups and not running(parent, parent_ticks):
+                _remove_cgroups(cgroups)
+                return 1
             return 0
         if not running(parent, parent_ticks):
             break
@@ -305,6 +351,7 @@ def watch_main(argv: list[str]) -> int:
     stop_all(lambda: cluster_processes(leader, leader_ticks, (leader,), temp_dir))
     if temp_dir:
         shutil.rmtree(temp_dir, ignore_errors=True)
+    _remove_cgroups(cgroups)
     return 1
 
 

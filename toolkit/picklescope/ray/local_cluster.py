@@ -130,10 +130,7 @@ class LocalCluster:
     def _watch(self) -> None:
         """A small process that ends the cluster if this one dies before :meth:`stop` (see cluster.watch_main)."""
         assert self.proc is not None
-        me = os.getpid()
-        args = [str(me), str(cluster.start_ticks(me)), str(self.proc.pid), str(self._ticks), self.temp_dir or ""]
-        self.watcher = subprocess.Popen([sys.executable, "-S", cluster.__file__, *args], stdin=subprocess.DEVNULL,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.watcher = cluster.start_watch(os.getpid(), self.proc.pid, self._ticks, self.temp_dir)
 
     def pids(self) -> set[int]:
         """Every live process of this cluster."""

@@ -29,7 +29,7 @@ from picklescope.investigate.node_verl import VerlEngine
 from picklescope.measure import launcher
 from picklescope.measure.child import arm_stack_dump, begin_measure, end_measure, error_event
 from picklescope.ray import channel, hooks
-from picklescope.ray.cluster import ParentWatch, cluster_processes, stop_all
+from picklescope.ray.cluster import ParentWatch, cluster_processes, start_ticks, start_watch, stop_all
 from picklescope.ray.driver import (
     _exit_on_sigterm,
     cluster_info,
@@ -62,7 +62,10 @@ def node_driver_main(conn: Any, cfg: dict[str, Any]) -> None:
     # sends SIGTERM, which ends the main thread through the finally below.
     # and the run's memory cgroups (--enforcement cgroup or ray), which the parent would have removed: held
     # by descriptor now, since after view_as_root this process no longer sees them at their paths
-    cgroups = cgroup.Remover([p for p in (cfg.get("ray_view_cgroup"), cfg.get("cgroup")) if p])
+    paths = [p for p in (cfg.get("ray_view_cgroup"), cfg.get("cgroup")) if p]
+    cgroups = cgroup.Remover(paths)
+    if paths:  # and a small process outside this session removes them too: Ray may end this one first
+        start_watch(cfg["parent_pid"], os.getpid(), start_ticks(os.getpid()), None, paths)
     watch = ParentWatch(cfg["parent_pid"], (cfg.get("ray_temp_dir"), cfg["run_dir"]), cfg.get("ray_temp_dir"),
                         before_exit=cgroups.remove).start()
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
