@@ -110,6 +110,11 @@ def test_json_keeps_the_node_schema_and_says_which_plane_ran(planes):
     lines = plane_lines([planes[("dataproto", "numpy")], r])
     assert lines[0].startswith("dataproto") and lines[1].startswith("transferqueue"), lines
     assert "storage units" in lines[1] and "storage units" not in lines[0]
+    from picklescope.views.table import node_rows
+
+    assert [row["data plane"] for row in node_rows([planes[("dataproto", "numpy")], r])] == ["dataproto",
+                                                                                              "transferqueue"]
+    assert "data plane" not in node_rows([planes[("dataproto", "numpy")]])[0]
 
 
 def test_bad_data_plane_options_are_one_line_before_anything_runs():
