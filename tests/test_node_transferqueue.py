@@ -111,7 +111,8 @@ def test_json_keeps_the_node_schema_and_says_which_plane_ran(planes):
     assert doc["node"]["engine"]["data_plane"] == "transferqueue" and doc["node"]["engine"]["storage_units"] == 2
     for name in ("driver", "storage-0", "storage-1", "producer", "tq-controller"):
         assert doc["processes"][name]["own_peak_bytes"] is not None, name
-    assert doc["processes"]["storage-0"]["role"] == "storage"
+    assert [doc["processes"][n]["role"] for n in ("storage-0", "producer", "worker-0", "driver")] == \
+        ["storage", "producer", "worker", "driver"]
     back = NodeResult.from_json_dict(doc)
     assert back.data_plane == "transferqueue" and back.own_peak_bytes("storage-1") == r.own_peak_bytes("storage-1")
     assert "data plane transferqueue" in r.summary().splitlines()[0]

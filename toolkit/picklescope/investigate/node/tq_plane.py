@@ -88,6 +88,8 @@ def _as_fields(batch: Any) -> Any:
 class TQProducer(NodeWorker):
     """The rollout: builds the batch once at set-up, writes it into the storage units at every step."""
 
+    node_role = "producer"
+
     def attach(self, result_shape: Callable[..., tuple[int, Any]]) -> tuple[int, str]:
         """Connect to TransferQueue, build the batch (before the baseline: generating it is the rollout's
         cost, not the data plane's), and return the result row's shape that ``result_shape`` derives."""
