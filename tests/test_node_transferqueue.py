@@ -176,8 +176,9 @@ def test_a_clean_run_leaves_no_transferqueue_or_ray_process(capfd):
 
 @needs_tq
 def test_an_interrupted_run_leaves_no_transferqueue_or_ray_process_or_file():
+    # with Python's fault handler on, a run that outlives its Ctrl-C is made to print every thread's stack
     p = subprocess.Popen(CLI + ["node", *SMALL, "--steps", "1000"], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
     try:
         deadline = time.monotonic() + 400
         procs: list[psutil.Process] = []
@@ -194,7 +195,13 @@ def test_an_interrupted_run_leaves_no_transferqueue_or_ray_process_or_file():
         procs = psutil.Process(p.pid).children(recursive=True)
         assert _ours(p.pid), "the run's temporaries should exist while it runs"
         os.kill(p.pid, signal.SIGINT)
-        p.wait(timeout=180)
+        try:
+            p.wait(timeout=180)
+        except subprocess.TimeoutExpired:
+            os.kill(p.pid, signal.SIGABRT)  # the fault handler prints where each thread of the run was
+            p.wait(timeout=60)
+            raise AssertionError("the run outlived its Ctrl-C by 180 s; its threads were at:\n"
+                                 + p.stderr.read()[-8000:]) from None
         assert p.returncode == 130 and "interrupted" in p.stderr.read()
         alive = gone([q.pid for q in procs])
         assert alive == [], [_cmd(psutil.Process(a))[:100] for a in alive if psutil.pid_exists(a)]
