@@ -165,6 +165,10 @@ class TQEngine(ReplicaEngine):
         from transfer_queue import interface  # the package's own handles on the actors it started
 
         storage = list(((interface._TQ_STORAGE or {}).get("SimpleStorage") or {}).values())
+        if not storage:  # init found a TransferQueue already running on this cluster and joined it: the replay
+            # would write into (and clear keys of) someone else's storage
+            raise PicklescopeError("a TransferQueue controller already runs on this Ray cluster; the replay needs "
+                                   "one of its own", "run without --ray-address (a cluster of the run's own)")
         self.tq_actors = [(f"storage-{i}", "storage", h) for i, h in enumerate(storage)]
         if interface._TQ_CONTROLLER is not None:
             self.tq_actors.append(("tq-controller", "tq-controller", interface._TQ_CONTROLLER))
