@@ -124,6 +124,10 @@ def test_json_keeps_the_node_schema_and_says_which_plane_ran(planes):
     assert [row["data plane"] for row in node_rows([planes[("dataproto", "numpy")], r])] == ["dataproto",
                                                                                               "transferqueue"]
     assert "data plane" not in node_rows([planes[("dataproto", "numpy")]])[0]
+    from picklescope.views.node_figure import node_figure
+
+    names = [t.name for t in node_figure(r, group_workers=True).data]  # TransferQueue's processes stay apart
+    assert {"driver", f"workers ({WORKERS})", "producer", "storage-0", "storage-1", "tq-controller"} <= set(names)
 
 
 def test_bad_data_plane_options_are_one_line_before_anything_runs():
