@@ -44,6 +44,8 @@ def _layers(doc: dict[str, Any], group: bool) -> list[tuple[str, list[float], li
 
     procs = doc["processes"]
     workers = sorted((n for n in procs if n != "driver"), key=lambda n: int(n.split("-")[-1]) if n[-1].isdigit() else 0)
+    others = sorted(n for n in workers if not n.startswith("worker-"))  # the TransferQueue plane's producer and storage
+    workers = [n for n in workers if n not in others]
     if "driver" in procs:
         d = above(procs["driver"]["timeline"], procs["driver"].get("baseline_bytes"))
         layers.append(("driver", ticks, [d.get(t, 0) for t in ticks]))
@@ -58,6 +60,9 @@ def _layers(doc: dict[str, Any], group: bool) -> list[tuple[str, list[float], li
         for n in workers:
             w = above(procs[n]["timeline"], procs[n].get("baseline_bytes"))
             layers.append((n, ticks, [w.get(t, 0) for t in ticks]))
+    for n in others:  # drawn one by one, never summed with the workers
+        o = above(procs[n]["timeline"], procs[n].get("baseline_bytes"))
+        layers.append((n, ticks, [o.get(t, 0) for t in ticks]))
     store = node.get("store") or {}
     if store.get("t_s"):
         s = above(store, store.get("baseline_bytes"))
@@ -69,7 +74,7 @@ def node_figure(result: NodeResult | dict[str, Any], *, group_workers: bool | No
                 title: str | None = None) -> go.Figure:
     """Stacked node memory of a :class:`~picklescope.investigate.node.NodeResult` (or its ``--json`` document)."""
     doc = result.to_json_dict() if isinstance(result, NodeResult) else result
-    n_workers = sum(1 for n in doc["processes"] if n != "driver")
+    n_workers = sum(1 for n in doc["processes"] if n.startswith("worker-"))
     group = n_workers > GROUP_WORKERS_ABOVE if group_workers is None else group_workers
     fig = go.Figure()
     for i, (name, ts, vals) in enumerate(_layers(doc, group)):

@@ -8,7 +8,7 @@ from typing import Any
 
 from picklescope.cli.commands.common import print_json, seconds
 from picklescope.errors import PicklescopeError
-from picklescope.investigate.node import node_series
+from picklescope.investigate.node import node_series, tq_plane
 
 ORDER = 25
 
@@ -53,6 +53,10 @@ def register(sub: Any) -> None:
     p.add_argument("--worker-resources", type=_resources, default=None,
                    help="Ray resources each worker needs, as JSON (pins workers to nodes that have them)")
     p.add_argument("--spread", action="store_true", help="spread the workers over the cluster's nodes")
+    p.add_argument("--data-plane", default="dataproto",
+                   help="dataproto (default: the batch through the driver, verl's single controller) or transferqueue "
+                        "(through TransferQueue's storage units, the driver passing metadata only); both joined by a "
+                        "comma run one after the other and are compared")
     p.add_argument("--timeout", type=seconds, default=900.0, help="wall-clock limit in seconds; default 900")
     p.add_argument("--json", action="store_true",
                    help="print the result as one JSON object (a list of them for several codecs)")
@@ -63,14 +67,23 @@ def main(args: argparse.Namespace) -> int:
     codecs = [c.strip() for c in args.codec.split(",")]
     if not all(codecs):
         raise PicklescopeError(f"--codec {args.codec!r} has an empty name", "use e.g. --codec numpy-legacy,numpy")
-    results = node_series(codecs, args.workload, args.scale, args.workers, args.steps, returns=args.returns,
-                          dispatch=args.dispatch, gc=args.gc, transport=args.transport, node_budget=args.node_budget,
-                          ray_address=args.ray_address, worker_resources=args.worker_resources, spread=args.spread,
-                          engine=args.engine, enforcement=args.enforcement, timeout_s=args.timeout,
-                          controller=args.controller)
+    planes = [p.strip() for p in args.data_plane.split(",")]
+    for plane in planes:  # every plane checked (TransferQueue's install included) before the first one starts
+        tq_plane.check(plane, codecs, engine=args.engine, dispatch=args.dispatch, transport=args.transport)
+    results = []
+    for plane in planes:
+        results += node_series(codecs, args.workload, args.scale, args.workers, args.steps, returns=args.returns,
+                               dispatch=args.dispatch, gc=args.gc, transport=args.transport,
+                               node_budget=args.node_budget, ray_address=args.ray_address,
+                               worker_resources=args.worker_resources, spread=args.spread, engine=args.engine,
+                               enforcement=args.enforcement, timeout_s=args.timeout, data_plane=plane,
+                               controller=args.controller)
     if args.json:
         docs = [r.to_json_dict() for r in results]
         print_json(docs[0] if len(docs) == 1 else docs)
     else:
         print("\n\n".join(r.summary() for r in results))
+        if len(planes) > 1:
+            print("\ndata planes side by side (own peaks above baseline, x payload):")
+            print("\n".join(tq_plane.plane_lines(results)))
     return 0 if all(r.outcome in ("ok", "oom-killed") for r in results) else 1

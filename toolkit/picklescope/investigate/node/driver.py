@@ -24,6 +24,7 @@ from picklescope.errors import PicklescopeError
 from picklescope.investigate.node import collector, controller
 from picklescope.investigate.node.data import NodeData
 from picklescope.investigate.node.replica import ReplicaEngine
+from picklescope.investigate.node.tq_plane import TQEngine, cpus_needed
 from picklescope.investigate.node.worker import verl_worker_class
 from picklescope.investigate.node_verl import VerlEngine
 from picklescope.measure import launcher
@@ -184,6 +185,11 @@ def _control(ray: Any, conn: Any, cfg: dict[str, Any], restore: int | None) -> N
         conn.send(CodecInfo(type="codec_info", side="driver", info=data.info))
     wl = load_workload(cfg["workload"])
     hooks.install(serialize=True)
+    if cfg.get("data_plane") == "transferqueue":  # the controller handles metadata only: no batch here
+        tq_engine = _start_tq(conn, cfg, ray, data, restore)
+        _loop(conn, cfg, tq_engine, None)
+        tq_engine.close()  # the parent let go: TransferQueue's actors end before the Ray session does
+        return
     engine: ReplicaEngine | VerlEngine
     replica = cfg.get("engine") != "verl"
     if replica:  # its workers start now (Ray starts their processes in the background) while the batch is built
@@ -205,6 +211,22 @@ def _control(ray: Any, conn: Any, cfg: dict[str, Any], restore: int | None) -> N
     # A small call per worker during set-up: first-call costs (lazy imports on both ends,
     # Ray's first object-store mapping) land in the baselines, not in training step 1.
     engine.warm(whole)
+    _loop(conn, cfg, engine, whole)
+
+
+def _start_tq(conn: Any, cfg: dict[str, Any], ray: Any, data: NodeData, restore: int | None) -> TQEngine:
+    """The TransferQueue data plane's set-up (:mod:`.tq_plane`): its actors, the producer and the workers."""
+    engine = TQEngine(ray, cfg, data)
+    engine.start(_result_shape)
+    conn.send(Engine(type="engine", info=engine.info))
+    if restore is not None:
+        restore_priority(restore)
+    engine.warm(None)
+    return engine
+
+
+def _loop(conn: Any, cfg: dict[str, Any], engine: ReplicaEngine | VerlEngine, whole: Any) -> None:
+    """The replays of a series, one after the other, until the parent lets go."""
     while True:
         if not _replay(conn, cfg, engine, whole):
             return
@@ -283,4 +305,6 @@ def _init_args(cfg: dict[str, Any]) -> dict[str, Any] | None:
         args["num_cpus"] = max(int(args.get("num_cpus") or 1), int(cfg["workers"]))
         if cfg.get("controller") == "actor":  # and one for the controller actor, as verl's TaskRunner
             args["num_cpus"] += 1
+    if cfg.get("data_plane") == "transferqueue":  # TransferQueue's actors each reserve one logical CPU
+        args["num_cpus"] = max(int(args.get("num_cpus") or 1), cpus_needed())
     return args

@@ -186,7 +186,7 @@ def on_worker(session: Session, result: NodeResult, names: dict[Any, str], c: An
 
 def adopt_worker(session: Session, hello: Hello) -> None:
     """Sample a worker that said hello (when it runs on this machine)."""
-    session.adopt(hello["name"], hello["pid"], role="worker", node_id=hello.get("node_id"),
+    session.adopt(hello["name"], hello["pid"], role=hello.get("role") or "worker", node_id=hello.get("node_id"),
                   sampled=hello.get("machine") == machine_id())
 
 

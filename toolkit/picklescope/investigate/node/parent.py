@@ -23,7 +23,7 @@ from picklescope.core.events import Next, Release
 from picklescope.core.leftovers import sweep_orphans, temp_name
 from picklescope.core.paths import make_temp_dir
 from picklescope.errors import PicklescopeError
-from picklescope.investigate.node import enforce
+from picklescope.investigate.node import enforce, tq_plane
 from picklescope.investigate.node.checks import DEFAULT_SCALE, plan
 from picklescope.investigate.node.controller import check_controller
 from picklescope.investigate.node.driver import DRIVER_LOG, node_driver_main
@@ -45,7 +45,8 @@ def node(codec: str = "numpy", workload: str = "flowgrpo", scale: float = DEFAUL
          transport: str = "ray-arg", node_budget: Any = None, ray_address: str | None = None,
          worker_resources: dict[str, float] | None = None, spread: bool = False, engine: str = "replica",
          enforcement: str = "watchdog", timeout_s: float = 900.0, sample_interval_s: float = 0.001,
-         on_event: Any = None, controller: str = "process") -> NodeResult:
+         on_event: Any = None, controller: str = "process",
+         data_plane: str = "dataproto") -> NodeResult:
     """Replay ``steps`` training steps of a verl node (a driver and ``workers`` actors); see the package doc.
 
     ``node_budget`` (bytes, ``"700MiB"`` or a payload multiple such as ``"1.5x"``) caps the node's total
@@ -57,7 +58,7 @@ def node(codec: str = "numpy", workload: str = "flowgrpo", scale: float = DEFAUL
                        transport=transport, node_budget=node_budget, ray_address=ray_address,
                        worker_resources=worker_resources, spread=spread, engine=engine, enforcement=enforcement,
                        timeout_s=timeout_s, sample_interval_s=sample_interval_s, on_event=on_event,
-                       controller=controller)[0]
+                       controller=controller, data_plane=data_plane)[0]
 
 
 def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float = DEFAULT_SCALE, workers: int = 4,
@@ -66,7 +67,8 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
                 transport: str = "ray-arg", node_budget: Any = None, ray_address: str | None = None,
                 worker_resources: dict[str, float] | None = None, spread: bool = False, engine: str = "replica",
                 enforcement: str = "watchdog", timeout_s: float = 900.0, sample_interval_s: float = 0.001,
-                on_event: Any = None, controller: str = "process") -> list[NodeResult]:
+                on_event: Any = None, controller: str = "process",
+                data_plane: str = "dataproto") -> list[NodeResult]:
     """One replay per codec, one after the other, on the same driver and worker actors; one result each.
 
     Starting a node is most of its cost (each worker imports torch, tensordict and Ray), so comparing
@@ -79,13 +81,21 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
     does not end ``ok`` ends the series; the replays after it say so. Every option applies to each replay, except
     ``gc``, which may also give one collector mode per codec (``codecs=(a, b, a, b), gc=("default", "default",
     "off", "off")``): comparing the collectors then needs no second start of the node either.
+
+    ``data_plane`` is how a training step's batch reaches the workers: ``dataproto`` (through the driver,
+    verl's single controller) or ``transferqueue`` (through TransferQueue's storage units, the driver
+    passing metadata only; :mod:`.tq_plane`).
     """
     t0 = time.monotonic()  # the run's own clock: it ends by t0 + timeout_s, clean-up included
+    tq_plane.check(data_plane, codecs, engine=engine, dispatch=dispatch, transport=transport)
     checked = plan(codecs, workload, scale, workers, steps, returns=returns, dispatch=dispatch, gc=gc,
                    transport=transport, node_budget=node_budget, ray_address=ray_address,
                    worker_resources=worker_resources, spread=spread, engine=engine, enforcement=enforcement,
                    timeout_s=timeout_s)
     check_controller(controller, engine)
+    if controller == "actor" and data_plane != "dataproto":
+        raise PicklescopeError(f"--controller actor runs the DataProto plane only, not --data-plane {data_plane}",
+                               "drop --controller actor (the TransferQueue plane's controller passes metadata only)")
     codecs, wl, payload, budget = checked.codecs, checked.workload, checked.payload_bytes, checked.budget_bytes
     gc_modes = checked.gc_modes
     sweep_orphans()
@@ -101,7 +111,8 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
                    * (workers if dispatch == "broadcast" else 1))
     store = object_store_bytes(payload, int(room + (returns or 0) * payload + 64 * 2**20))
     results = [NodeResult(codec, wl.name, scale, workers, steps, payload, dispatch, mode, transport, returns,
-                          engine=engine, enforcement=enforcement, budget_bytes=budget, controller=controller)
+                          engine=engine, enforcement=enforcement, budget_bytes=budget, controller=controller,
+                          data_plane=data_plane)
                for codec, mode in zip(codecs, gc_modes)]
     accepter = Accepter(run_dir)
     cfg = {"codec": codecs[0], "workload": wl.source or wl.name, "scale": scale,
@@ -113,7 +124,10 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
            "events_address": accepter.address, "events_key": accepter.key.hex(),
            "ray_env": ray_env(bool(ray_address)), "parent_pid": os.getpid(),
            "deadline_wall": time.time() + (t0 + timeout_s - reserve - time.monotonic()),
-           "worker_resources": worker_resources or {}, "spread": spread, "controller": controller}
+           "worker_resources": worker_resources or {}, "spread": spread, "controller": controller,
+           "data_plane": data_plane}
+    if data_plane == "transferqueue":  # Ray's workers find the separately installed TransferQueue (init_args)
+        cfg["ray_path"] = "tq"
     cg_path = start_cg = None
     if checked.cgroup_base is not None:
         name = f"{temp_name('picklescope-')}node{os.urandom(3).hex()}"

@@ -59,6 +59,7 @@ class NodeResult:
     notes: list[str] = field(default_factory=list)
     full_collections: dict[str, int] = field(default_factory=dict)  # per process, during the measured steps
     driver_full_collections: dict[int, int] = field(default_factory=dict)  # driver's count at each step's end
+    data_plane: str = "dataproto"  # how the batch reaches the workers: through the driver, or TransferQueue's storage
 
     @property
     def driver(self) -> ProcessRecord:
@@ -99,7 +100,8 @@ class NodeResult:
                 "error": self.error, "wall_s": round(self.wall_s, 3), "cleanup": self.cleanup,
                 "config": {"workload": self.workload, "scale": self.scale, "dispatch": self.dispatch,
                            "gc": self.gc, "transport": self.transport, "returns": self.returns,
-                           "engine": self.engine, "enforcement": self.enforcement, "controller": self.controller},
+                           "engine": self.engine, "enforcement": self.enforcement, "controller": self.controller,
+                           "data_plane": self.data_plane},
                 "cgroup": self.cgroup or None,
                 "engine": self.engine_info,
                 "full_collections": self.full_collections,
@@ -128,7 +130,7 @@ class NodeResult:
                 store=Series(n["store"]["t_s"], n["store"]["bytes"]), baseline_s=n.get("baseline_s"),
                 max_gap_s=n.get("max_gap_s"), sampler_priority=n.get("sampler_priority", "normal"),
                 wall_s=n.get("wall_s", 0.0), cleanup=n.get("cleanup") or {},
-                full_collections=n.get("full_collections") or {})
+                full_collections=n.get("full_collections") or {}, data_plane=cfg.get("data_plane", "dataproto"))
         if doc.get("killed"):
             k = doc["killed"]
             r.killed = KillRecord(k["process"], 0, k["t_s"], k["node_bytes"], n.get("budget_bytes") or 0,
@@ -231,7 +233,8 @@ class NodeResult:
     def summary(self) -> str:
         """A few lines: the verdict, the node peak and who held it, then one line per training step."""
         head = (f"{self.codec} on {self.workload} x{self.scale:g} (payload {fmt_bytes(self.payload_bytes)}), "
-                f"{self.workers} workers, {self.steps} steps, dispatch {self.dispatch}, gc {self.gc}: {self.outcome}")
+                f"{self.workers} workers, {self.steps} steps, dispatch {self.dispatch}, gc {self.gc}"
+                + ("" if self.data_plane == "dataproto" else f", data plane {self.data_plane}") + f": {self.outcome}")
         if self.error:
             head += f" - {self.error}"
         out = [head]

@@ -27,13 +27,15 @@ from picklescope.ray import channel, hooks
 class NodeWorker:
     """One worker actor; the driver wraps it with ``ray.remote`` (importing this module needs no Ray)."""
 
+    node_role = "worker"  # the process's role in the result (a subclass may stand for another part of the node)
+
     def __init__(self, cfg: dict[str, Any], name: str, width: int = 1, dtype: str = "float32") -> None:
         import ray  # deferred: Ray is imported only in the node's own processes, never by the parent
 
         self.cfg, self.name = cfg, name
         self.conn = channel.connect(cfg)
         self.conn.send(Hello(type="hello", name=name, pid=os.getpid(), machine=channel.machine_id(),
-                             node_id=ray.get_runtime_context().get_node_id()))
+                             node_id=ray.get_runtime_context().get_node_id(), role=self.node_role))
         if os.path.isdir(cfg["run_dir"]):  # the budget check's SIGUSR1 writes our stack there before a kill
             self._stack = arm_stack_dump(cfg, name)
         for module in launcher.PRELOAD:

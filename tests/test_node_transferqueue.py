@@ -1,0 +1,247 @@
+"""``picklescope node --data-plane transferqueue``: verl's TransferQueue trainer flow on a real Ray cluster.
+
+The TQ trainer (verl PR #5401, ``verl/trainer/main_ppo_sync.py``; design in verl issue #5400) keeps the
+batch out of the single controller: a producer writes it into TransferQueue's storage units, the
+controller passes metadata only, the workers read their shards from the storage units. These tests
+replay it at small sizes (flowgrpo x0.05, 2 workers, 2 steps) next to the DataProto plane with the same
+codecs, and check what must hold at any size: the controller's own memory stays far under a payload,
+the storage units hold the batch, nothing is left behind, and a missing TransferQueue is one line.
+Every figure is a ratio to the payload measured in the same run, or a fact about processes.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import psutil
+import pytest
+
+from picklescope.errors import PicklescopeError
+from picklescope.investigate.node import NodeResult, node, node_series
+from picklescope.investigate.node.tq_plane import plane_lines
+from picklescope.ray import ray_available
+from picklescope.ray.transferqueue import missing
+
+pytestmark = [pytest.mark.ray,
+              pytest.mark.skipif(not ray_available(), reason="ray is not installed (pip install 'picklescope[ray]')")]
+needs_tq = pytest.mark.skipif(missing() is not None, reason=f"TransferQueue is not installed: {missing()}")
+
+SCALE, WORKERS, STEPS = 0.05, 2, 2  # flowgrpo x0.05: 22 MiB, 6 rows
+PAIR = ("numpy-legacy", "numpy")
+CLI = [sys.executable, "-m", "picklescope"]
+SMALL = ["--codec", "numpy", "--workers", str(WORKERS), "--scale", str(SCALE), "--data-plane", "transferqueue"]
+
+
+@pytest.fixture(scope="module")
+def planes(ray_cluster) -> dict[tuple[str, str], NodeResult]:
+    """Both codecs on both data planes on the shared cluster: (plane, codec) -> result.
+
+    The DataProto plane's pair is one series (the same driver and workers); each TransferQueue replay
+    starts its own processes: in a series the unmeasured steps before a replay leave the storage
+    units' allocator holding a step's batch (freed by ``kv_clear``, kept resident for the next write),
+    so their memory would sit in the baseline and not show above it (docs/node.md)."""
+    out = {}
+    for r in node_series(PAIR, workers=WORKERS, steps=STEPS, scale=SCALE, ray_address=ray_cluster.address,
+                         timeout_s=600):
+        out[("dataproto", r.codec)] = r
+    for codec in PAIR:
+        out[("transferqueue", codec)] = node(codec, workers=WORKERS, steps=STEPS, scale=SCALE,
+                                             ray_address=ray_cluster.address, data_plane="transferqueue",
+                                             timeout_s=600)
+    return out
+
+
+def gone(pids: list[int], wait_s: float = 60.0) -> list[int]:
+    deadline = time.monotonic() + wait_s
+    while True:
+        alive = []
+        for p in pids:
+            try:
+                if psutil.Process(p).status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+            except psutil.Error:
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.2)
+
+
+@needs_tq
+def test_the_controller_passes_metadata_only_and_the_storage_units_hold_the_batch(planes):
+    for codec in PAIR:
+        dp, tq = planes[("dataproto", codec)], planes[("transferqueue", codec)]
+        assert dp.outcome == tq.outcome == "ok", (codec, dp.error, tq.error)
+        assert tq.data_plane == "transferqueue" and dp.data_plane == "dataproto"
+        assert set(tq.processes) == {"driver", "producer", "tq-controller", "storage-0", "storage-1",
+                                     *(f"worker-{i}" for i in range(WORKERS))}, sorted(tq.processes)
+        assert set(dp.processes) == {"driver", *(f"worker-{i}" for i in range(WORKERS))}
+        p = tq.payload_bytes
+        own = {n: tq.own_peak_bytes(n) for n in tq.processes}
+        # the controller never holds a tensor of the batch: only metadata and the small per-token result
+        assert own["driver"] < 0.05 * p, (codec, own["driver"] / p)
+        # the batch sits in the storage units between the producer's write and the clear at the step's end
+        storage = sum(own[f"storage-{i}"] for i in range(2))
+        assert storage >= 0.9 * p, (codec, storage / p)
+        # each worker reads its shard out of the storage units (the rows are split, so together they read it all)
+        assert sum(own[f"worker-{i}"] for i in range(WORKERS)) >= 0.9 * p, own
+        steps = {s.name for s in tq.processes["worker-0"].steps}
+        assert {"kv_batch_get", "compute", "kv_batch_put"} <= steps, steps
+        driver_steps = {s.name for s in tq.driver.steps}
+        assert {"rollout", "chunk", "kv_batch_get", "kv_clear"} <= driver_steps, driver_steps
+        assert "consolidate" not in driver_steps and "__getstate__" not in driver_steps
+        assert {s.training_step for s in tq.driver.steps} == set(range(1, STEPS + 1))
+    # on the DataProto plane the legacy codec's discarded copies are the controller's own: far above the TQ plane's
+    legacy = planes[("dataproto", "numpy-legacy")]
+    assert legacy.own_peak_bytes() >= 0.9 * legacy.payload_bytes
+    assert planes[("transferqueue", "numpy-legacy")].own_peak_bytes() < 0.05 * legacy.own_peak_bytes()
+
+
+@needs_tq
+def test_json_keeps_the_node_schema_and_says_which_plane_ran(planes):
+    r = planes[("transferqueue", "numpy")]
+    doc = json.loads(json.dumps(r.to_json_dict()))
+    assert doc["node"]["config"]["data_plane"] == "transferqueue"
+    assert doc["node"]["engine"]["data_plane"] == "transferqueue" and doc["node"]["engine"]["storage_units"] == 2
+    for name in ("driver", "storage-0", "storage-1", "producer", "tq-controller"):
+        assert doc["processes"][name]["own_peak_bytes"] is not None, name
+    assert [doc["processes"][n]["role"] for n in ("storage-0", "producer", "worker-0", "driver")] == \
+        ["storage", "producer", "worker", "driver"]
+    back = NodeResult.from_json_dict(doc)
+    assert back.data_plane == "transferqueue" and back.own_peak_bytes("storage-1") == r.own_peak_bytes("storage-1")
+    assert "data plane transferqueue" in r.summary().splitlines()[0]
+    lines = plane_lines([planes[("dataproto", "numpy")], r])
+    assert lines[0].startswith("dataproto") and lines[1].startswith("transferqueue"), lines
+    assert "storage units" in lines[1] and "storage units" not in lines[0]
+    from picklescope.views.table import node_rows
+
+    assert [row["data plane"] for row in node_rows([planes[("dataproto", "numpy")], r])] == ["dataproto",
+                                                                                              "transferqueue"]
+    assert "data plane" not in node_rows([planes[("dataproto", "numpy")]])[0]
+    from picklescope.views.node_figure import node_figure
+
+    names = [t.name for t in node_figure(r, group_workers=True).data]  # TransferQueue's processes stay apart
+    assert {"driver", f"workers ({WORKERS})", "producer", "storage-0", "storage-1", "tq-controller"} <= set(names)
+
+
+def test_bad_data_plane_options_are_one_line_before_anything_runs():
+    for kw in ({"data_plane": "shared-memory"}, {"data_plane": "transferqueue", "dispatch": "broadcast"},
+               {"data_plane": "transferqueue", "transport": "ray"},
+               {"data_plane": "transferqueue", "engine": "verl"}):
+        with pytest.raises(PicklescopeError) as err:
+            node("numpy", **kw)
+        assert "\n" not in str(err.value) and err.value.hint, kw
+    with pytest.raises(PicklescopeError, match="verl DataProto"):
+        node("verl-0.9.1:numpy", data_plane="transferqueue")
+    if missing() is None:  # the loop in a Ray actor is the DataProto plane's (docs/node.md)
+        with pytest.raises(PicklescopeError, match="--controller actor runs the DataProto plane only") as err:
+            node("numpy", data_plane="transferqueue", controller="actor")
+        assert "\n" not in str(err.value) and err.value.hint
+
+
+def test_missing_transferqueue_is_one_line_naming_the_install(tmp_path):
+    env = {**os.environ, "PICKLESCOPE_TQ_DIR": str(tmp_path / "no-transferqueue-here")}
+    p = subprocess.run(CLI + ["node", *SMALL], env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
+    assert "no-transferqueue-here" in lines[0] and "pip install --no-deps --target" in lines[0], lines[0]
+    assert p.stdout == ""
+
+
+def _ours(parent: int) -> list[str]:
+    """Temporaries named after ``parent`` (the toolkit's naming: prefix-<creator pid>-random)."""
+    tmp = tempfile.gettempdir()
+    return glob.glob(f"{tmp}/psray-{parent}-*") + glob.glob(f"{tmp}/picklescope-node-{parent}-*")
+
+
+def _cmd(q: psutil.Process) -> str:
+    try:
+        return " ".join(q.cmdline())
+    except psutil.Error:
+        return ""
+
+
+@needs_tq
+def test_a_clean_run_leaves_no_transferqueue_or_ray_process(capfd):
+    from picklescope.cli import main
+
+    capfd.readouterr()
+    rc = main(["node", *SMALL, "--steps", "2", "--json"])
+    out, err = capfd.readouterr()
+    doc = json.loads(out) if out.strip() else {}
+    assert rc == 0, (err, doc.get("node", {}).get("error"))
+    assert doc["outcome"] == "ok" and doc["node"]["cleanup"]["remaining"] == [], doc["node"]["cleanup"]
+    assert {"storage-0", "storage-1", "tq-controller", "producer"} <= set(doc["processes"])
+    assert gone([v["pid"] for v in doc["processes"].values()]) == []
+
+
+@needs_tq
+def test_an_interrupted_run_leaves_no_transferqueue_or_ray_process_or_file():
+    # with Python's fault handler on, a run that outlives its Ctrl-C is made to print every thread's stack
+    p = subprocess.Popen(CLI + ["node", *SMALL, "--steps", "1000"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+    try:
+        deadline = time.monotonic() + 400
+        procs: list[psutil.Process] = []
+        while time.monotonic() < deadline:
+            assert p.poll() is None, p.communicate()
+            procs = psutil.Process(p.pid).children(recursive=True)
+            if sum("SimpleStorageUnit" in _cmd(q) for q in procs) >= 2 and \
+                    sum("TQWorker" in _cmd(q) for q in procs) >= WORKERS:
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError("the storage units and the workers never started")
+        time.sleep(3)  # into the training steps
+        procs = psutil.Process(p.pid).children(recursive=True)
+        assert _ours(p.pid), "the run's temporaries should exist while it runs"
+        os.kill(p.pid, signal.SIGINT)
+        try:
+            p.wait(timeout=180)
+        except subprocess.TimeoutExpired:
+            os.kill(p.pid, signal.SIGABRT)  # the fault handler prints where each thread of the run was
+            p.wait(timeout=60)
+            raise AssertionError("the run outlived its Ctrl-C by 180 s; its threads were at:\n"
+                                 + p.stderr.read()[-8000:]) from None
+        assert p.returncode == 130 and "interrupted" in p.stderr.read()
+        alive = gone([q.pid for q in procs])
+        assert alive == [], [_cmd(psutil.Process(a))[:100] for a in alive if psutil.pid_exists(a)]
+        deadline = time.monotonic() + 30
+        while _ours(p.pid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert _ours(p.pid) == []
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_the_plane_is_in_the_cli_help():
+    from picklescope.cli import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(["node", "--data-plane", "dataproto,transferqueue"])
+    assert args.data_plane == "dataproto,transferqueue"
+    assert parser.parse_args(["node"]).data_plane == "dataproto"
+
+
+def test_a_killed_replay_says_what_each_process_held_at_the_kill():
+    from picklescope.measure.session import KillRecord, ProcessRecord
+
+    r = NodeResult("numpy", "flowgrpo", SCALE, WORKERS, STEPS, 100, "chunk", "default", "ray-arg", None,
+                   data_plane="transferqueue")
+    for name, base in (("driver", 1000), ("producer", 2000), ("storage-0", 500)):
+        r.processes[name] = ProcessRecord(name, 1, "worker", None, True, base)
+    r.killed = KillRecord("producer", 1, 1.0, 400, 300, 2, "kv_batch_put", oom_scores={"producer": 700},
+                          memory_bytes={"driver": 1001, "producer": 2250, "storage-0": 600, "store": 0})
+    lines = plane_lines([r])
+    assert lines[0].startswith("transferqueue killed producer in training step 2"), lines
+    assert lines[1] == "  at the kill, above baselines: producer 2.50x, storage-0 1.00x, driver 0.01x " \
+                       "(oom_score: producer 700)", lines
