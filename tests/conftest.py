@@ -36,6 +36,7 @@ import contextlib
 import inspect
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -48,6 +49,12 @@ from picklescope import cli
 from picklescope.measure.pytest_leftovers import pytest_sessionfinish, pytest_sessionstart  # noqa: F401
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+# The Ctrl-C tests send SIGINT to commands they start. A suite started in the background of a shell without job
+# control (``cmd &`` in a script) inherits SIGINT as ignored, and every command would inherit that too and never
+# hear its Ctrl-C. A handler of this process's own is reset to the default in each command it starts.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 MiB = 1024**2
 TIERS = ("ray", "browser", "verl", "fault", "slow")
