@@ -259,6 +259,20 @@ def _wait_for_workers(p: subprocess.Popen, n: int, timeout_s: float = 400) -> li
     raise AssertionError("the workers never started")
 
 
+def left_nothing(p: subprocess.Popen, procs: list[psutil.Process], left, interrupted: bool) -> None:
+    """After a stopped ``picklescope node`` command ``p`` has exited: with Ctrl-C it exited 130 with its one
+    line; every process of its run (``procs``) is gone within 60 s, and ``left(p.pid)`` (what it made on disk)
+    is empty within 30 s more."""
+    if interrupted:
+        assert p.returncode == 130 and "interrupted" in p.stderr.read()
+    alive = gone([q.pid for q in procs], wait_s=60)
+    assert alive == [], [" ".join(_cmd(psutil.Process(a)))[:100] for a in alive if psutil.pid_exists(a)]
+    deadline = time.monotonic() + 30
+    while left(p.pid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert left(p.pid) == []
+
+
 def _cmd(q: psutil.Process) -> list[str]:
     try:
         return q.cmdline()
@@ -290,14 +304,7 @@ def test_interrupted_or_killed_parent_leaves_no_process_or_file(how):
         assert _ours(p.pid), "the run's temporaries should exist while it runs"
         os.kill(p.pid, signal.SIGINT if how == "ctrl-c" else signal.SIGKILL)
         p.wait(timeout=120)
-        if how == "ctrl-c":
-            assert p.returncode == 130 and "interrupted" in p.stderr.read()
-        alive = gone([q.pid for q in procs], wait_s=60)
-        assert alive == [], [" ".join(_cmd(psutil.Process(a)))[:100] for a in alive if psutil.pid_exists(a)]
-        deadline = time.monotonic() + 30
-        while _ours(p.pid) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert _ours(p.pid) == []
+        left_nothing(p, procs, _ours, interrupted=how == "ctrl-c")
     finally:
         if p.poll() is None:
             p.kill()

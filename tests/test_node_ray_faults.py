@@ -14,17 +14,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from picklescope.core import cgroup
 from picklescope.ray import ray_available
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
-from test_node import CLI, SMALL, _cmd, _ours, _wait_for_workers, gone  # noqa: E402
+from test_node import CLI, SMALL, _cmd, _ours, _wait_for_workers, left_nothing  # noqa: E402
 from test_node_ray_monitor import _usable  # noqa: E402
 
 pytestmark = [pytest.mark.skipif(not ray_available(), reason="ray is not installed (pip install 'picklescope[ray]')"),
@@ -60,14 +58,7 @@ def test_interrupted_or_killed_ray_enforced_run_leaves_no_process_cgroup_or_file
         assert len(cgroups) == 2, f"the run's start and watched cgroups should exist while it runs: {cgroups}"
         os.kill(p.pid, SIGNALS[how])
         p.wait(timeout=120)
-        if how == "ctrl-c":
-            assert p.returncode == 130 and "interrupted" in p.stderr.read()
-        alive = gone([q.pid for q in procs], wait_s=60)
-        assert alive == [], [" ".join(_cmd(psutil.Process(a)))[:100] for a in alive if psutil.pid_exists(a)]
-        deadline = time.monotonic() + 30
-        while _left(p.pid) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert _left(p.pid) == []
+        left_nothing(p, procs, _left, interrupted=how == "ctrl-c")
     finally:
         if p.poll() is None:
             p.kill()

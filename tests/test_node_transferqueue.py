@@ -11,14 +11,13 @@ Every figure is a ratio to the payload measured in the same run, or a fact about
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -28,6 +27,10 @@ from picklescope.investigate.node import NodeResult, node, node_series
 from picklescope.investigate.node.tq_plane import plane_lines
 from picklescope.ray import ray_available
 from picklescope.ray.transferqueue import missing
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
+from test_node import _cmd as _cmdline  # noqa: E402
+from test_node import _ours, gone, left_nothing  # noqa: E402
 
 pytestmark = [pytest.mark.ray,
               pytest.mark.skipif(not ray_available(), reason="ray is not installed (pip install 'picklescope[ray]')")]
@@ -56,21 +59,6 @@ def planes(ray_cluster) -> dict[tuple[str, str], NodeResult]:
                                              ray_address=ray_cluster.address, data_plane="transferqueue",
                                              timeout_s=600)
     return out
-
-
-def gone(pids: list[int], wait_s: float = 60.0) -> list[int]:
-    deadline = time.monotonic() + wait_s
-    while True:
-        alive = []
-        for p in pids:
-            try:
-                if psutil.Process(p).status() != psutil.STATUS_ZOMBIE:
-                    alive.append(p)
-            except psutil.Error:
-                pass
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.2)
 
 
 @needs_tq
@@ -155,17 +143,8 @@ def test_missing_transferqueue_is_one_line_naming_the_install(tmp_path):
     assert p.stdout == ""
 
 
-def _ours(parent: int) -> list[str]:
-    """Temporaries named after ``parent`` (the toolkit's naming: prefix-<creator pid>-random)."""
-    tmp = tempfile.gettempdir()
-    return glob.glob(f"{tmp}/psray-{parent}-*") + glob.glob(f"{tmp}/picklescope-node-{parent}-*")
-
-
 def _cmd(q: psutil.Process) -> str:
-    try:
-        return " ".join(q.cmdline())
-    except psutil.Error:
-        return ""
+    return " ".join(_cmdline(q))
 
 
 @needs_tq
@@ -179,7 +158,7 @@ def test_a_clean_run_leaves_no_transferqueue_or_ray_process(capfd):
     assert rc == 0, (err, doc.get("node", {}).get("error"))
     assert doc["outcome"] == "ok" and doc["node"]["cleanup"]["remaining"] == [], doc["node"]["cleanup"]
     assert {"storage-0", "storage-1", "tq-controller", "producer"} <= set(doc["processes"])
-    assert gone([v["pid"] for v in doc["processes"].values()]) == []
+    assert gone([v["pid"] for v in doc["processes"].values()], wait_s=60) == []
 
 
 @needs_tq
@@ -210,13 +189,7 @@ def test_an_interrupted_run_leaves_no_transferqueue_or_ray_process_or_file():
             p.wait(timeout=60)
             raise AssertionError("the run outlived its Ctrl-C by 180 s; its threads were at:\n"
                                  + p.stderr.read()[-8000:]) from None
-        assert p.returncode == 130 and "interrupted" in p.stderr.read()
-        alive = gone([q.pid for q in procs])
-        assert alive == [], [_cmd(psutil.Process(a))[:100] for a in alive if psutil.pid_exists(a)]
-        deadline = time.monotonic() + 30
-        while _ours(p.pid) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert _ours(p.pid) == []
+        left_nothing(p, procs, _ours, interrupted=True)
     finally:
         if p.poll() is None:
             p.kill()

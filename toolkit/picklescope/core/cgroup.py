@@ -157,15 +157,8 @@ def _remove_stale(base: str) -> list[str]:
             if pid != os.getpid() and not os.path.exists(f"/proc/{pid}"):
                 path = os.path.join(base, name)
                 kill_all(path, wait_s=2.0)
-                for _ in range(50):
-                    try:
-                        os.rmdir(path)
-                        removed.append(path)
-                        break
-                    except FileNotFoundError:
-                        break
-                    except OSError:
-                        time.sleep(0.02)
+                if remove(path):
+                    removed.append(path)
     return removed
 
 
@@ -283,16 +276,18 @@ def memory_stat(path: str) -> dict[str, int]:
     return out
 
 
-def remove(path: str) -> None:
-    """Remove an (empty) cgroup; a just-killed process may take a moment to leave it."""
+def remove(path: str, dir_fd: int | None = None) -> bool:
+    """Remove an (empty) cgroup (``path`` relative to ``dir_fd`` if given); a just-killed process may take a
+    moment to leave it. True if this call removed it."""
     for _ in range(50):
         try:
-            os.rmdir(path)
-            return
+            os.rmdir(path, dir_fd=dir_fd)
+            return True
         except FileNotFoundError:
-            return
+            return False
         except OSError:
             time.sleep(0.02)
+    return False
 
 
 # -- a cgroup seen as the machine's memory cgroup, by one process tree ------------------------------
@@ -392,15 +387,8 @@ class Remover:
             except OSError:
                 pass
             kill_until_gone(lambda fd=fd, name=name: [p for p in self._procs(fd, name) if p != os.getpid()], wait_s)
-            for _ in range(50):
-                try:
-                    os.rmdir(name, dir_fd=fd)
-                    removed.append(name)
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    time.sleep(0.02)
+            if remove(name, dir_fd=fd):
+                removed.append(name)
         return removed
 
     def close(self) -> None:

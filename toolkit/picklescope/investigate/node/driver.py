@@ -77,15 +77,21 @@ def node_driver_main(conn: Any, cfg: dict[str, Any]) -> None:
     try:
         _run_node(conn, cfg)
     except BaseException as exc:  # noqa: BLE001 - reported, the parent decides
-        try:
-            conn.send(error_event("driver", exc))
-            _wait(conn)
-        except (OSError, BrokenPipeError):
-            pass
+        _report(conn, exc)
     finally:
         end_session(watch)
         me = os.getpid()
         stop_all(lambda: cluster_processes(me, None))  # whatever ray.shutdown left of this session
+
+
+def _report(conn: Any, exc: BaseException) -> None:
+    """The controller's failure, to the parent, which decides; then wait for it to let go (a parent already
+    gone is not an error here)."""
+    try:
+        conn.send(error_event("driver", exc))
+        _wait(conn)
+    except (OSError, BrokenPipeError):
+        pass
 
 
 def _wait(conn: Any) -> Any:
@@ -169,11 +175,7 @@ class TaskRunner:
             controller.hello(conn)
             _control(ray, conn, cfg, None)
         except BaseException as exc:  # noqa: BLE001 - reported, the parent decides
-            try:
-                conn.send(error_event("driver", exc))
-                _wait(conn)
-            except (OSError, BrokenPipeError):
-                pass
+            _report(conn, exc)
         finally:
             conn.close()
 

@@ -18,6 +18,23 @@ from picklescope.ray import hooks
 from picklescope.ray.driver import wait_s
 
 
+def worker_placement(ray: Any, cfg: dict[str, Any]) -> dict[str, Any]:
+    """Where a node's worker actors go: on nodes with ``--worker-resources``, spread with ``--spread``, else
+    on the driver's Ray node (a replay is of one node; Ray's default could place them on any node of a joined
+    cluster, one being stopped included)."""
+    options: dict[str, Any] = {}
+    if cfg.get("worker_resources"):
+        options["resources"] = dict(cfg["worker_resources"])
+    if cfg.get("spread"):
+        options["scheduling_strategy"] = "SPREAD"
+    elif not cfg.get("worker_resources"):
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # deferred: Ray's own
+
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+            node_id=ray.get_runtime_context().get_node_id(), soft=False)
+    return options
+
+
 class ReplicaEngine:
     """The node's worker actors, created in the driver, and one training step over them."""
 
@@ -26,17 +43,7 @@ class ReplicaEngine:
         torch: seconds), so the driver builds its batch meanwhile and then waits in :meth:`ready`."""
         self.ray, self.cfg, self.data = ray, cfg, data
         actor_cls = ray.remote(num_cpus=0, max_restarts=0)(NodeWorker)
-        options: dict[str, Any] = {}
-        if cfg.get("worker_resources"):
-            options["resources"] = dict(cfg["worker_resources"])
-        if cfg.get("spread"):
-            options["scheduling_strategy"] = "SPREAD"
-        elif not cfg.get("worker_resources"):
-            # A replay is of one node: without a placement asked for, the workers stay on the driver's Ray
-            # node (Ray's default could place them on any node of a joined cluster, one being stopped included)
-            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
-                node_id=ray.get_runtime_context().get_node_id(), soft=False)
+        options = worker_placement(ray, cfg)
         self.workers = [actor_cls.options(**options).remote(cfg, f"worker-{i}") for i in range(cfg["workers"])]
         self.info: dict[str, Any] = {"engine": "replica",
                                      "worker_class": f"{NodeWorker.__module__}.{NodeWorker.__qualname__}"}

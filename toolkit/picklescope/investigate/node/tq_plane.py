@@ -33,7 +33,7 @@ from picklescope.core import steps
 from picklescope.core.events import Hello
 from picklescope.errors import PicklescopeError
 from picklescope.investigate.node.data import NodeData
-from picklescope.investigate.node.replica import ReplicaEngine
+from picklescope.investigate.node.replica import ReplicaEngine, worker_placement
 from picklescope.investigate.node.worker import NodeWorker
 from picklescope.ray import channel
 from picklescope.ray import transferqueue as tq
@@ -172,7 +172,7 @@ class TQEngine(ReplicaEngine):
         self.tq_actors = [(f"storage-{i}", "storage", h) for i, h in enumerate(storage)]
         if interface._TQ_CONTROLLER is not None:
             self.tq_actors.append(("tq-controller", "tq-controller", interface._TQ_CONTROLLER))
-        options = self._placement(ray, cfg)
+        options = worker_placement(ray, cfg)
         self.producer = ray.remote(num_cpus=0, max_restarts=0)(TQProducer).options(**options).remote(cfg, "producer")
         worker_cls = ray.remote(num_cpus=0, max_restarts=0)(TQWorker)
         self.compute_workers = [worker_cls.options(**options).remote(cfg, f"worker-{i}")
@@ -186,20 +186,6 @@ class TQEngine(ReplicaEngine):
             "producer_class": f"{TQProducer.__module__}.{TQProducer.__qualname__}",
             "chunk": "KVBatchMeta.chunk", "concat": f"kv_batch_get(select_fields={RESULT_FIELD!r})",
             "data_class": "tensordict.TensorDict (TransferQueue fields)"}
-
-    @staticmethod
-    def _placement(ray: Any, cfg: dict[str, Any]) -> dict[str, Any]:
-        """The producer's and workers' placement, as the DataProto plane's workers (the driver's node unless asked)."""
-        options: dict[str, Any] = {}
-        if cfg.get("worker_resources"):
-            options["resources"] = dict(cfg["worker_resources"])
-        if cfg.get("spread"):
-            options["scheduling_strategy"] = "SPREAD"
-        elif not cfg.get("worker_resources"):
-            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # deferred: Ray's own
-            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
-                node_id=ray.get_runtime_context().get_node_id(), soft=False)
-        return options
 
     def start(self, result_shape: Callable[..., tuple[int, Any]]) -> None:
         """Wait for every actor (within the run's limit), connect each to TransferQueue, give the workers
