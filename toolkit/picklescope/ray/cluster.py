@@ -277,6 +277,7 @@ class ParentWatch:
             os._exit(self.exit_code)
 
 
+LEADER_GRACE_S = 30.0  # how long a node's driver may take to end itself once its parent is gone
 CGROUP_WAIT_S = 60.0  # a cgroup is removable once the kernel has let go of its killed processes
 
 
@@ -346,6 +347,10 @@ def watch_main(argv: list[str]) -> int:
             select.select([fd], [], [], 0.5)
         else:
             time.sleep(0.2)
+    if cgroups:  # a node's driver: it removes its files and ends its session itself (ParentWatch) first
+        deadline = time.monotonic() + LEADER_GRACE_S
+        while running(leader, leader_ticks) and time.monotonic() < deadline:
+            time.sleep(0.1)
     if temp_dir:
         shutil.rmtree(temp_dir, ignore_errors=True)
     stop_all(lambda: cluster_processes(leader, leader_ticks, (leader,), temp_dir))
