@@ -174,11 +174,14 @@ class Watchdog:
 
 
 def dump_stack_then_kill(pid: int, path: str, t0: float, kill: Any) -> None:
-    """SIGUSR1 (the process's faulthandler writes its Python stack to ``path``), then SIGKILL; sets
-    ``kill.sigkill_t_s`` (seconds since ``t0``) and ``kill.stack``. Shared by every budget that kills."""
+    """SIGUSR1 (the process's faulthandler writes its Python stack to ``path``), then SIGKILL the moment the
+    dump is written; sets ``kill.sigkill_t_s`` (seconds since ``t0``) and ``kill.stack``. Shared by every
+    budget that kills. The process runs on while its stack is written, so SIGKILL follows the end of the
+    signal handler, not a fixed pause: a copy still under way at the decision is still under way at death."""
     try:
+        masks = _blocked_masks(pid)
         os.kill(pid, signal.SIGUSR1)
-        wait_for_dump(path)
+        wait_for_dump(path, pid, masks)
         kill.sigkill_t_s = round(time.monotonic() - t0, 6)
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
@@ -190,11 +193,52 @@ def dump_stack_then_kill(pid: int, path: str, t0: float, kill: Any) -> None:
         pass
 
 
-def wait_for_dump(path: str) -> None:
-    """Until faulthandler has finished writing the stack (its size unchanged for ``STACK_STABLE_S``),
-    at most 0.1 s. faulthandler writes a dump in many small pieces; the sampler thread that runs this
-    wakes every millisecond on time (real-time priority), so a single unchanged reading 1 ms apart
-    can fall in a pause of a busy child and cut the stack short."""
+_USR1 = 1 << (signal.SIGUSR1 - 1)
+
+
+def _status_fields(pid: int, tid: str, keys: tuple[str, ...]) -> dict[str, int]:
+    try:
+        with open(f"/proc/{pid}/task/{tid}/status") as f:
+            return {k: int(v, 16) for k, _, v in (line.partition(":") for line in f) if k in keys}
+    except (OSError, ValueError):
+        return {}
+
+
+def _blocked_masks(pid: int) -> dict[str, int] | None:
+    """Each thread's blocked signals before SIGUSR1 is sent (some threads block it for good), or None
+    when ``/proc`` cannot tell."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    masks = {tid: _status_fields(pid, tid, ("SigBlk",)).get("SigBlk") for tid in tids}
+    return {t: m for t, m in masks.items() if m is not None} or None
+
+
+def _handler_running(pid: int, masks: dict[str, int]) -> bool | None:
+    """Whether SIGUSR1 is still pending or being handled: the kernel blocks it in the thread that runs
+    faulthandler's handler until the handler returns. None when ``/proc`` cannot tell."""
+    seen = False
+    for tid, before in masks.items():
+        f = _status_fields(pid, tid, ("SigPnd", "ShdPnd", "SigBlk"))
+        if not f:
+            continue
+        seen = True
+        if (f.get("SigPnd", 0) | f.get("ShdPnd", 0)) & _USR1:
+            return True
+        if f.get("SigBlk", 0) & _USR1 and not before & _USR1:
+            return True
+    return None if not seen else False
+
+
+def wait_for_dump(path: str, pid: int | None = None, masks: dict[str, int] | None = None) -> None:
+    """Until faulthandler has finished writing the stack, at most ``STACK_WAIT_S``.
+
+    With the process's thread masks (read before the signal was sent) the end is exact: the signal is
+    no longer pending, no thread is inside the handler, and the file holds the dump. Without them, the
+    dump is taken as complete once its size has not changed for ``STACK_STABLE_S``: faulthandler writes
+    a dump in many small pieces, so a single unchanged reading 1 ms apart can fall in a pause of a busy
+    child and cut the stack short."""
     deadline = time.monotonic() + STACK_WAIT_S
     last, since = -1, time.monotonic()
     while time.monotonic() < deadline:
@@ -202,12 +246,12 @@ def wait_for_dump(path: str) -> None:
             size = os.path.getsize(path)
         except OSError:
             size = 0
+        running = _handler_running(pid, masks) if pid is not None and masks else None
+        if running is False and size:
+            return
         now = time.monotonic()
         if size != last:
             last, since = size, now
-        elif size and now - since >= STACK_STABLE_S:
+        elif running is None and size and now - since >= STACK_STABLE_S:
             return
-        time.sleep(0.001)
-
-
-# Old private names, kept while the modules named below still import them; use the public names.
+        time.sleep(0.0002 if running is not None else 0.001)
