@@ -66,6 +66,7 @@ legacy = "numpy-legacy"  # or verl-0.9.0:numpy
 fixed = "numpy"  # or verl-0.9.1:numpy
 gc_modes = ["off"]  # compared with Python's default collector; add "each-step" (2 more replays)
 engine = "replica"  # or "verl": verl's own RayWorkerGroup splits, calls and joins (needs a real verl codec)
+data_planes = True  # section 5: the same batch and budget on verl's TransferQueue trainer (2 more replays)
 
 # %%
 # %load_ext picklescope
@@ -76,6 +77,8 @@ from IPython.display import display
 import picklescope as ps
 from picklescope.core.units import fmt_bytes
 from picklescope.investigate.node import compare_drivers, node_series
+from picklescope.investigate.node.tq_plane import cpus_needed, plane_lines
+from picklescope.ray import transferqueue
 from picklescope.ray.local_cluster import LocalCluster
 from picklescope.ray.startup import RayStartError
 from picklescope.views import figures, table
@@ -102,7 +105,8 @@ print(f"{workload} x{scale:g}: payload {fmt_bytes(payload)}, {workers} workers, 
 
 # %%
 try:
-    cluster = LocalCluster(object_store_bytes=max(256 * 2**20, 4 * payload)).start()
+    # one logical CPU for each of TransferQueue's actors (section 5); the node's own actors reserve none
+    cluster = LocalCluster(object_store_bytes=max(256 * 2**20, 4 * payload), num_cpus=cpus_needed()).start()
     address = cluster.address
     print("cluster at", address)
 except RayStartError as exc:  # one sentence, then each series starts (and stops) a cluster of its own
@@ -116,7 +120,7 @@ def replays(codecs: list[str], gc: list[str], **kw) -> list[ps.NodeResult]:
     if any(c.startswith("verl-") for c in codecs):  # one node each: a process loads one verl
         return [ps.node(c, workload, scale, gc=mode, **kw) for c, mode in zip(codecs, gc)]
     done = node_series(codecs, workload, scale, gc=gc, **kw)
-    print(f"{len(done)} replays on one driver and {workers} workers, each (s):",
+    print(f"{len(done)} replay{'s' * (len(done) > 1)} on one driver and {workers} workers, each (s):",
           ", ".join(f"{r.wall_s:.1f}" for r in done), "(the first includes starting them)")
     return done
 
@@ -183,6 +187,57 @@ fig.write_html(OUT / "node_budget.html", include_plotlyjs=True)  # plotly.js ins
 display(fig)
 
 # %% [markdown]
+# ## 5. Would a different data plane have saved the node?
+# Everything above moves the batch the way verl's usual trainer does: through the driver, which holds
+# each batch, pickles one chunk per worker and joins the answers. verl has a second trainer
+# (`main_ppo_sync.py`, verl PR #5401) built on **TransferQueue** (a separate package: a store for
+# training data spread over Ray actors called *storage units*). There the *data plane* (the path the
+# batch's tensors take between processes) avoids the driver: a *producer* (the rollout, which makes
+# the batch) writes each training step's batch into the storage units; the driver receives only
+# *metadata* (which rows and fields make up the batch) and hands each worker the metadata of its
+# chunk; each worker fetches its rows from the storage units itself, computes, and writes its result
+# back; the driver then asks the storage units for the per-token result alone. The tensors never pass
+# through `DataProto.__getstate__`, so the codec does not matter on this plane.
+#
+# The cell replays the legacy run of section 4 on the TransferQueue plane, once freely and once under
+# the same node budget, and puts each next to its DataProto replay. The question is not only whether
+# the driver stops growing (it must: it never holds the tensors) but where the bytes go instead: the
+# storage units hold every batch in flight, and the producer and the workers hold their own copies.
+# docs/node.md says which parts of the TransferQueue trainer the replay follows and which it leaves out.
+
+# %%
+planes: dict[str, ps.NodeResult] = {}
+plane_note = ""
+if not data_planes:
+    plane_note = "Section 5 was skipped (data_planes = False)."
+elif transferqueue.missing():
+    plane_note = (f"Section 5 needs TransferQueue: {transferqueue.missing()}; install it with "
+                  f"{transferqueue.INSTALL_HINT}.")
+else:
+    tq_codec = legacy if not legacy.startswith("verl-") else "numpy-legacy"  # any codec: the tensors skip it
+    tq_free = replays([tq_codec], ["off"], data_plane="transferqueue")[0]
+    tq_capped = replays([tq_codec], ["off"], data_plane="transferqueue", node_budget=budget)[0]
+    planes = {"free": tq_free, "capped": tq_capped}
+    display(table.Table(table.node_rows([off[legacy], tq_free]),
+                        caption="the same batch on both data planes, collector off, no budget"))
+    display(figures.node_figure(tq_free))
+    display(table.Table(table.node_rows([capped[legacy], tq_capped]),
+                        caption=f"the same node budget, {fmt_bytes(budget)} above the node's baseline"))
+    print("\n".join(plane_lines([off[legacy], tq_free, capped[legacy], tq_capped])))
+if plane_note:
+    print(plane_note)
+
+# %% [markdown]
+# The first table gives the controller's (the driver's) own peak on each plane, the second who was
+# killed under the same budget; the lines under them add each kind of process's own peak (*storage
+# units*: TransferQueue's storage actors, added up). The TransferQueue plane takes the bytes out of the
+# driver, so the driver no longer grows from one training step to the next (the legacy copy never
+# happens there); it does not remove them: the storage units hold each batch in flight and the producer
+# and the workers their own copies, so a node short of memory at its first steps is not saved by the
+# plane alone. Over many training steps with a growing driver (section 3) it is the growth that kills,
+# and that is what this plane takes away.
+
+# %% [markdown]
 # ## The answer
 
 # %%
@@ -200,6 +255,25 @@ if k is not None:
                f"{k.training_step}, {k.during()}) while {fixed} {ended[fixed]}.")
 else:
     answer += f" Under a node budget of {fmt_bytes(budget)}, {legacy} {ended[legacy]} and {fixed} {ended[fixed]}."
+if planes:
+    tq_free, tq_capped = planes["free"], planes["capped"]
+
+    def x(value: int | None) -> str:
+        return "-" if value is None else f"{value / payload:.2f}x"
+
+    dp = off[legacy]
+    answer += (f" On verl's TransferQueue data plane the driver's own memory peaked at "
+               f"{x(tq_free.own_peak_bytes('driver'))} the payload (DataProto plane, collector off: "
+               f"{x(dp.own_peak_bytes('driver'))}) and grew {x(tq_free.driver_growth_bytes)} over the steps "
+               f"({x(dp.driver_growth_bytes)}), but the storage units held {x(tq_free.own_peaks_sum_bytes('storage-'))}, "
+               f"the producer {x(tq_free.own_peak_bytes('producer'))} and the workers "
+               f"{x(tq_free.own_peaks_sum_bytes('worker-'))}: the node peaked at {x(tq_free.node_peak_bytes)} against "
+               f"{x(dp.node_peak_bytes)}.")
+    tk = tq_capped.killed
+    answer += (" Under the same budget, the TransferQueue replay "
+               + ("completed every step." if tk is None and tq_capped.outcome == "ok" else
+                  f"lost its {tk.process} in training step {tk.training_step}." if tk is not None else
+                  f"ended {tq_capped.outcome}."))
 display(sentence(answer, strong=True))
 
 # %%

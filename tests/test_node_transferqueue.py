@@ -24,7 +24,7 @@ import pytest
 
 from picklescope.errors import PicklescopeError
 from picklescope.investigate.node import NodeResult, node, node_series
-from picklescope.investigate.node.tq_plane import plane_lines
+from picklescope.investigate.node.tq_plane import STORAGE_UNITS, TQEngine, cpus_needed, plane_lines
 from picklescope.ray import ray_available
 from picklescope.ray.transferqueue import missing
 
@@ -218,3 +218,16 @@ def test_a_killed_replay_says_what_each_process_held_at_the_kill():
     assert lines[0].startswith("transferqueue killed producer in training step 2"), lines
     assert lines[1] == "  at the kill, above baselines: producer 2.50x, storage-0 1.00x, driver 0.01x " \
                        "(oom_score: producer 700)", lines
+
+
+def test_a_joined_cluster_without_a_cpu_for_each_transferqueue_actor_is_one_line():
+    """TransferQueue's controller and each storage unit reserve one logical CPU: on a joined cluster with
+    fewer, its actors would wait for one forever. The controller says so before starting anything."""
+    class OneCpuRay:
+        def cluster_resources(self) -> dict[str, float]:
+            return {"CPU": 1.0}
+
+    assert cpus_needed() == 1 + STORAGE_UNITS
+    with pytest.raises(PicklescopeError) as err:
+        TQEngine(OneCpuRay(), {"workers": 2, "ray_address": "127.0.0.1:1"}, None)
+    assert "and the Ray cluster has 1" in err.value.problem and f"--num-cpus {cpus_needed()}" in err.value.hint

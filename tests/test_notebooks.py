@@ -119,6 +119,13 @@ def test_notebook_executes_headless(stem, executed):
         assert "the driver's own memory (the object store apart) peaked at" in answer, answer
         assert "its exact peak, object-store pages included, was" in answer and "driver grew" in answer
         assert "was killed (" in answer and "completed every step" in answer
+        # section 5: the same batch and budget on the TransferQueue plane, each kind of process's own peak
+        assert "On verl's TransferQueue data plane the driver's own memory peaked at 0.0" in answer, answer
+        assert "the storage units held 1.0" in answer or "the storage units held 0.9" in answer, answer
+        assert "Under the same budget, the TransferQueue replay " in answer
+        line = (r"^transferqueue +(ok|killed \S+ in training step \d+): node peak [\d.]+x, driver 0\.0\dx, "
+                r"producer [\d.]+x, workers [\d.]+x \(sum\), storage units [\d.]+x \(sum\)")
+        assert re.search(line, out, re.MULTILINE), out
     elif stem == "04_switch_codecs_confirm_fix":
         shown = _shown(nb)  # the answers are paragraphs (text/html), plain text beside them
         assert "round trip was exact" in shown and "1.00x the payload lower than numpy-legacy" in shown
@@ -316,7 +323,8 @@ def refuse(self, timeout_s=None):
 
 local_cluster.LocalCluster.start = refuse
 src = open(sys.argv[1]).read()
-for name, value in (("scale", "0.05"), ("workers", "2"), ("steps", "2")):  # as the suite's small parameters
+for name, value in (("scale", "0.05"), ("workers", "2"), ("steps", "2"),  # as the suite's small parameters
+                    ("data_planes", "False")):  # section 5's own clusters: tests/test_node_transferqueue.py
     src = src.replace(f"\n{name} = ", f"\n{name} = {value}  # ", 1)
 exec(compile(src, sys.argv[1], "exec"), {"__name__": "__main__"})
 """

@@ -207,6 +207,13 @@ class NodeResult:
         values = [v for t, v in zip(rec.timeline.t_s, rec.timeline.bytes) if t >= start]
         return max(values) - rec.baseline_bytes if values else None
 
+    def own_peaks_sum_bytes(self, prefix: str) -> int | None:
+        """The sum of the own peaks of every process whose name starts with ``prefix`` (``storage-``,
+        ``worker-``): what a kind of process held at most, counted per process; None when none has one."""
+        vals = [v for v in (self.own_peak_bytes(n) for n in sorted(self.processes) if n.startswith(prefix))
+                if v is not None]
+        return sum(vals) if vals else None
+
     @property
     def driver_growth_bytes(self) -> int | None:
         """The driver's memory at the end of the last training step minus at the end of the first: what the

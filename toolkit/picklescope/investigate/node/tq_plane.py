@@ -159,6 +159,12 @@ class TQEngine(ReplicaEngine):
         producer and the worker actors (``self.workers`` lists the producer first, so that arming,
         finishing and switching codec reach it too)."""
         self.ray, self.cfg, self.data = ray, cfg, data
+        cpus = ray.cluster_resources().get("CPU", 0)
+        if cpus < cpus_needed():  # TransferQueue's actors would wait for a CPU forever
+            raise PicklescopeError(f"TransferQueue's controller and its {STORAGE_UNITS} storage units reserve one "
+                                   f"logical CPU each ({cpus_needed()} in all), and the Ray cluster has {cpus:g}",
+                                   f"start the cluster with --num-cpus {cpus_needed()} or more, or run without "
+                                   "--ray-address (a cluster of the run's own)")
         self.mod = tq.activate()
         self.mod.init({"backend": {"storage_backend": "SimpleStorage",
                                    "SimpleStorage": {"num_data_storage_units": STORAGE_UNITS}}})
@@ -250,24 +256,21 @@ def plane_lines(results: Sequence[Any]) -> list[str]:
     for r in results:
         p = r.payload_bytes or 1
 
-        def own(names: list[str], r: Any = r, p: int = p) -> str:
-            vals = [v for v in (r.own_peak_bytes(n) for n in names) if v is not None]
-            return f"{sum(vals) / p:.2f}x" if vals else "-"
+        def own(prefix: str, r: Any = r, p: int = p) -> str:
+            v = r.own_peaks_sum_bytes(prefix)
+            return "-" if v is None else f"{v / p:.2f}x"
 
-        names = sorted(r.processes)
-        workers = [n for n in names if n.startswith("worker-")]
-        storage = [n for n in names if n.startswith("storage-")]
         outcome = r.outcome if r.killed is None else f"killed {r.killed.process} in training step " \
                                                       f"{r.killed.training_step}"
         node = "-" if r.node_peak_bytes is None else f"{r.node_peak_bytes / p:.2f}x"
-        parts = [f"{r.data_plane:<13} {outcome}: node peak {node}", f"driver {own(['driver'])}"]
+        parts = [f"{r.data_plane:<13} {outcome}: node peak {node}", f"driver {own('driver')}"]
         if "producer" in r.processes:
-            parts.append(f"producer {own(['producer'])}")
-        parts.append(f"workers {own(workers)} (sum)")
-        if storage:
-            parts.append(f"storage units {own(storage)} (sum)")
+            parts.append(f"producer {own('producer')}")
+        parts.append(f"workers {own('worker-')} (sum)")
+        if any(n.startswith("storage-") for n in r.processes):
+            parts.append(f"storage units {own('storage-')} (sum)")
         if "tq-controller" in r.processes:
-            parts.append(f"tq-controller {own(['tq-controller'])}")
+            parts.append(f"tq-controller {own('tq-controller')}")
         lines.append(", ".join(parts))
         if r.killed is not None:  # what each process held when the budget was crossed: why that one was picked
             held = {n: v - (r.processes[n].baseline_bytes or 0) for n, v in r.killed.memory_bytes.items()
