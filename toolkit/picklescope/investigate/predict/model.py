@@ -28,6 +28,7 @@ the held memory a release frees is its own term.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -230,13 +231,23 @@ def released_at(rep: Replay) -> list[int]:
 
 
 def _role_terms(rep: Replay, role: str, releases: list[int]) -> tuple[float, float, float, float | None]:
-    """One replay's (base, growth, transient, share freed at a release) for ``role``."""
+    """One replay's (base, growth, transient, share freed at a release) for ``role``.
+
+    On the TransferQueue plane the first write fills the processes' heaps: the storage units (and the
+    producer and the workers) keep what a cleared step freed and the next step's write reuses it
+    (docs/node.md), so their level jumps between the first two steps and then settles. There the rise
+    into the second step is left out of the growth (the median rise from the third step on, robust to
+    a late settling step) and the level with nothing held is taken from the second step on."""
     ends = [s.end.get(role, 0) for s in rep.per_step]
     peaks = [s.peak.get(role, 0) for s in rep.per_step]
     idx = [s.index for s in rep.per_step]
+    settle = 1 if rep.data_plane != "dataproto" and len(ends) >= 3 else 0
     # growth: mean rise over steps with no release in them (the first step carries the base, so from step 2)
-    rises = [ends[i] - ends[i - 1] for i in range(1, len(ends)) if idx[i] not in releases]
-    growth = max(0.0, sum(rises) / len(rises)) if rises else 0.0
+    rises = [ends[i] - ends[i - 1] for i in range(1 + settle, len(ends)) if idx[i] not in releases]
+    if settle:
+        growth = max(0.0, statistics.median(rises)) if rises else 0.0
+    else:
+        growth = max(0.0, sum(rises) / len(rises)) if rises else 0.0
     held, ms = 0.0, []
     shares = []
     for i, k in enumerate(idx):
@@ -248,7 +259,7 @@ def _role_terms(rep: Replay, role: str, releases: list[int]) -> tuple[float, flo
                 shares.append(max(0.0, min(1.0, freed / (growth * (held - 1)))))
             held = 1
         ms.append(held)
-    base = sum(e - growth * m for e, m in zip(ends, ms)) / len(ends)
+    base = sum(e - growth * m for e, m in list(zip(ends, ms))[settle:]) / (len(ends) - settle)
     trans = [p - max(ends[i - 1] if i else 0.0, ends[i]) for i, p in enumerate(peaks)]
     transient = max(0.0, sum(trans) / len(trans))
     return base, growth, transient, (sum(shares) / len(shares) if shares else None)
