@@ -237,7 +237,8 @@ def _role_terms(rep: Replay, role: str, releases: list[int]) -> tuple[float, flo
     producer and the workers) keep what a cleared step freed and the next step's write reuses it
     (docs/node.md), so their level jumps between the first two steps and then settles. There the rise
     into the second step is left out of the growth (the median rise from the third step on, robust to
-    a late settling step) and the level with nothing held is taken from the second step on."""
+    a late settling step) and the level with nothing held and the transient are taken from the second
+    step on (the first step's fill is in the settled level)."""
     ends = [s.end.get(role, 0) for s in rep.per_step]
     peaks = [s.peak.get(role, 0) for s in rep.per_step]
     idx = [s.index for s in rep.per_step]
@@ -260,7 +261,7 @@ def _role_terms(rep: Replay, role: str, releases: list[int]) -> tuple[float, flo
             held = 1
         ms.append(held)
     base = sum(e - growth * m for e, m in list(zip(ends, ms))[settle:]) / (len(ends) - settle)
-    trans = [p - max(ends[i - 1] if i else 0.0, ends[i]) for i, p in enumerate(peaks)]
+    trans = [p - max(ends[i - 1] if i else 0.0, ends[i]) for i, p in enumerate(peaks)][settle:]
     transient = max(0.0, sum(trans) / len(trans))
     return base, growth, transient, (sum(shares) / len(shares) if shares else None)
 
@@ -273,6 +274,8 @@ def _node_transient(rep: Replay, parts: Sequence[str] = PARTS) -> float:
         level = sum(s.end.get(p, 0) for p in parts)
         out.append(s.peak.get("node", 0) - max(prev, level))
         prev = level
+    if rep.data_plane != "dataproto" and len(out) >= 3:  # the first step's fill is in the settled levels
+        out = out[1:]
     return max(0.0, sum(out) / len(out)) if out else 0.0
 
 
