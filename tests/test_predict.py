@@ -172,6 +172,10 @@ def test_tq_plane_prediction_names_its_processes_and_ray_kills_the_last_worker()
     doc = p.to_json_dict()
     assert doc["data_plane"] == "transferqueue" and "storage units" in doc["kill_policy"]
     assert "data plane transferqueue" in p.summary()
+    from picklescope.views import figures
+
+    names = [t.name for t in figures.predict_figure([doc]).data]
+    assert "numpy (transferqueue): node" in names
 
 
 def test_baselines_count_in_the_node_total():
@@ -292,6 +296,54 @@ def test_fit_on_small_replays_predicts_a_held_out_replay(tmp_path, monkeypatch):
     doc = json.loads(json.dumps([p.to_json_dict() for p in preds]))
     assert {"node_peak_bytes", "processes", "training_steps", "killed", "largest_surviving_payload_bytes"} <= \
         set(doc[0])
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_tq_plane_fit_on_small_replays_predicts_a_held_out_replay(tmp_path, monkeypatch):
+    """The TransferQueue plane (docs/predict.md, "The data plane"): fitted on flowgrpo x0.025/x0.05 with 2
+    workers (collector off, 3 steps), the prediction for x0.1 is checked against a real replay of that size.
+    The controller passes metadata only, so it must stay near nothing in both; the storage units (a role of
+    the model, their peak in the prediction) must be predicted to hold about the batch at its peak."""
+    from picklescope.ray import ray_available
+    from picklescope.ray.transferqueue import missing
+
+    if not ray_available():
+        pytest.skip("ray is not installed")
+    if missing() is not None:
+        pytest.skip(f"TransferQueue is not installed: {missing()}")
+    from picklescope.investigate.node import tq_plane
+    from picklescope.ray.local_cluster import LocalCluster
+
+    monkeypatch.setenv("PICKLESCOPE_CACHE", str(tmp_path))
+    failures = []
+    for _ in range(3):  # on a loaded 2-core machine Ray's own start-up deadlines are sometimes missed
+        try:
+            cluster = LocalCluster(object_store_bytes=512 * MiB, num_cpus=tq_plane.cpus_needed()).start()
+            break
+        except RuntimeError as exc:
+            failures.append(str(exc)[-300:])
+    else:
+        raise AssertionError(f"the local Ray cluster did not start: {failures}")
+    try:
+        preds = prediction.predict(("numpy",), "flowgrpo", scale=0.1, workers=2, steps=3, gc="off",
+                                   fit_scales_=(0.025, 0.05), fit_workers=(2,), fit_steps=3, check=True,
+                                   ray_address=cluster.address, data_plane="transferqueue")
+    finally:
+        report = cluster.stop()
+    assert report["remaining"] == [], report
+    (p,) = preds
+    c = p.check
+    assert p.data_plane == "transferqueue" and c is not None and c.outcome == "ok", p.summary()
+    assert {"producer", "storage", "tq-controller"} <= set(p.processes), p.processes
+    assert c.measured_controller_peak_bytes < 0.05 * p.payload_bytes, p.summary()
+    assert c.predicted_controller_peak_bytes < 0.1 * p.payload_bytes, p.summary()
+    assert p.processes["storage"] >= 0.5 * p.payload_bytes, p.summary()  # the batch in flight in the units
+    assert c.measured_node_peak_bytes > 0 and c.predicted_node_peak_bytes > 0, p.summary()
+    cached = list((tmp_path / "predict").glob("*transferqueue*.json"))
+    assert len(cached) == 2, cached  # the fit's two sizes (the check's replay is not kept)
+    doc = p.to_json_dict()
+    assert doc["data_plane"] == "transferqueue" and "storage" in doc["processes"]
 
 
 def test_the_figure_is_drawn_from_the_plain_data():
