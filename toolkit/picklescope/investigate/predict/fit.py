@@ -38,7 +38,6 @@ FIT_WORKERS = (2, 4)
 FIT_STEPS = 6
 ROLES = ("controller", "worker", "workers", "store", "node")  # worker: the busiest one; workers: their sum
 TQ_ROLES = ("controller", "producer", "worker", "workers", "storage", "tq-controller", "store", "node")
-DATA_PLANES = ("dataproto", "transferqueue")
 
 
 @dataclass
