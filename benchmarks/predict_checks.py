@@ -12,8 +12,9 @@ which the controller's memory falls back.
         [--data-plane dataproto|transferqueue]
 
 On the TransferQueue plane (``--data-plane transferqueue``, the replay of verl's TransferQueue trainer)
-each codec replays alone, the cluster gets the logical CPUs TransferQueue's actors reserve, and each row
-also compares the storage units' peak (their sum, above their baselines).
+each codec replays alone, every codec's model is fitted on all codecs' replays (as ``predict`` fits it
+there: the codec never touches the tensors), the cluster gets the logical CPUs TransferQueue's actors
+reserve, and each row also compares the storage units' peak (their sum, above their baselines).
 
 Writes ``benchmarks/results/predict_checks.json`` (``--out`` to change). A ``verl-*`` codec needs
 ``picklescope verl install``; its fit scales move to row counts every worker count divides.
@@ -33,7 +34,7 @@ from picklescope.investigate.node import tq_plane
 from picklescope.investigate.predict import fit as fitting
 from picklescope.investigate.predict.model import fit as fit_model
 from picklescope.investigate.predict.model import released_at
-from picklescope.investigate.predict.prediction import fit_scales, leaf_row_bytes, play_node
+from picklescope.investigate.predict.prediction import fit_scales, fit_set, leaf_row_bytes, play_node
 from picklescope.ray.local_cluster import LocalCluster
 from picklescope.workloads.spec import load_workload
 
@@ -82,8 +83,8 @@ def main() -> None:
             if plane == "dataproto":
                 groups = [[c for c in codecs if not c.startswith("verl-")]] + [[c] for c in codecs
                                                                               if c.startswith("verl-")]
-            else:  # each codec alone, as predict's own fit does on this plane
-                groups = [[c] for c in codecs]
+            else:  # one group: fitting.replays replays each codec alone on this plane, and the fit pools them
+                groups = [list(codecs)]
             for group in [g for g in groups if g]:
                 fit_at = fit_scales(wl, group[0], scales, workers)
                 reps = fitting.replays(group, args.workload, gc, fit_at, workers, fitting.FIT_STEPS,
@@ -91,7 +92,7 @@ def main() -> None:
                 held = fitting.replays(group, args.workload, gc, (args.scale,), (args.workers,), args.steps,
                                        ray_address=address, data_plane=plane, log=print)
                 for codec in group:
-                    model = fit_model([r for r in reps if r.codec == codec], leaf_row_bytes(wl))
+                    model = fit_model(fit_set(reps, codec, plane), leaf_row_bytes(wl))
                     real = next(r for r in held if r.codec == codec)
                     played = play_node(model, wl, real.rows, real.payload_bytes, args.workers, args.steps, {}, None,
                                        0.95)

@@ -178,6 +178,13 @@ def test_tq_plane_prediction_names_its_processes_and_ray_kills_the_last_worker()
     assert "numpy (transferqueue): node" in names
 
 
+def test_tq_plane_fits_every_codec_on_all_codecs_replays_and_dataproto_on_its_own():
+    tq = [synthetic_tq(20 * MiB, 2, 4, codec="numpy"), synthetic_tq(20 * MiB, 2, 4, codec="numpy-legacy")]
+    assert prediction.fit_set(tq, "numpy", "transferqueue") == tq  # the codec never touches the tensors there
+    dp = [synthetic(20 * MiB, 2, 4, codec="numpy"), synthetic(20 * MiB, 2, 4, codec="numpy-legacy")]
+    assert prediction.fit_set(dp, "numpy") == dp[:1]
+
+
 def test_baselines_count_in_the_node_total():
     assert prediction.parse_baselines(["controller=379GB", "worker=40GB", "reward=51GB"], 2) == {
         "controller": 379 * 10**9, "worker-0": 40 * 10**9, "worker-1": 40 * 10**9, "reward": 51 * 10**9}

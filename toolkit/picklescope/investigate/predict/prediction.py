@@ -237,8 +237,18 @@ def models(codecs: Sequence[str], workload: str, gc: str, *, scales: Sequence[fl
         reps = fitting.replays(group, workload, gc, fit_scales(wl, group[0], scales, workers), workers, steps,
                                refresh=refresh, ray_address=ray_address, data_plane=data_plane, log=log)
         for codec in group:
-            out[codec] = fit_model([r for r in reps if r.codec == codec], leaf_row_bytes(wl))
+            out[codec] = fit_model(fit_set(reps, codec, data_plane), leaf_row_bytes(wl))
+            out[codec].codec = codec
     return out
+
+
+def fit_set(reps: Sequence[fitting.Replay], codec: str, data_plane: str = "dataproto") -> list[fitting.Replay]:
+    """The replays one codec's model is fitted on: its own; on the TransferQueue plane every codec's, since
+    the codec never touches the tensors there (docs/node.md) and their replays differ by noise only, which
+    pooling them halves."""
+    if data_plane == "dataproto":
+        return [r for r in reps if r.codec == codec]
+    return list(reps)
 
 
 def play_node(model: Model, wl: Workload, rows: int, payload: int, workers: int, steps: int,
