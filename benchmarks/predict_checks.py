@@ -9,6 +9,12 @@ above its baseline), the controller's own peak (its private memory, the store ap
 which the controller's memory falls back.
 
     python benchmarks/predict_checks.py [--codecs numpy-legacy,numpy] [--gc off,default] [--workload flowgrpo]
+        [--data-plane dataproto|transferqueue]
+
+On the TransferQueue plane (``--data-plane transferqueue``, the replay of verl's TransferQueue trainer)
+each codec replays alone, every codec's model is fitted on all codecs' replays (as ``predict`` fits it
+there: the codec never touches the tensors), the cluster gets the logical CPUs TransferQueue's actors
+reserve, and each row also compares the storage units' peak (their sum, above their baselines).
 
 Writes ``benchmarks/results/predict_checks.json`` (``--out`` to change). A ``verl-*`` codec needs
 ``picklescope verl install``; its fit scales move to row counts every worker count divides.
@@ -24,10 +30,11 @@ import sys
 import time
 from pathlib import Path
 
+from picklescope.investigate.node import tq_plane
 from picklescope.investigate.predict import fit as fitting
 from picklescope.investigate.predict.model import fit as fit_model
 from picklescope.investigate.predict.model import released_at
-from picklescope.investigate.predict.prediction import fit_scales, leaf_row_bytes, play_node
+from picklescope.investigate.predict.prediction import fit_scales, fit_set, leaf_row_bytes, play_node
 from picklescope.ray.local_cluster import LocalCluster
 from picklescope.workloads.spec import load_workload
 
@@ -35,11 +42,11 @@ RESULTS = Path(__file__).resolve().parent / "results"
 MiB = 1024**2
 
 
-def _start_cluster(attempts: int) -> LocalCluster:
+def _start_cluster(attempts: int, num_cpus: int = 1) -> LocalCluster:
     failures = []
     for _ in range(attempts):
         try:
-            return LocalCluster(object_store_bytes=3072 * MiB, num_cpus=1).start()
+            return LocalCluster(object_store_bytes=3072 * MiB, num_cpus=num_cpus).start()
         except RuntimeError as exc:
             failures.append(str(exc)[-200:])
     sys.exit(f"predict_checks: the local Ray cluster did not start in {attempts} attempts: {failures[-1]}")
@@ -55,6 +62,7 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=0.5)
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--data-plane", default="dataproto", choices=tq_plane.DATA_PLANES)
     ap.add_argument("--attempts", type=int, default=20, help="tries to start the local cluster")
     ap.add_argument("--out", default=str(RESULTS / "predict_checks.json"))
     args = ap.parse_args()
@@ -62,35 +70,45 @@ def main() -> None:
     scales = [float(s) for s in args.fit_scales.split(",")]
     workers = [int(w) for w in args.fit_workers.split(",")]
     wl = load_workload(args.workload)
+    plane = args.data_plane
+    tq_plane.check(plane, codecs, engine="replica", dispatch="chunk", transport="ray-arg")
     rows_out = []
     cluster = None
     if not _all_cached(wl, codecs, args, scales, workers):
-        cluster = _start_cluster(args.attempts)
+        cluster = _start_cluster(args.attempts, 1 if plane == "dataproto" else tq_plane.cpus_needed())
     address = cluster.address if cluster else None
     t0 = time.monotonic()
     try:
         for gc in args.gc.split(","):
-            groups = [[c for c in codecs if not c.startswith("verl-")]] + [[c] for c in codecs if c.startswith("verl-")]
+            if plane == "dataproto":
+                groups = [[c for c in codecs if not c.startswith("verl-")]] + [[c] for c in codecs
+                                                                              if c.startswith("verl-")]
+            else:  # one group: fitting.replays replays each codec alone on this plane, and the fit pools them
+                groups = [list(codecs)]
             for group in [g for g in groups if g]:
                 fit_at = fit_scales(wl, group[0], scales, workers)
                 reps = fitting.replays(group, args.workload, gc, fit_at, workers, fitting.FIT_STEPS,
-                                       ray_address=address, log=print)
+                                       ray_address=address, data_plane=plane, log=print)
                 held = fitting.replays(group, args.workload, gc, (args.scale,), (args.workers,), args.steps,
-                                       ray_address=address, log=print)
+                                       ray_address=address, data_plane=plane, log=print)
                 for codec in group:
-                    model = fit_model([r for r in reps if r.codec == codec], leaf_row_bytes(wl))
+                    model = fit_model(fit_set(reps, codec, plane), leaf_row_bytes(wl))
                     real = next(r for r in held if r.codec == codec)
                     played = play_node(model, wl, real.rows, real.payload_bytes, args.workers, args.steps, {}, None,
                                        0.95)
                     pred_node, pred_ctl = played["node_peak"], played["peaks"]["controller"]
-                    row = {"codec": codec, "gc": gc, "workload": wl.name, "fit_scales": fit_at, "fit_workers": workers,
+                    row = {"codec": codec, "gc": gc, "data_plane": plane, "workload": wl.name, "fit_scales": fit_at,
+                           "fit_workers": workers,
                            "scale": args.scale, "workers": args.workers, "steps": args.steps,
                            "payload_bytes": real.payload_bytes,
                            "node_peak": {"predicted": pred_node, "measured": real.node_peak_bytes},
                            "controller_peak": {"predicted": pred_ctl, "measured": real.controller_own_peak_bytes},
                            "release_steps": {"predicted": played["releases"], "measured": released_at(real)},
                            "terms": model.terms_table()}
-                    for key in ("node_peak", "controller_peak"):
+                    if plane != "dataproto":
+                        row["storage_peak"] = {"predicted": played["peaks"]["storage"],
+                                               "measured": max(s.peak.get("storage", 0) for s in real.per_step)}
+                    for key in [k for k in ("node_peak", "controller_peak", "storage_peak") if k in row]:
                         m = row[key]["measured"]
                         row[key]["error"] = None if not m else round((row[key]["predicted"] - m) / m, 4)
                     rows_out.append(row)
@@ -99,7 +117,10 @@ def main() -> None:
                     print(f"{codec:>18} gc {gc:<7} node {pred_node / p:.2f}x vs {real.node_peak_bytes / p:.2f}x "
                           f"({_pct(row['node_peak']['error'])}); controller {pred_ctl / p:.2f}x vs "
                           f"{(real.controller_own_peak_bytes or 0) / p:.2f}x ({ctl_err}); "
-                          f"falls back at {played['releases']} vs {released_at(real)}", flush=True)
+                          f"falls back at {played['releases']} vs {released_at(real)}"
+                          + (f"; storage {row['storage_peak']['predicted'] / p:.2f}x vs "
+                             f"{row['storage_peak']['measured'] / p:.2f}x ({_pct(row['storage_peak']['error'])})"
+                             if "storage_peak" in row else ""), flush=True)
     finally:
         report = cluster.stop() if cluster else {"remaining": [], "note": "every replay came from the cache"}
     doc = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
@@ -116,7 +137,7 @@ def _all_cached(wl, codecs: list[str], args: argparse.Namespace, scales: list[fl
             wanted = [(s, w, fitting.FIT_STEPS) for s in fit_scales(wl, codec, scales, workers) for w in workers]
             wanted.append((args.scale, args.workers, args.steps))
             for s, w, k in wanted:
-                rep = fitting.load_cached(fitting.cache_path(wl, codec, gc, s, w, k))
+                rep = fitting.load_cached(fitting.cache_path(wl, codec, gc, s, w, k, args.data_plane), args.data_plane)
                 if rep is None or rep.outcome != "ok":
                     return False
     return True

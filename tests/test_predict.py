@@ -8,6 +8,7 @@ its chunk, and the node is their sum.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -49,6 +50,33 @@ def synthetic(payload: int, workers: int, steps: int, *, grow: float = 1.0, base
 
 def fit_set(**kw):
     return [synthetic(p * MiB, w, 6, **kw) for w in (2, 4) for p in (20, 40, 80)]
+
+
+TQ_PARTS = ("controller", "producer", "workers", "storage", "tq-controller", "store")
+
+
+def synthetic_tq(payload: int, workers: int, steps: int, *, rows: int = 64, codec: str = "numpy",
+                 gc: str = "off") -> Replay:
+    """A TransferQueue-plane replay (docs/node.md): the controller passes metadata (a constant and a per-row
+    share of the result), the producer keeps a tenth of a payload, each worker its chunk, the storage units
+    hold the batch while it is in flight (one payload at the step's peak) and keep a little more after every
+    step, TransferQueue's controller actor a constant; the node is the sum of all its parts."""
+    chunk = payload * fitting.chunk_rows(rows, workers) // rows
+    rep = Replay(codec, gc, "synthetic", 0.1, workers, steps, payload, rows, chunk, rows * 2, "ok", None, None, None,
+                 data_plane="transferqueue")
+    for k in range(1, steps + 1):
+        end = {"controller": 2 * MiB + payload // 100, "producer": payload // 10, "worker": chunk // 2,
+               "workers": workers * (chunk // 2), "storage": payload // 5 + k * payload // 20,
+               "tq-controller": 4 * MiB, "store": 0}
+        peak = dict(end, storage=end["storage"] + payload)
+        end["node"] = sum(end[p] for p in TQ_PARTS)
+        peak["node"] = end["node"] + payload
+        rep.per_step.append(StepObs(k, end=end, peak=peak, collections=0))
+    return rep
+
+
+def tq_fit_set():
+    return [synthetic_tq(p * MiB, w, 6) for w in (2, 4) for p in (20, 40, 80)]
 
 
 def test_fit_recovers_growth_and_base_and_predicts_a_held_out_size():
@@ -102,6 +130,61 @@ def test_ray_kills_the_last_scheduled_worker_at_the_first_crossing_and_largest_b
     assert prediction.play_node(m, wl, rows_ok + 1, bigger, 8, 10, {}, node_mem, 0.95)["killed"] is not None
 
 
+def test_tq_plane_node_is_the_sum_of_its_parts_storage_included():
+    m = model_mod.fit(tq_fit_set())
+    assert m.data_plane == "transferqueue"
+    assert {"controller", "producer", "storage", "tq-controller", "workers", "store", "node"} <= set(m.roles)
+    pay, steps = 200 * MiB, 5
+    played = m.play(pay, 64, 4, steps, 2)
+    for k in range(steps):  # the storage units' level is part of the node's at every step
+        assert played["storage"][k][0] == pytest.approx(pay / 5 + (k + 1) * pay / 20, rel=1e-6)
+        assert played["node"][k][0] == pytest.approx(sum(played[p][k][0] for p in TQ_PARTS), rel=1e-6)
+    truth = synthetic_tq(pay, 4, steps)  # the held-out size: the model must reach its node peak
+    for k, s in enumerate(truth.per_step):
+        assert played["node"][k][1] == pytest.approx(s.peak["node"], rel=0.01), k
+    roles = {role for role, _, _ in m.terms_table()}
+    assert {"producer", "storage", "tq-controller"} <= roles
+    node_row = next(v for role, term, v in m.terms_table() if role == "node")
+    assert "storage" in node_row and "producer" in node_row
+    with pytest.raises(ValueError, match="data planes"):
+        model_mod.fit(tq_fit_set() + fit_set())
+
+
+def test_tq_plane_prediction_names_its_processes_and_ray_kills_the_last_worker():
+    wl = load_workload("flowgrpo")
+    m = model_mod.fit(tq_fit_set())
+    per_row = wl.payload_bytes(1.0) / wl.rows(1.0)
+    rows = 512
+    pay = int(rows * per_row)
+    out = prediction.play_node(m, wl, rows, pay, 8, 10, {"storage": 10**9}, None, 0.95)
+    assert {"controller", "producer", "storage", "tq-controller", "store", "worker-7"} <= set(out["peaks"])
+    assert out["peaks"]["storage"] >= 10**9 + pay  # the batch in flight, above the storage units' baseline
+    alone = prediction.play_node(m, wl, rows, pay, 8, 10, {}, None, 0.95)
+    assert out["node_peak"] - alone["node_peak"] == 10**9  # the storage units' baseline counts in the node
+    # the node ends step k at about (1.81 + 0.05 k) P and peaks a payload above: it crosses 0.95 x 2.17 P at step 5
+    out = prediction.play_node(m, wl, rows, pay, 8, 10, {}, int(2.17 * pay), 0.95)
+    assert out["killed"] is not None and out["killed"]["process"] == "worker-7"
+    k = out["killed"]["training_step"]
+    assert out["steps"][k - 1]["node_bytes"] >= 0.95 * 2.17 * pay > out["steps"][k - 2]["node_bytes"]
+    p = prediction.CodecPrediction("numpy", "off", pay, rows, 8, 10, int(2.17 * pay), 0.95, {}, out["node_peak"],
+                                   out["peaks"], out["steps"], out["killed"], None, out["releases"], m.terms_table(),
+                                   m.fitted_on, data_plane="transferqueue")
+    doc = p.to_json_dict()
+    assert doc["data_plane"] == "transferqueue" and "storage units" in doc["kill_policy"]
+    assert "data plane transferqueue" in p.summary()
+    from picklescope.views import figures
+
+    names = [t.name for t in figures.predict_figure([doc]).data]
+    assert "numpy (transferqueue): node" in names
+
+
+def test_tq_plane_fits_every_codec_on_all_codecs_replays_and_dataproto_on_its_own():
+    tq = [synthetic_tq(20 * MiB, 2, 4, codec="numpy"), synthetic_tq(20 * MiB, 2, 4, codec="numpy-legacy")]
+    assert prediction.fit_set(tq, "numpy", "transferqueue") == tq  # the codec never touches the tensors there
+    dp = [synthetic(20 * MiB, 2, 4, codec="numpy"), synthetic(20 * MiB, 2, 4, codec="numpy-legacy")]
+    assert prediction.fit_set(dp, "numpy") == dp[:1]
+
+
 def test_baselines_count_in_the_node_total():
     assert prediction.parse_baselines(["controller=379GB", "worker=40GB", "reward=51GB"], 2) == {
         "controller": 379 * 10**9, "worker-0": 40 * 10**9, "worker-1": 40 * 10**9, "reward": 51 * 10**9}
@@ -123,6 +206,27 @@ def test_a_changed_workload_file_is_a_new_cache_key(tmp_path):
         fitting.cache_path(load_workload(str(path)), "numpy", "off", 0.1, 2, 6)
 
 
+def test_the_data_plane_is_in_the_cache_key_and_dataproto_keys_are_unchanged(tmp_path, monkeypatch):
+    monkeypatch.setenv("PICKLESCOPE_CACHE", str(tmp_path))
+    wl = load_workload("flowgrpo")
+    dp = fitting.cache_path(wl, "numpy", "off", 0.1, 2, 6)
+    assert fitting.cache_path(wl, "numpy", "off", 0.1, 2, 6, "dataproto") == dp
+    # the key a DataProto fit was cached under before data planes existed (no plane in it)
+    key = json.dumps({"v": fitting.CACHE_VERSION, "workload": fitting.workload_key(wl), "codec": "numpy", "gc": "off",
+                      "scale": 0.1, "workers": 2, "steps": 6}, sort_keys=True)
+    assert dp.name.endswith(hashlib.sha256(key.encode()).hexdigest()[:12] + ".json")
+    tq = fitting.cache_path(wl, "numpy", "off", 0.1, 2, 6, "transferqueue")
+    assert tq != dp
+    fitting.save_cached(tq, synthetic_tq(20 * MiB, 2, 3))
+    fitting.save_cached(dp, synthetic(20 * MiB, 2, 3, codec="numpy"))
+    assert fitting.load_cached(tq, "transferqueue").data_plane == "transferqueue"
+    assert fitting.load_cached(tq) is None  # a TransferQueue replay is never read as a DataProto one
+    assert fitting.load_cached(dp, "transferqueue") is None and fitting.load_cached(dp).data_plane == "dataproto"
+
+
+NO_TQ = "no-transferqueue-here"
+
+
 @pytest.mark.parametrize("args, words", [
     (["--payload", "44GB", "--batch-size", "512"], "give one of --scale"),
     (["--payload", "2x"], "--payload"),
@@ -131,14 +235,25 @@ def test_a_changed_workload_file_is_a_new_cache_key(tmp_path):
     (["--ray-threshold", "1.5"], "--ray-threshold"),
     (["--node-memory", "lots"], "--node-memory"),
     (["--payload", "44GB", "--check"], "would not fit this machine's free memory"),
+    (["--data-plane", "shared-memory"], "is not one of dataproto, transferqueue"),
+    (["--data-plane", "dataproto,transferqueue", "--codec", "verl-0.9.1:numpy"], "never a verl DataProto"),
+    (["--data-plane", "transferqueue,transferqueue"], "names a plane twice"),
+    # the same line as picklescope node's when the package is absent (tests/test_node_transferqueue.py)
+    (["--data-plane", "transferqueue", "--tq-dir-missing"], "install it with pip install --no-deps --target"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, words, tmp_path):
     env = {**os.environ, "PICKLESCOPE_CACHE": str(tmp_path)}
+    if "--tq-dir-missing" in args:
+        args = [a for a in args if a != "--tq-dir-missing"]
+        env["PICKLESCOPE_TQ_DIR"] = str(tmp_path / NO_TQ)
+        words = f"{NO_TQ} or on sys.path"  # names where it looked; the hint names the install (below)
     p = subprocess.run([sys.executable, "-m", "picklescope", "predict", *args], capture_output=True, text=True,
                        env=env, timeout=300)
     assert p.returncode == 2, p.stderr
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and words in lines[0] and "Traceback" not in p.stderr
+    if NO_TQ in words:
+        assert "pip install --no-deps --target" in lines[0], lines[0]
 
 
 @pytest.mark.slow
@@ -188,6 +303,54 @@ def test_fit_on_small_replays_predicts_a_held_out_replay(tmp_path, monkeypatch):
     doc = json.loads(json.dumps([p.to_json_dict() for p in preds]))
     assert {"node_peak_bytes", "processes", "training_steps", "killed", "largest_surviving_payload_bytes"} <= \
         set(doc[0])
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_tq_plane_fit_on_small_replays_predicts_a_held_out_replay(tmp_path, monkeypatch):
+    """The TransferQueue plane (docs/predict.md, "The data plane"): fitted on flowgrpo x0.025/x0.05 with 2
+    workers (collector off, 3 steps), the prediction for x0.1 is checked against a real replay of that size.
+    The controller passes metadata only, so it must stay near nothing in both; the storage units (a role of
+    the model, their peak in the prediction) must be predicted to hold about the batch at its peak."""
+    from picklescope.ray import ray_available
+    from picklescope.ray.transferqueue import missing
+
+    if not ray_available():
+        pytest.skip("ray is not installed")
+    if missing() is not None:
+        pytest.skip(f"TransferQueue is not installed: {missing()}")
+    from picklescope.investigate.node import tq_plane
+    from picklescope.ray.local_cluster import LocalCluster
+
+    monkeypatch.setenv("PICKLESCOPE_CACHE", str(tmp_path))
+    failures = []
+    for _ in range(3):  # on a loaded 2-core machine Ray's own start-up deadlines are sometimes missed
+        try:
+            cluster = LocalCluster(object_store_bytes=512 * MiB, num_cpus=tq_plane.cpus_needed()).start()
+            break
+        except RuntimeError as exc:
+            failures.append(str(exc)[-300:])
+    else:
+        raise AssertionError(f"the local Ray cluster did not start: {failures}")
+    try:
+        preds = prediction.predict(("numpy",), "flowgrpo", scale=0.1, workers=2, steps=3, gc="off",
+                                   fit_scales_=(0.025, 0.05), fit_workers=(2,), fit_steps=3, check=True,
+                                   ray_address=cluster.address, data_plane="transferqueue")
+    finally:
+        report = cluster.stop()
+    assert report["remaining"] == [], report
+    (p,) = preds
+    c = p.check
+    assert p.data_plane == "transferqueue" and c is not None and c.outcome == "ok", p.summary()
+    assert {"producer", "storage", "tq-controller"} <= set(p.processes), p.processes
+    assert c.measured_controller_peak_bytes < 0.05 * p.payload_bytes, p.summary()
+    assert c.predicted_controller_peak_bytes < 0.1 * p.payload_bytes, p.summary()
+    assert p.processes["storage"] >= 0.5 * p.payload_bytes, p.summary()  # the batch in flight in the units
+    assert c.measured_node_peak_bytes > 0 and c.predicted_node_peak_bytes > 0, p.summary()
+    cached = list((tmp_path / "predict").glob("*transferqueue*.json"))
+    assert len(cached) == 2, cached  # the fit's two sizes (the check's replay is not kept)
+    doc = p.to_json_dict()
+    assert doc["data_plane"] == "transferqueue" and "storage" in doc["processes"]
 
 
 def test_the_figure_is_drawn_from_the_plain_data():

@@ -26,10 +26,12 @@ def predict_figure(predictions: Sequence[Any]) -> go.Figure:
     for i, doc in enumerate(docs):
         color = COLORS[i % len(COLORS)]
         steps = [s["index"] for s in doc["training_steps"]]
+        plane = doc.get("data_plane", "dataproto")  # both planes of one codec side by side stay apart
+        label = doc["codec"] + ("" if plane == "dataproto" else f" ({plane})")
         fig.add_trace(go.Scatter(x=steps, y=[_gib(s["node_bytes"]) for s in doc["training_steps"]],
-                                 mode="lines+markers", name=f"{doc['codec']}: node", line={"color": color}))
+                                 mode="lines+markers", name=f"{label}: node", line={"color": color}))
         fig.add_trace(go.Scatter(x=steps, y=[_gib(s["controller_bytes"]) for s in doc["training_steps"]],
-                                 mode="lines", name=f"{doc['codec']}: controller",
+                                 mode="lines", name=f"{label}: controller",
                                  line={"color": color, "dash": "dot"}))
         k = doc.get("killed")
         if k:

@@ -8,6 +8,7 @@ from typing import Any
 
 from picklescope.cli.commands.common import print_json, seconds
 from picklescope.errors import PicklescopeError
+from picklescope.investigate.node import tq_plane
 from picklescope.investigate.predict import fit
 from picklescope.investigate.predict.prediction import predict
 
@@ -46,6 +47,9 @@ def register(sub: Any) -> None:
     p.add_argument("--workers", type=int, default=4, help="worker actors; default 4")
     p.add_argument("--steps", type=int, default=4, help="training steps; default 4")
     p.add_argument("--gc", default="default", help="default (Python's collector) or off")
+    p.add_argument("--data-plane", default="dataproto",
+                   help="how the batch reaches the workers: dataproto (through the controller, verl's default) or "
+                        "transferqueue (through TransferQueue's storage units); both joined by a comma side by side")
     p.add_argument("--node-memory", default=None, help="the node's memory, e.g. 1507GB (for Ray's threshold)")
     p.add_argument("--ray-threshold", type=float, default=0.95,
                    help="RAY_memory_usage_threshold: Ray's monitor kills above this share; default 0.95")
@@ -73,24 +77,34 @@ def main(args: argparse.Namespace) -> int:
     if args.fit_steps is not None and not 2 <= args.fit_steps <= 16:
         raise PicklescopeError(f"--fit-steps {args.fit_steps} must be from 2 to 16", "use e.g. --fit-steps 6")
 
+    planes = [d.strip() for d in args.data_plane.split(",")]
+    if len(set(planes)) != len(planes):
+        raise PicklescopeError(f"--data-plane {args.data_plane!r} names a plane twice",
+                               "use e.g. --data-plane dataproto,transferqueue")
+    for plane in planes:  # every plane refused before the first one's fit starts (the node replay's own check)
+        tq_plane.check(plane, codecs, engine="replica", dispatch="chunk", transport="ray-arg")
+
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    preds = predict(codecs, args.workload, scale=args.scale, batch_size=args.batch_size, payload=args.payload,
-                    workers=args.workers, steps=args.steps, gc=args.gc, node_memory=args.node_memory,
-                    threshold=args.ray_threshold, process_baselines=args.process_baseline,
-                    fit_scales_=args.fit_scales or fit.FIT_SCALES, fit_workers=args.fit_workers or fit.FIT_WORKERS,
-                    fit_steps=args.fit_steps or fit.FIT_STEPS, check=args.check, refresh=args.refit,
-                    timeout_s=args.timeout, ray_address=args.ray_address, log=log)
+    preds = []
+    for plane in planes:
+        preds += predict(codecs, args.workload, scale=args.scale, batch_size=args.batch_size, payload=args.payload,
+                         workers=args.workers, steps=args.steps, gc=args.gc, node_memory=args.node_memory,
+                         threshold=args.ray_threshold, process_baselines=args.process_baseline,
+                         fit_scales_=args.fit_scales or fit.FIT_SCALES,
+                         fit_workers=args.fit_workers or fit.FIT_WORKERS, fit_steps=args.fit_steps or fit.FIT_STEPS,
+                         check=args.check, refresh=args.refit, timeout_s=args.timeout, ray_address=args.ray_address,
+                         data_plane=plane, log=log)
     if args.json:
         print_json([p.to_json_dict() for p in preds])
         return 0
     first = preds[0]
-    print(f"The model's terms ({first.codec}, gc {first.gc}, fitted on {', '.join(first.fitted_on)}):")
+    print(f"The model's terms (gc {first.gc}, fitted on {', '.join(first.fitted_on)}):")
     for p in preds:
-        print(f"  {p.codec}:")
+        print(f"  {p.codec}" + ("" if p.data_plane == "dataproto" else f", data plane {p.data_plane}") + ":")
         for role, term, value in p.terms:
-            print(f"    {role:<10} {term:<26} {value}")
+            print(f"    {role:<13} {term:<26} {value}")
     print()
     print("\n".join(p.summary() for p in preds))
     return 0

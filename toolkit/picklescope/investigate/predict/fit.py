@@ -7,7 +7,13 @@ controller had seen by then. :func:`observe` extracts exactly that from a
 :class:`~picklescope.investigate.node.NodeResult`; :func:`replays` runs the replays a fit needs (one
 ``node_series`` per size and worker count, so the codecs of a series share one cluster) and keeps
 the observations as JSON in the cache, keyed by everything that changes them: the workload file's
-contents, the codec (and the verl version it names), the collector mode and the replay options.
+contents, the codec (and the verl version it names), the collector mode, the data plane and the replay
+options.
+
+On the TransferQueue data plane (:mod:`picklescope.investigate.node.tq_plane`) the node has more
+kinds of process: the rollout's ``producer`` actor, TransferQueue's storage units (``storage-N``, one
+role ``storage``: their sum) and its controller actor (``tq-controller``); each is a role of its own,
+and ``workers`` counts the ``worker-N`` processes only.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ FIT_SCALES = (0.05, 0.1, 0.2)
 FIT_WORKERS = (2, 4)
 FIT_STEPS = 6
 ROLES = ("controller", "worker", "workers", "store", "node")  # worker: the busiest one; workers: their sum
+TQ_ROLES = ("controller", "producer", "worker", "workers", "storage", "tq-controller", "store", "node")
 
 
 @dataclass
@@ -64,6 +71,7 @@ class Replay:
     controller_exact_peak_bytes: int | None
     full_collections: dict[str, int] = field(default_factory=dict)
     per_step: list[StepObs] = field(default_factory=list)
+    data_plane: str = "dataproto"  # how the batch reached the workers (a cache written before planes: dataproto)
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> Replay:
@@ -85,7 +93,7 @@ def observe(result: NodeResult, wl: Workload) -> Replay:
                  rows * len(wl.non_tensor), result.outcome, result.node_peak_bytes,
                  result.own_peak_bytes("driver") if "driver" in result.processes else None,
                  result.driver.peak_bytes if "driver" in result.processes else None,
-                 dict(result.full_collections))
+                 dict(result.full_collections), data_plane=result.data_plane)
     if result.outcome != "ok" or result.node_baseline_bytes is None:
         return rep
     series = _role_series(result)
@@ -121,7 +129,15 @@ def _role_series(result: NodeResult) -> dict[str, tuple[list[float], list[int]]]
         return out
 
     roles: dict[str, list[int]] = {"controller": above("driver")}
-    workers = [above(n) for n, p in result.processes.items() if n != "driver" and p.sampled]
+    if result.data_plane == "dataproto":
+        workers = [above(n) for n, p in result.processes.items() if n != "driver" and p.sampled]
+    else:  # the TransferQueue plane: the workers apart from the producer and TransferQueue's own actors
+        workers = [above(n) for n, p in result.processes.items() if n.startswith("worker-") and p.sampled]
+        storage = [above(n) for n, p in result.processes.items() if n.startswith("storage-") and p.sampled]
+        roles["storage"] = [sum(col) for col in zip(*storage)] if storage else [0] * len(ticks)
+        for name in ("producer", "tq-controller"):
+            rec = result.processes.get(name)
+            roles[name] = above(name) if rec is not None and rec.sampled else [0] * len(ticks)
     roles["workers"] = [sum(col) for col in zip(*workers)] if workers else [0] * len(ticks)
     roles["worker"] = [max(col) for col in zip(*workers)] if workers else [0] * len(ticks)
     store = [0] * len(ticks)
@@ -167,19 +183,29 @@ def codec_key(codec: str) -> str:
         return codec
 
 
-def cache_path(wl: Workload, codec: str, gc: str, scale: float, workers: int, steps: int) -> Path:
-    key = json.dumps({"v": CACHE_VERSION, "workload": workload_key(wl), "codec": codec_key(codec), "gc": gc,
-                      "scale": scale, "workers": workers, "steps": steps}, sort_keys=True)
-    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in f"{wl.name}-{codec}-{gc}")
+def cache_path(wl: Workload, codec: str, gc: str, scale: float, workers: int, steps: int,
+               data_plane: str = "dataproto") -> Path:
+    """The cache file of one replay. The data plane is part of the key (and of the name) for every plane but
+    ``dataproto``, whose key is unchanged, so the DataProto fits cached before planes existed stay valid."""
+    fields: dict[str, Any] = {"v": CACHE_VERSION, "workload": workload_key(wl), "codec": codec_key(codec), "gc": gc,
+                              "scale": scale, "workers": workers, "steps": steps}
+    label = f"{wl.name}-{codec}-{gc}"
+    if data_plane != "dataproto":
+        fields["data_plane"] = data_plane
+        label += f"-{data_plane}"
+    key = json.dumps(fields, sort_keys=True)
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in label)
     return cache_dir() / f"{safe}-x{scale:g}-w{workers}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.json"
 
 
-def load_cached(path: Path) -> Replay | None:
+def load_cached(path: Path, data_plane: str = "dataproto") -> Replay | None:
+    """The cached replay at ``path``, or None when absent, unreadable or of another data plane."""
     try:
         doc = json.loads(path.read_text())
-        return Replay.from_dict(doc)
+        rep = Replay.from_dict(doc)
     except (OSError, ValueError, TypeError, KeyError):
         return None  # absent or unreadable: measured again
+    return rep if rep.data_plane == data_plane else None
 
 
 def save_cached(path: Path, rep: Replay) -> None:
@@ -194,7 +220,7 @@ def save_cached(path: Path, rep: Replay) -> None:
 
 def replays(codecs: Sequence[str], workload: str, gc: str, scales: Sequence[float] = FIT_SCALES,
             workers: Sequence[int] = FIT_WORKERS, steps: int = FIT_STEPS, *, refresh: bool = False,
-            timeout_s: float = 900.0, ray_address: str | None = None,
+            timeout_s: float = 900.0, ray_address: str | None = None, data_plane: str = "dataproto",
             log: Callable[[str], None] | None = None) -> list[Replay]:
     """The fit's replays, from the cache where they are, measured where not.
 
@@ -203,6 +229,8 @@ def replays(codecs: Sequence[str], workload: str, gc: str, scales: Sequence[floa
     Sizes and worker counts run one after the other, never side by side: each is a cluster of its own,
     or all join ``ray_address`` (starting a cluster is the slowest and least reliable part of a replay on
     a loaded machine; the cluster's object store must then hold every step's chunks with ``gc off``).
+    On the TransferQueue plane every codec replays alone: a series' unmeasured steps before each replay
+    leave the storage units' memory in its baseline (docs/node.md), which would hide the storage role.
     """
     wl = load_workload(workload)
     out: list[Replay] = []
@@ -210,25 +238,28 @@ def replays(codecs: Sequence[str], workload: str, gc: str, scales: Sequence[floa
         for s in scales:
             missing = []
             for codec in codecs:
-                cached = None if refresh else load_cached(cache_path(wl, codec, gc, s, w, steps))
+                cached = None if refresh else load_cached(cache_path(wl, codec, gc, s, w, steps, data_plane),
+                                                          data_plane)
                 if cached is not None and cached.outcome == "ok":
                     out.append(cached)
                 else:
                     missing.append(codec)
-            groups = [[c] for c in missing if c.startswith("verl-")]
-            built_in = [c for c in missing if not c.startswith("verl-")]
+            groups = [[c] for c in missing if c.startswith("verl-") or data_plane != "dataproto"]
+            built_in = [c for c in missing if not c.startswith("verl-") and data_plane == "dataproto"]
             if built_in:
                 groups.append(built_in)
             for group in groups:
                 if log:
-                    log(f"replaying {','.join(group)} on {wl.name} x{s:g}, {w} workers, {steps} steps, gc {gc}")
-                results = node_series(group, workload, s, w, steps, gc=gc, timeout_s=timeout_s, ray_address=ray_address)
+                    log(f"replaying {','.join(group)} on {wl.name} x{s:g}, {w} workers, {steps} steps, gc {gc}, "
+                        f"data plane {data_plane}")
+                results = node_series(group, workload, s, w, steps, gc=gc, timeout_s=timeout_s, ray_address=ray_address,
+                                      data_plane=data_plane)
                 for codec, r in zip(group, results):
                     rep = observe(r, wl)
                     if r.outcome != "ok":
                         raise PicklescopeError(f"the fit's replay of {codec} at x{s:g} with {w} workers ended "
                                                f"{r.outcome}: {r.error or 'no detail'}",
                                                "run it alone with picklescope node to see why, then predict again")
-                    save_cached(cache_path(wl, codec, gc, s, w, steps), rep)
+                    save_cached(cache_path(wl, codec, gc, s, w, steps, data_plane), rep)
                     out.append(rep)
     return out

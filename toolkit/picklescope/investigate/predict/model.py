@@ -15,6 +15,9 @@ reset by a release). Each term is a linear function of what the role's work depe
 :data:`FEATURES`: the payload ``P``, the worker count ``W``, a chunk's payload ``c`` and its heap-sized
 leaves ``h``), fitted by least squares over the replays (one value per replay, each the mean over its
 steps); the node is the sum of the controller, the workers and the store plus its own rise.
+On the TransferQueue data plane the node also has the rollout's ``producer``, TransferQueue's storage
+units (``storage``, their sum) and its controller actor (``tq-controller``): each is a role of its own
+and a part of the node's sum (:data:`TQ_PARTS`).
 What does not scale with bytes is kept apart: under the default collector a release is a step
 at which the controller's memory fell back (a collection freed the cycle-held copies); how often that
 happens depends on how many objects a step creates, not on bytes, so the release rate per step is
@@ -25,13 +28,15 @@ the held memory a release frees is its own term.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from picklescope.investigate.predict.fit import Replay, chunk_rows
+from picklescope.investigate.predict.fit import TQ_ROLES, Replay, chunk_rows
 
 ROLES = ("controller", "worker", "workers", "store", "node")
 PARTS = ("controller", "workers", "store")  # the node's total is their sum (the store counted once)
+TQ_PARTS = ("controller", "producer", "workers", "storage", "tq-controller", "store")  # the TransferQueue plane's
 # What each role's bytes can depend on: the controller serializes W chunks that add up to P and pays
 # something per call (W); one worker handles one chunk (c); the workers' sum and the store see every
 # chunk (P) and per-worker constants (W); the node's own transient (the parts peaking together) any.
@@ -41,8 +46,14 @@ PARTS = ("controller", "workers", "store")  # the node's total is their sum (the
 # of the chunk is resident only during the call, and is added to the worker's rise within a step (to the
 # workers' sum as if every call overlapped: an upper bound, since the fits' chunks never reach the threshold).
 MMAP_THRESHOLD_MAX = 32 * 2**20
+# On the TransferQueue plane: the controller passes metadata (keys per row) and reads the per-token result of
+# every row, both in proportion to the rows, so to P for one workload (P, W, 1 as above); the producer writes
+# the whole batch at every step (P); the storage units hold the batch from the producer's write to the
+# step's clear, about one payload per step in flight (P), split among a fixed number of units (1);
+# TransferQueue's controller actor keeps per-key metadata (P) and per-client state (W).
 FEATURES = {"controller": ("P", "W", "1"), "worker": ("h", "1"), "workers": ("H", "W", "1"),
-            "store": ("P", "c", "1"), "node": ("P", "c", "1"), "objects": ("objects", "W", "1")}
+            "store": ("P", "c", "1"), "node": ("P", "c", "1"), "objects": ("objects", "W", "1"),
+            "producer": ("P", "1"), "storage": ("P", "1"), "tq-controller": ("P", "W", "1")}
 
 
 @dataclass
@@ -91,11 +102,17 @@ class Model:
     gc: str
     workload: str
     roles: dict[str, RoleModel] = field(default_factory=dict)
+    data_plane: str = "dataproto"
     release_rate: Term | None = None  # releases per training step (None: nothing ever released in the fits)
     release_share: float = 0.0  # share of the held growth a release frees
     collection_rate: Term | None = None  # the controller's full collections per training step
     fitted_on: list[str] = field(default_factory=list)
     leaf_row_bytes: list[float] = field(default_factory=list)  # bytes per row of each tensor leaf
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        """The roles whose levels add up to the node's: the plane's processes and the store, counted once."""
+        return PARTS if self.data_plane == "dataproto" else TQ_PARTS
 
     def features(self, payload: float, rows: int, workers: int, objects_per_row: float) -> dict[str, float]:
         crows = chunk_rows(rows, workers)
@@ -130,16 +147,18 @@ class Model:
             held, prev, rows_out = 0.0, 0.0, []
             for k in range(1, steps + 1):
                 held += growth
-                if k in releases:
-                    held -= self.release_share * (held - growth)  # this step's own copy is still referenced
+                if k in releases and (self.data_plane == "dataproto" or role == "controller"):
+                    # this step's own copy is still referenced; on the TransferQueue plane a collection in the
+                    # controller frees the controller's own objects only, never another process's memory
+                    held -= self.release_share * (held - growth)
                 level = base + held
                 rows_out.append((level, max(prev, level) + trans))
                 prev = level
             out[role] = rows_out
-        if "node" in self.roles and all(p in out for p in PARTS):  # the node: its parts' levels, plus the
+        if "node" in self.roles and all(p in out for p in self.parts):  # the node: its parts' levels, plus the
             trans = max(0.0, self.roles["node"].transient(x))  # rise of the node's own total within a step
             trans += x["mapped"] * x["W"]  # and the workers' mapped chunks during their calls (see FEATURES)
-            levels = [sum(out[p][k][0] for p in PARTS) for k in range(steps)]
+            levels = [sum(out[p][k][0] for p in self.parts) for k in range(steps)]
             out["node"] = [(lvl, max(levels[k - 1] if k else 0.0, lvl) + trans) for k, lvl in enumerate(levels)]
         return out
 
@@ -148,8 +167,8 @@ class Model:
         mib = 2**20
         rows = []
         for role, rm in self.roles.items():
-            if role == "node" and all(p in self.roles for p in PARTS):
-                rows.append(("node", "sum of", " + ".join(PARTS) + ", plus its own rise within a step: "
+            if role == "node" and all(p in self.roles for p in self.parts):
+                rows.append(("node", "sum of", " + ".join(self.parts) + ", plus its own rise within a step: "
                              + rm.transient.describe(mib)))
                 continue
             rows.append((role, "level with nothing held", rm.base.describe(mib)))
@@ -212,13 +231,24 @@ def released_at(rep: Replay) -> list[int]:
 
 
 def _role_terms(rep: Replay, role: str, releases: list[int]) -> tuple[float, float, float, float | None]:
-    """One replay's (base, growth, transient, share freed at a release) for ``role``."""
+    """One replay's (base, growth, transient, share freed at a release) for ``role``.
+
+    On the TransferQueue plane the first write fills the processes' heaps: the storage units (and the
+    producer and the workers) keep what a cleared step freed and the next step's write reuses it
+    (docs/node.md), so their level jumps between the first two steps and then settles. There the rise
+    into the second step is left out of the growth (the median rise from the third step on, robust to
+    a late settling step) and the level with nothing held and the transient are taken from the second
+    step on (the first step's fill is in the settled level)."""
     ends = [s.end.get(role, 0) for s in rep.per_step]
     peaks = [s.peak.get(role, 0) for s in rep.per_step]
     idx = [s.index for s in rep.per_step]
+    settle = 1 if rep.data_plane != "dataproto" and len(ends) >= 3 else 0
     # growth: mean rise over steps with no release in them (the first step carries the base, so from step 2)
-    rises = [ends[i] - ends[i - 1] for i in range(1, len(ends)) if idx[i] not in releases]
-    growth = max(0.0, sum(rises) / len(rises)) if rises else 0.0
+    rises = [ends[i] - ends[i - 1] for i in range(1 + settle, len(ends)) if idx[i] not in releases]
+    if settle:
+        growth = max(0.0, statistics.median(rises)) if rises else 0.0
+    else:
+        growth = max(0.0, sum(rises) / len(rises)) if rises else 0.0
     held, ms = 0.0, []
     shares = []
     for i, k in enumerate(idx):
@@ -230,20 +260,22 @@ def _role_terms(rep: Replay, role: str, releases: list[int]) -> tuple[float, flo
                 shares.append(max(0.0, min(1.0, freed / (growth * (held - 1)))))
             held = 1
         ms.append(held)
-    base = sum(e - growth * m for e, m in zip(ends, ms)) / len(ends)
-    trans = [p - max(ends[i - 1] if i else 0.0, ends[i]) for i, p in enumerate(peaks)]
+    base = sum(e - growth * m for e, m in list(zip(ends, ms))[settle:]) / (len(ends) - settle)
+    trans = [p - max(ends[i - 1] if i else 0.0, ends[i]) for i, p in enumerate(peaks)][settle:]
     transient = max(0.0, sum(trans) / len(trans))
     return base, growth, transient, (sum(shares) / len(shares) if shares else None)
 
 
-def _node_transient(rep: Replay) -> float:
+def _node_transient(rep: Replay, parts: Sequence[str] = PARTS) -> float:
     """How far the node's sampled total rose within a step above the sum of its parts' levels (the higher
     of before and after the step): the moments at which parts peak together. Mean over the steps."""
     out, prev = [], 0.0
     for s in rep.per_step:
-        level = sum(s.end.get(p, 0) for p in PARTS)
+        level = sum(s.end.get(p, 0) for p in parts)
         out.append(s.peak.get("node", 0) - max(prev, level))
         prev = level
+    if rep.data_plane != "dataproto" and len(out) >= 3:  # the first step's fill is in the settled levels
+        out = out[1:]
     return max(0.0, sum(out) / len(out)) if out else 0.0
 
 
@@ -255,17 +287,20 @@ def fit(replays: Sequence[Replay], leaf_row_bytes: Sequence[float] = ()) -> Mode
     if not reps:
         raise ValueError("no replay with measured steps to fit")
     first = reps[0]
-    m = Model(first.codec, first.gc, first.workload,
+    planes = {r.data_plane for r in reps}
+    if len(planes) > 1:
+        raise ValueError(f"replays of different data planes cannot make one model: {sorted(planes)}")
+    m = Model(first.codec, first.gc, first.workload, data_plane=first.data_plane,
               fitted_on=[f"x{r.scale:g} {r.workers}w" for r in reps], leaf_row_bytes=list(leaf_row_bytes))
     xs = [m.features(r.payload_bytes, r.rows, r.workers, r.non_tensor_objects / r.rows) for r in reps]
     rel = [released_at(r) for r in reps]
     shares: list[float] = []
-    for role in ROLES:
+    for role in (ROLES if m.data_plane == "dataproto" else TQ_ROLES):
         if not all(role in s.end for r in reps for s in r.per_step):
             continue
         per = [_role_terms(r, role, rl) for r, rl in zip(reps, rel)]
-        if role == "node" and all(p in s.end for r in reps for s in r.per_step for p in PARTS):
-            per = [(0.0, 0.0, _node_transient(r), None) for r in reps]
+        if role == "node" and all(p in s.end for r in reps for s in r.per_step for p in m.parts):
+            per = [(0.0, 0.0, _node_transient(r, m.parts), None) for r in reps]
         feats = FEATURES[role]
         m.roles[role] = RoleModel(role, fit_term(f"{role} base", feats, xs, [p[0] for p in per]),
                                   fit_term(f"{role} growth", feats, xs, [p[1] for p in per]),

@@ -9,6 +9,14 @@ was scheduled last in the step that crossed: the last of the step's worker calls
 since the controller (verl's ``TaskRunner``, an actor whose one task runs the whole training loop) was
 scheduled long before. The caller then sees ``ray.exceptions.OutOfMemoryError`` and the training stops,
 so the first crossing is the answer.
+
+On the TransferQueue data plane the node has more actors: the rollout's producer, TransferQueue's
+storage units and its controller actor. None is retriable either (TransferQueue creates its actors
+without ``max_restarts``, the producer sets none), and all are owned by the controller, which creates
+TransferQueue's actors first, then the producer, then the workers in order, and calls the producer
+before the workers in every step. So by lease (actor creation) and by call alike the most recent is
+still the last worker, ``worker-<W-1>``: the storage units, which hold the batch, are not Ray's pick,
+and the node keeps their memory until the training stops.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ from typing import Any
 
 from picklescope.core.units import fmt_bytes, parse_size
 from picklescope.errors import PicklescopeError
-from picklescope.investigate.node import GC_MODES, node_series
+from picklescope.investigate.node import GC_MODES, node_series, tq_plane
 from picklescope.investigate.predict import fit as fitting
 from picklescope.investigate.predict.model import Model, released_at
 from picklescope.investigate.predict.model import fit as fit_model
@@ -30,6 +38,11 @@ RAY_THRESHOLD = 0.95
 KILL_POLICY = ("Ray's memory monitor kills a worker (a task's or an actor's process), never the raylet nor the "
                "driver: retriable tasks first, then the most recently scheduled; no process here is retriable, so "
                "the victim is the step's last worker call")
+KILL_POLICY_TQ = ("Ray's memory monitor kills a worker (a task's or an actor's process), never the raylet nor the "
+                  "driver: retriable tasks first, then the most recently scheduled; no process here is retriable "
+                  "(TransferQueue's storage units and controller actor, the producer and the workers set no "
+                  "max_restarts) and the controller creates and calls the workers after TransferQueue's actors and "
+                  "the producer, so the victim is the last worker, not the storage units that hold the batch")
 
 
 @dataclass
@@ -78,6 +91,7 @@ class CodecPrediction:
     terms: list[tuple[str, str, str]]
     fitted_on: list[str]
     check: Check | None = None
+    data_plane: str = "dataproto"
 
     def to_json_dict(self) -> dict[str, Any]:
         return {"codec": self.codec, "gc": self.gc, "payload_bytes": self.payload_bytes, "rows": self.rows,
@@ -88,13 +102,15 @@ class CodecPrediction:
                 "largest_surviving_payload_bytes": self.largest_surviving_payload_bytes,
                 "release_steps": self.release_steps,
                 "terms": [{"role": r, "term": t, "value": v} for r, t, v in self.terms],
-                "fitted_on": self.fitted_on, "kill_policy": KILL_POLICY,
+                "fitted_on": self.fitted_on, "data_plane": self.data_plane,
+                "kill_policy": KILL_POLICY if self.data_plane == "dataproto" else KILL_POLICY_TQ,
                 "check": self.check.to_json_dict() if self.check else None}
 
     def summary(self) -> str:
         p = self.payload_bytes
-        out = [f"{self.codec} (gc {self.gc}), payload {fmt_bytes(p)} ({self.rows} rows), {self.workers} workers, "
-               f"{self.steps} steps: node peak {fmt_bytes(self.node_peak_bytes)}, controller "
+        plane = "" if self.data_plane == "dataproto" else f", data plane {self.data_plane}"
+        out = [f"{self.codec} (gc {self.gc}{plane}), payload {fmt_bytes(p)} ({self.rows} rows), "
+               f"{self.workers} workers, {self.steps} steps: node peak {fmt_bytes(self.node_peak_bytes)}, controller "
                f"{fmt_bytes(self.processes['controller'])}"]
         if self.node_memory_bytes:
             limit = self.threshold * self.node_memory_bytes
@@ -210,7 +226,8 @@ def _gcd(a: int, b: int) -> int:
 
 def models(codecs: Sequence[str], workload: str, gc: str, *, scales: Sequence[float] = fitting.FIT_SCALES,
            workers: Sequence[int] = fitting.FIT_WORKERS, steps: int = fitting.FIT_STEPS, refresh: bool = False,
-           ray_address: str | None = None, log: Callable[[str], None] | None = None) -> dict[str, Model]:
+           ray_address: str | None = None, data_plane: str = "dataproto",
+           log: Callable[[str], None] | None = None) -> dict[str, Model]:
     """One fitted model per codec, from cached replays where they exist (the rest replayed, see :mod:`.fit`)."""
     wl = load_workload(workload)
     out: dict[str, Model] = {}
@@ -218,10 +235,20 @@ def models(codecs: Sequence[str], workload: str, gc: str, *, scales: Sequence[fl
     groups = ([built_in] if built_in else []) + [[c] for c in codecs if c.startswith("verl-")]
     for group in groups:
         reps = fitting.replays(group, workload, gc, fit_scales(wl, group[0], scales, workers), workers, steps,
-                               refresh=refresh, ray_address=ray_address, log=log)
+                               refresh=refresh, ray_address=ray_address, data_plane=data_plane, log=log)
         for codec in group:
-            out[codec] = fit_model([r for r in reps if r.codec == codec], leaf_row_bytes(wl))
+            out[codec] = fit_model(fit_set(reps, codec, data_plane), leaf_row_bytes(wl))
+            out[codec].codec = codec
     return out
+
+
+def fit_set(reps: Sequence[fitting.Replay], codec: str, data_plane: str = "dataproto") -> list[fitting.Replay]:
+    """The replays one codec's model is fitted on: its own; on the TransferQueue plane every codec's, since
+    the codec never touches the tensors there (docs/node.md) and their replays differ by noise only, which
+    pooling them halves."""
+    if data_plane == "dataproto":
+        return [r for r in reps if r.codec == codec]
+    return list(reps)
 
 
 def play_node(model: Model, wl: Workload, rows: int, payload: int, workers: int, steps: int,
@@ -231,13 +258,14 @@ def play_node(model: Model, wl: Workload, rows: int, payload: int, workers: int,
     played = model.play(payload, rows, workers, steps, obj)
     names = ["controller"] + [f"worker-{i}" for i in range(workers)]
     base_of = {n: baselines.get(n, 0) for n in names}
-    others = sum(v for n, v in baselines.items() if n not in names and n != "store")
-    store_base = baselines.get("store", 0)
-    fixed = sum(base_of.values()) + others + store_base
+    shared = ["store"] if model.data_plane == "dataproto" else ["store", "producer", "storage", "tq-controller"]
+    others = sum(v for n, v in baselines.items() if n not in names and n not in shared)
+    fixed = sum(base_of.values()) + others + sum(baselines.get(n, 0) for n in shared)
     steps_out, killed = [], None
     limit = threshold * node_memory if node_memory else None
     peaks = {n: 0 for n in names}
-    peaks["store"] = 0
+    for n in shared:  # the store and, on the TransferQueue plane, its other actors (the storage units summed)
+        peaks[n] = 0
     for k in range(steps):
         node_peak = fixed + played["node"][k][1]
         ctl = base_of["controller"] + played["controller"][k][1]
@@ -246,8 +274,9 @@ def play_node(model: Model, wl: Workload, rows: int, payload: int, workers: int,
         peaks["controller"] = max(peaks["controller"], int(ctl))
         for n in names[1:]:
             peaks[n] = max(peaks[n], int(base_of[n] + played["worker"][k][1]))
-        if "store" in played:
-            peaks["store"] = max(peaks["store"], int(store_base + played["store"][k][1]))
+        for n in shared:
+            if n in played:
+                peaks[n] = max(peaks[n], int(baselines.get(n, 0) + played[n][k][1]))
         if limit is not None and killed is None and node_peak >= limit:
             killed = {"training_step": k + 1, "process": f"worker-{workers - 1}", "by": "ray",
                       "node_bytes": int(node_peak), "limit_bytes": int(limit)}
@@ -287,8 +316,11 @@ def predict(codecs: Sequence[str] = ("numpy-legacy", "numpy"), workload: str = "
             process_baselines: Sequence[str] = (), fit_scales_: Sequence[float] = fitting.FIT_SCALES,
             fit_workers: Sequence[int] = fitting.FIT_WORKERS, fit_steps: int = fitting.FIT_STEPS,
             check: bool = False, refresh: bool = False, timeout_s: float = 900.0, ray_address: str | None = None,
-            log: Callable[[str], None] | None = None) -> list[CodecPrediction]:
-    """Predict the node for each codec (see the module doc); with ``check``, replay the size and compare."""
+            data_plane: str = "dataproto", log: Callable[[str], None] | None = None) -> list[CodecPrediction]:
+    """Predict the node for each codec (see the module doc); with ``check``, replay the size and compare.
+
+    ``data_plane`` is the node replay's (``dataproto`` or ``transferqueue``): the fit replays that plane
+    and is cached apart; a combination the node replay refuses for it is refused here by the same check."""
     if gc not in GC_MODES:
         raise PicklescopeError(f"--gc {gc!r} is not a collector mode", f"use one of {', '.join(GC_MODES)}")
     if gc == "each-step":
@@ -298,6 +330,7 @@ def predict(codecs: Sequence[str] = ("numpy-legacy", "numpy"), workload: str = "
         raise PicklescopeError("--workers and --steps must be at least 1", "use e.g. --workers 8 --steps 120")
     if not 0 < threshold <= 1:
         raise PicklescopeError(f"--ray-threshold {threshold:g} must be in (0, 1]", "Ray's default is 0.95")
+    tq_plane.check(data_plane, codecs, engine="replica", dispatch="chunk", transport="ray-arg")
     wl = load_workload(workload)
     the_scale, rows, pay = batch_shape(wl, scale, batch_size, payload)
     if rows < workers:
@@ -313,7 +346,7 @@ def predict(codecs: Sequence[str] = ("numpy-legacy", "numpy"), workload: str = "
     if check:
         _refuse_a_check_that_cannot_fit(pay, steps)
     fitted = models(codecs, workload, gc, scales=fit_scales_, workers=fit_workers, steps=fit_steps,
-                    refresh=refresh, ray_address=ray_address, log=log)
+                    refresh=refresh, ray_address=ray_address, data_plane=data_plane, log=log)
     out = []
     for codec in codecs:
         model = fitted[codec]
@@ -322,25 +355,27 @@ def predict(codecs: Sequence[str] = ("numpy-legacy", "numpy"), workload: str = "
         peaks = played["peaks"]
         out.append(CodecPrediction(codec, gc, pay, rows, workers, steps, mem, threshold, baselines,
                                    played["node_peak"], peaks, played["steps"], played["killed"], largest,
-                                   played["releases"], model.terms_table(), model.fitted_on))
+                                   played["releases"], model.terms_table(), model.fitted_on, data_plane=data_plane))
     if check:
-        _check(out, codecs, workload, the_scale, workers, steps, gc, wl, timeout_s, ray_address, log)
+        _check(out, codecs, workload, the_scale, workers, steps, gc, wl, timeout_s, ray_address, log, data_plane)
     return out
 
 
 def _check(preds: list[CodecPrediction], codecs: Sequence[str], workload: str, scale: float, workers: int,
            steps: int, gc: str, wl: Workload, timeout_s: float, ray_address: str | None,
-           log: Callable[[str], None] | None) -> None:
-    """Replay the predicted size for real (built-in codecs as one series) and set each prediction's check."""
-    built_in = [c for c in codecs if not c.startswith("verl-")]
-    groups = ([built_in] if built_in else []) + [[c] for c in codecs if c.startswith("verl-")]
+           log: Callable[[str], None] | None, data_plane: str = "dataproto") -> None:
+    """Replay the predicted size for real (built-in codecs as one series on the DataProto plane, each alone
+    on the TransferQueue plane, as the fit replays them) and set each prediction's check."""
+    series = data_plane == "dataproto"
+    built_in = [c for c in codecs if not c.startswith("verl-") and series]
+    groups = ([built_in] if built_in else []) + [[c] for c in codecs if c.startswith("verl-") or not series]
     by_codec = {p.codec: p for p in preds}
     for group in groups:
         if log:
             log(f"checking: replaying {','.join(group)} at x{scale:g}, {workers} workers, {steps} steps, gc {gc}")
         t = time.monotonic()
         results = node_series(group, workload, scale, workers, steps, gc=gc, timeout_s=timeout_s,
-                              ray_address=ray_address)
+                              ray_address=ray_address, data_plane=data_plane)
         if log:
             log(f"  replayed in {time.monotonic() - t:.0f} s")
         for codec, r in zip(group, results):
