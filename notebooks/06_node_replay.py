@@ -53,8 +53,8 @@
 # `steps` training steps, and samples every process on one clock (about every millisecond). Each
 # process's curve is its private memory above its *baseline* (its memory once set up, before the
 # first step). Ray's **object store** (shared memory where large arguments are written once for
-# every process to read) is drawn once, not again inside each process that reads it. A *node
-# budget* (a cap on the whole node's memory above its baseline) plays the part of the machine's
+# every process to read) is drawn once, not again inside each process that reads it.
+# A *node budget* (a cap on the whole node's memory above its baseline) plays the part of the machine's
 # RAM. Every figure below is measured in this notebook's run; nothing is typed in.
 
 # %% tags=["parameters"]

@@ -159,7 +159,8 @@ def _sentences(markdown: str) -> list[str]:
 
 
 def _occurs(term: str, sentence: str, start: int = 0) -> re.Match | None:
-    return re.compile(rf"(?<![\w-]){re.escape(term)}(?:s|es)?(?![\w-])", re.I).search(sentence, start)
+    words = r"\s+".join(re.escape(w) for w in term.split())  # a term may wrap onto the next line
+    return re.compile(rf"(?<![\w-]){words}(?:s|es)?(?![\w-])", re.I).search(sentence, start)
 
 
 def undefined_first_uses(markdown_cells: list[str]) -> list[str]:
