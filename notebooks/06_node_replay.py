@@ -287,27 +287,33 @@ if cluster is not None:
 # The replays above fit on this machine. `picklescope predict` answers for a node that does not: it
 # plays a cost model fitted on small replays forward at your batch, your workers and your node's RAM,
 # and names the training step and the process Ray's memory monitor would kill (docs/predict.md). Set
-# the sizes of your node below. The fit needs replays at three sizes and two worker counts; they are
-# cached after the first `picklescope predict` on this workload, and this cell uses them only if they
-# are all cached (it says so otherwise, and runs nothing).
+# the sizes of your node below; add `"transferqueue"` to `your_planes` to predict verl's TransferQueue
+# trainer beside the DataProto one (section 5). The fit needs replays at three sizes and two worker
+# counts for each data plane; they are cached after the first `picklescope predict` on this workload,
+# and this cell uses them only if they are all cached (it says so otherwise, and runs nothing).
 
 # %%
 from picklescope.investigate.predict import fit as fitting  # noqa: E402
-from picklescope.investigate.predict.prediction import predict  # noqa: E402
+from picklescope.investigate.predict.prediction import fit_scales, predict  # noqa: E402
 from picklescope.workloads.spec import load_workload  # noqa: E402
 
 your_payload = "44GB"  # the batch's tensor payload (verl-omni #402: 512 videos of about 86 MB)
 your_workers, your_steps, your_node_memory = 8, 120, "1507GB"
 your_gc = "default"
+your_planes = ["dataproto"]  # and/or "transferqueue" (built-in codecs only: the tensors skip the codec there)
 wl_fit = load_workload(workload)
-missing = [(c, s, w) for c in (legacy, fixed) for s in fitting.FIT_SCALES for w in fitting.FIT_WORKERS
-           if fitting.load_cached(fitting.cache_path(wl_fit, c, your_gc, s, w, fitting.FIT_STEPS)) is None]
+missing = [(plane, c, s, w) for plane in your_planes for c in (legacy, fixed) for w in fitting.FIT_WORKERS
+           for s in fit_scales(wl_fit, c, fitting.FIT_SCALES, fitting.FIT_WORKERS)
+           if fitting.load_cached(fitting.cache_path(wl_fit, c, your_gc, s, w, fitting.FIT_STEPS, plane), plane) is None]
 if missing:
-    print(f"not predicted: {len(missing)} of the fit's replays are not cached (first: {missing[0][0]} at "
-          f"x{missing[0][1]:g} with {missing[0][2]} workers). Run once, outside the notebook:\n"
+    plane, codec, s, w = missing[0]
+    print(f"not predicted: {len(missing)} of the fit's replays are not cached (first: {codec} at x{s:g} with {w} "
+          f"workers, data plane {plane}). Run once, outside the notebook:\n"
           f"  picklescope predict --workload {workload} --codec {legacy},{fixed} --gc {your_gc} "
-          f"--payload {your_payload} --workers {your_workers} --steps {your_steps} --node-memory {your_node_memory}")
+          f"--data-plane {','.join(your_planes)} --payload {your_payload} --workers {your_workers} "
+          f"--steps {your_steps} --node-memory {your_node_memory}")
 else:
-    for p in predict((legacy, fixed), workload, payload=your_payload, workers=your_workers, steps=your_steps,
-                     gc=your_gc, node_memory=your_node_memory):
-        print(p.summary(), end="\n\n")
+    for plane in your_planes:
+        for p in predict((legacy, fixed), workload, payload=your_payload, workers=your_workers, steps=your_steps,
+                         gc=your_gc, node_memory=your_node_memory, data_plane=plane):
+            print(p.summary(), end="\n\n")

@@ -369,3 +369,14 @@ def test_the_figure_is_drawn_from_the_plain_data():
     assert "numpy-legacy: node" in names and "numpy-legacy: controller" in names
     assert any(t.text and "Ray kills worker-7" in t.text[0] for t in fig.data)  # the kill's marker
     assert fig.layout.shapes, "Ray's threshold line is missing"
+
+
+def test_a_tiny_coefficient_is_printed_with_the_digits_that_matter():
+    """A growth of 3.6e-4 x payload per step prints as 0.000 with three decimals, yet over 120 steps of a
+    44 GB payload it is 1.9 GB: the terms table must not show it as nothing."""
+    mib = 2**20
+    growth = model_mod.Term("controller growth", ("P", "W", "1"), [3.6e-4, 2048.0, 0.0])
+    assert growth.describe(mib) == "3.6e-04 x payload +2.0 KiB x workers +0.00 MiB"
+    assert model_mod.Term("t", ("P", "1"), [0.25, 3 * mib]).describe(mib) == "0.250 x payload +3.00 MiB"
+    zeros = model_mod.Term("t", ("P", "1"), [1e-13, -1e-3])  # what least squares leaves of a zero
+    assert zeros.describe(mib) == "0.000 x payload +0.00 MiB"

@@ -76,14 +76,31 @@ class Term:
             if f in ("P", "c", "h", "H"):
                 what = {"P": "payload", "c": "chunk payload", "h": "chunk's heap-sized leaves",
                         "H": "all chunks' heap-sized leaves"}[f]
-                parts.append(f"{c:+.3f} x {what}")
+                parts.append(f"{_share(c)} x {what}")
             elif f == "W":
-                parts.append(f"{c / unit:+.2f} MiB x workers" if unit != 1 else f"{c:+.4f} x workers")
+                parts.append(f"{_bytes(c, unit)} x workers" if unit != 1 else f"{c:+.4f} x workers")
             elif f == "objects":
                 parts.append(f"{c:+.2e} x non-tensor objects")
             else:
-                parts.append(f"{c / unit:+.2f} MiB" if unit != 1 else f"{c:+.4f}")
+                parts.append(_bytes(c, unit) if unit != 1 else f"{c:+.4f}")
         return " ".join(parts).lstrip("+")
+
+
+def _share(c: float) -> str:
+    """A multiple of a payload with the digits that matter: a coefficient under 0.0005 would print as
+    0.000, yet times a production payload over a hundred steps it can still be gigabytes."""
+    if abs(c) < 1e-9:  # a least-squares zero
+        return "+0.000"
+    return f"{c:+.3f}" if abs(c) >= 0.0005 else f"{c:+.1e}"
+
+
+def _bytes(c: float, unit: float) -> str:
+    """Bytes in MiB, or in KiB when they would print as 0.00 MiB."""
+    if abs(c) < 1:  # under a byte: a least-squares zero
+        return "+0.00 MiB"
+    if abs(c) >= 0.005 * unit:
+        return f"{c / unit:+.2f} MiB"
+    return f"{c / 1024:+.1f} KiB"
 
 
 @dataclass
