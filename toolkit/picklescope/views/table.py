@@ -148,7 +148,7 @@ def node_rows(results: Sequence[Any]) -> list[dict[str, Any]]:
         row["driver at each step's end"] = ", ".join(_at_end(e, p) for e in ends) or "-"
         row["growth"] = _signed_mult(r.driver_growth_bytes, p)
         rows.append(row)
-    if any(getattr(r, "data_plane", "dataproto") != "dataproto" for r in results):  # planes side by side
+    if any(r.data_plane != "dataproto" for r in results):  # planes side by side
         rows = [{"codec": row["codec"], "data plane": r.data_plane, **row} for row, r in zip(rows, results)]
     return rows
 
