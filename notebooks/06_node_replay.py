@@ -265,7 +265,7 @@ if planes:
     answer += (f" On verl's TransferQueue data plane the driver's own memory peaked at "
                f"{x(tq_free.own_peak_bytes('driver'))} the payload (DataProto plane, collector off: "
                f"{x(dp.own_peak_bytes('driver'))}) and grew {x(tq_free.driver_growth_bytes)} over the steps "
-               f"({x(dp.driver_growth_bytes)}), but the storage units held {x(tq_free.own_peaks_sum_bytes('storage-'))}, "
+               f"(DataProto: {x(dp.driver_growth_bytes)}), but the storage units held {x(tq_free.own_peaks_sum_bytes('storage-'))}, "
                f"the producer {x(tq_free.own_peak_bytes('producer'))} and the workers "
                f"{x(tq_free.own_peaks_sum_bytes('worker-'))}: the node peaked at {x(tq_free.node_peak_bytes)} against "
                f"{x(dp.node_peak_bytes)}.")
