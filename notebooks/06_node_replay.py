@@ -70,6 +70,7 @@ data_planes = True  # section 5: the same batch and budget on verl's TransferQue
 
 # %%
 # %load_ext picklescope
+import textwrap
 from pathlib import Path
 
 from IPython.display import display
@@ -223,7 +224,8 @@ else:
     display(figures.node_figure(tq_free))
     display(table.Table(table.node_rows([capped[legacy], tq_capped]),
                         caption=f"the same node budget, {fmt_bytes(budget)} above the node's baseline"))
-    print("\n".join(plane_lines([off[legacy], tq_free, capped[legacy], tq_capped])))
+    for line in plane_lines([off[legacy], tq_free, capped[legacy], tq_capped]):  # wrapped between items, not words
+        print(textwrap.fill(line, 96, subsequent_indent="    ", break_long_words=False, break_on_hyphens=False))
 if plane_note:
     print(plane_note)
 
