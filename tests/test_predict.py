@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -111,12 +112,17 @@ def test_lstsq_separates_payload_chunk_and_constant_terms():
     assert coef == pytest.approx([0.25, 1.0, 5e6], rel=1e-6)
 
 
-def test_ray_kills_the_last_scheduled_worker_at_the_first_crossing_and_largest_batch_is_bisected():
+def _flowgrpo_batch(rows: int = 512) -> tuple[Any, float, int]:
+    """flowgrpo, its payload per row, and the payload of ``rows`` rows."""
     wl = load_workload("flowgrpo")
-    m = model_mod.fit(fit_set())
     per_row = wl.payload_bytes(1.0) / wl.rows(1.0)
+    return wl, per_row, int(rows * per_row)
+
+
+def test_ray_kills_the_last_scheduled_worker_at_the_first_crossing_and_largest_batch_is_bisected():
+    m = model_mod.fit(fit_set())
     rows = 512
-    pay = int(rows * per_row)
+    wl, per_row, pay = _flowgrpo_batch(rows)
     node_mem = int(6 * pay)  # the node reaches 0.95 x 6P when the controller holds about 4.2 payloads
     out = prediction.play_node(m, wl, rows, pay, 8, 10, {}, node_mem, 0.95)
     assert out["killed"]["by"] == "ray" and out["killed"]["process"] == "worker-7"
@@ -151,11 +157,9 @@ def test_tq_plane_node_is_the_sum_of_its_parts_storage_included():
 
 
 def test_tq_plane_prediction_names_its_processes_and_ray_kills_the_last_worker():
-    wl = load_workload("flowgrpo")
     m = model_mod.fit(tq_fit_set())
-    per_row = wl.payload_bytes(1.0) / wl.rows(1.0)
     rows = 512
-    pay = int(rows * per_row)
+    wl, per_row, pay = _flowgrpo_batch(rows)
     out = prediction.play_node(m, wl, rows, pay, 8, 10, {"storage": 10**9}, None, 0.95)
     assert {"controller", "producer", "storage", "tq-controller", "store", "worker-7"} <= set(out["peaks"])
     assert out["peaks"]["storage"] >= 10**9 + pay  # the batch in flight, above the storage units' baseline
@@ -258,34 +262,16 @@ def test_bad_input_is_one_line_and_exit_2(args, words, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_fit_on_small_replays_predicts_a_held_out_replay(tmp_path, monkeypatch):
+def test_fit_on_small_replays_predicts_a_held_out_replay(tmp_path, monkeypatch, ray_cluster):
     """Fitted on flowgrpo x0.025/x0.05/x0.1 with 2 workers (collector off, 4 steps), the prediction for x0.2
     must come within 15% of the real replay's controller peak for the legacy codec
-    (the fixed controller holds about nothing, so there the check is that it stays near nothing). One local
-    cluster joined like a real one (its store holds every step's chunks of x0.2: 5 x 93 MiB)."""
-    from picklescope.ray import ray_available
-
-    if not ray_available():
-        pytest.skip("ray is not installed")
-    from picklescope.ray.local_cluster import LocalCluster
-
+    (the fixed controller holds about nothing, so there the check is that it stays near nothing). The suite's
+    one local cluster, joined like a real one (its 1 GiB store holds every step's chunks of x0.2: 5 x 93 MiB;
+    the fixture checks that nothing of it is left)."""
     monkeypatch.setenv("PICKLESCOPE_CACHE", str(tmp_path))
-    failures = []
-    for _ in range(3):  # on a loaded 2-core machine Ray's own start-up deadlines are sometimes missed
-        try:
-            cluster = LocalCluster(object_store_bytes=1024 * MiB, num_cpus=1).start()
-            break
-        except RuntimeError as exc:
-            failures.append(str(exc)[-300:])
-    else:
-        raise AssertionError(f"the local Ray cluster did not start: {failures}")
-    try:
-        preds = prediction.predict(("numpy-legacy", "numpy"), "flowgrpo", scale=0.2, workers=2, steps=4, gc="off",
-                                   fit_scales_=(0.025, 0.05, 0.1), fit_workers=(2,), fit_steps=4, check=True,
-                                   ray_address=cluster.address)
-    finally:
-        report = cluster.stop()
-    assert report["remaining"] == [], report
+    preds = prediction.predict(("numpy-legacy", "numpy"), "flowgrpo", scale=0.2, workers=2, steps=4, gc="off",
+                               fit_scales_=(0.025, 0.05, 0.1), fit_workers=(2,), fit_steps=4, check=True,
+                               ray_address=ray_cluster.address)
     for p in preds:
         c = p.check
         assert c is not None and c.outcome == "ok", p.summary()
@@ -307,38 +293,20 @@ def test_fit_on_small_replays_predicts_a_held_out_replay(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_tq_plane_fit_on_small_replays_predicts_a_held_out_replay(tmp_path, monkeypatch):
+def test_tq_plane_fit_on_small_replays_predicts_a_held_out_replay(tmp_path, monkeypatch, ray_cluster):
     """The TransferQueue plane (docs/predict.md, "The data plane"): fitted on flowgrpo x0.025/x0.05 with 2
     workers (collector off, 3 steps), the prediction for x0.1 is checked against a real replay of that size.
     The controller passes metadata only, so it must stay near nothing in both; the storage units (a role of
-    the model, their peak in the prediction) must be predicted to hold about the batch at its peak."""
-    from picklescope.ray import ray_available
+    the model, their peak in the prediction) must be predicted to hold about the batch at its peak. On the
+    suite's one local cluster (three logical CPUs: one per TransferQueue actor)."""
     from picklescope.ray.transferqueue import missing
 
-    if not ray_available():
-        pytest.skip("ray is not installed")
     if missing() is not None:
         pytest.skip(f"TransferQueue is not installed: {missing()}")
-    from picklescope.investigate.node import tq_plane
-    from picklescope.ray.local_cluster import LocalCluster
-
     monkeypatch.setenv("PICKLESCOPE_CACHE", str(tmp_path))
-    failures = []
-    for _ in range(3):  # on a loaded 2-core machine Ray's own start-up deadlines are sometimes missed
-        try:
-            cluster = LocalCluster(object_store_bytes=512 * MiB, num_cpus=tq_plane.cpus_needed()).start()
-            break
-        except RuntimeError as exc:
-            failures.append(str(exc)[-300:])
-    else:
-        raise AssertionError(f"the local Ray cluster did not start: {failures}")
-    try:
-        preds = prediction.predict(("numpy",), "flowgrpo", scale=0.1, workers=2, steps=3, gc="off",
-                                   fit_scales_=(0.025, 0.05), fit_workers=(2,), fit_steps=3, check=True,
-                                   ray_address=cluster.address, data_plane="transferqueue")
-    finally:
-        report = cluster.stop()
-    assert report["remaining"] == [], report
+    preds = prediction.predict(("numpy",), "flowgrpo", scale=0.1, workers=2, steps=3, gc="off",
+                               fit_scales_=(0.025, 0.05), fit_workers=(2,), fit_steps=3, check=True,
+                               ray_address=ray_cluster.address, data_plane="transferqueue")
     (p,) = preds
     c = p.check
     assert p.data_plane == "transferqueue" and c is not None and c.outcome == "ok", p.summary()
