@@ -6,6 +6,8 @@
         --quick                       only the quick tier (docs/testing.md): the core checks, no Ray, browser,
                                       real verl, fault or slow tests
         --coverage                    also measure line coverage of toolkit/picklescope, children included
+                                      (pytest runs on $PICKLESCOPE_TEST_WORKERS xdist workers, default 3;
+                                      -n 0 runs in one process)
     python3 dev.py lab                open JupyterLab on notebooks/ (the .py files open as notebooks)
     python3 dev.py picklescope ARGS   any picklescope command
 
@@ -35,6 +37,9 @@ TRANSFERQUEUE = ("transferqueue==0.1.11", "msgspec==0.23.0")
 # The quick tier (docs/testing.md): what no tier marker of tests/conftest.py marks.
 QUICK = "quick and not (ray or browser or verl or fault or slow)"
 COVERAGE_DIR = ROOT / "out" / "coverage"
+# pytest-xdist workers of `dev.py test` (docs/testing.md, "Workers"): most of a test's time is spent
+# waiting for processes it started (clusters, kernels, a browser), so two cores keep more than two busy.
+WORKERS = os.environ.get("PICKLESCOPE_TEST_WORKERS", "3")
 
 
 def _python311() -> str:
@@ -90,6 +95,12 @@ def install_lab_settings() -> None:
         shutil.copyfile(LAB_SETTINGS, target)
 
 
+def _workers(args: list[str]) -> list[str]:
+    """``-n WORKERS --dist loadgroup`` unless the caller chose (``-n 0`` runs in this one process)."""
+    chose = "no:xdist" in args or any(a.startswith(("-n", "--numprocesses", "--dist")) for a in args)
+    return [] if chose else ["-n", WORKERS, "--dist", "loadgroup"]
+
+
 def _pytest(py: Path, args: list[str], env: dict[str, str]) -> int:
     """pytest with the tier and coverage options of ``dev.py test`` turned into its own arguments.
 
@@ -98,7 +109,7 @@ def _pytest(py: Path, args: list[str], env: dict[str, str]) -> int:
     Python child count), then combines the children's files and prints the report."""
     quick, cover = "--quick" in args, "--coverage" in args
     rest = [a for a in args if a not in ("--quick", "--coverage")]
-    pytest_args = (["-m", QUICK] if quick else []) + rest
+    pytest_args = (["-m", QUICK] if quick else []) + _workers(rest) + rest
     if not cover:
         return subprocess.call([str(py), "-m", "pytest", *pytest_args], env=env, cwd=ROOT)
     if COVERAGE_DIR.exists():

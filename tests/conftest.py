@@ -130,11 +130,44 @@ def tiers_of(item: pytest.Item) -> set[str]:
     return found
 
 
+# Workers (pytest-xdist, `dev.py test` starts them with `--dist loadgroup`): each file is one group,
+# so its module-scoped fixtures are made once, on one worker. A worker takes the next group when it is
+# free, in the order of the items: the files that take longest start first, so that no long file is
+# left to run alone at the end. COST is their pytest time in seconds on two workers (the suite's
+# `--durations=0`, summed per file; benchmarks/README.md, "The test suite"); a file not listed counts 0.
+# A test named "file::test" is a group of its own (its file's module fixtures are not made for it).
+COST: dict[str, float] = {
+    "test_node.py": 900.0, "test_browser.py": 646.0, "test_interrupts.py": 424.0, "test_notebooks.py": 291.0,
+    "test_verl.py": 172.0, "test_install.py": 154.0, "test_budget.py": 149.0, "test_predict.py": 112.0,
+    "test_bad_input.py": 108.0, "test_leftovers.py": 103.0,
+}
+
+
+def _group(item: pytest.Item) -> str:
+    name = Path(str(item.fspath)).name
+    own = f"{name}::{getattr(item, 'originalname', item.name)}"
+    return own if own in COST else name
+
+
+def _schedule(items: list[pytest.Item]) -> None:
+    """Give every item its worker group and put the costliest groups first (stable within a group)."""
+    groups = {id(item): _group(item) for item in items}
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(groups[id(item)]))
+    first = {}
+    for k, item in enumerate(items):
+        first.setdefault(groups[id(item)], k)
+    items.sort(key=lambda item: (-COST.get(groups[id(item)], 0.0), first[groups[id(item)]]))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the items
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         have = {m.name for m in item.iter_markers()}
         for name in sorted(tiers_of(item) - have):
             item.add_marker(getattr(pytest.mark, name))
+    if config.pluginmanager.hasplugin("xdist") and config.getoption("dist", "no") == "loadgroup":
+        _schedule(items)
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,12 @@ long-lived child a session is allowed), then looks for every process and tempora
 that is still there (:func:`picklescope.core.leftovers.check`). Anything found is printed with its pid and
 command line or its path, the session's exit status becomes non-zero, and the leftovers are then
 ended so they do not outlive the report (set ``PICKLESCOPE_KEEP_LEFTOVERS=1`` to keep them).
+
+Under pytest-xdist (``-n``) the controller marks the session before it starts its workers, so every
+worker and everything a worker starts carries the one marker; each worker stops its own forkserver,
+and the controller checks once, after the last worker has ended. A worker checking on its own would
+see another worker's run in progress (a hand-off file whose creator has just exited) as a leftover,
+and remove it.
 """
 
 from __future__ import annotations
@@ -23,7 +29,13 @@ from picklescope.measure import launcher
 _KEY = pytest.StashKey[Any]()
 
 
+def _is_xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")  # what pytest-xdist gives a worker's config, and only a worker's
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
+    if _is_xdist_worker(session.config):
+        return  # the controller's marker is already in this worker's environment
     session.config.stash[_KEY] = leftovers.begin()
 
 
@@ -37,6 +49,9 @@ def _say(session: pytest.Session, line: str, red: bool = False) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _is_xdist_worker(session.config):
+        launcher.shutdown()  # the worker's warm forkserver; the controller checks for the rest
+        return
     snap = session.config.stash.get(_KEY, None)
     if snap is None:
         return

@@ -16,6 +16,8 @@ symlink to the checkout's ``verl`` package, so edits show up at once and the che
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -23,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -157,6 +160,23 @@ def _pip_failure(version: str, output: str) -> PicklescopeError:
                             "check that the package index is reachable (pip config, proxy) and retry")
 
 
+@contextlib.contextmanager
+def _installing(version: str) -> Iterator[None]:
+    """Hold the cache's lock on ``version`` while it is installed.
+
+    Two processes that install the same version at once (two notebooks, two test workers) would
+    each replace the folder the other has just filled while the other reads it; the second waits for
+    the first and then finds the version installed. The lock is the kernel's (``flock``): it ends with
+    its holder, killed or not, so a crashed install never blocks the next."""
+    verl_root().mkdir(parents=True, exist_ok=True)
+    with open(verl_root() / f".install-{version}.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def install_version(version: str, *, force: bool = False, index_url: str | None = None) -> VerlEnv:
     """``pip install --no-deps --target`` one verl version into its own folder (skipped if present)."""
     _check_version(version)
@@ -164,7 +184,14 @@ def install_version(version: str, *, force: bool = False, index_url: str | None 
     existing = _read_env(env_dir) if env_dir.exists() else None
     if existing is not None and existing.version == version and not force:
         return existing
-    verl_root().mkdir(parents=True, exist_ok=True)
+    with _installing(version):
+        existing = _read_env(env_dir) if env_dir.exists() else None
+        if existing is not None and existing.version == version and not force:
+            return existing
+        return _install_version(version, env_dir, index_url)
+
+
+def _install_version(version: str, env_dir: Path, index_url: str | None) -> VerlEnv:
     staging = verl_root() / f".staging-{version}-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check",

@@ -1,0 +1,110 @@
+"""What lets the suite run on several pytest-xdist workers at once (docs/testing.md, "Workers").
+
+Two workers (or two notebooks) share one cache and one leftover check. These are the pieces that
+would race: the verl cache's install of one version, and the leftover check that must run once, in
+the controller, after every worker has ended.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from picklescope.core import leftovers
+from picklescope.measure import pytest_leftovers
+from picklescope.verl import envs
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
+import conftest  # noqa: E402
+
+
+def _fake_env(version: str) -> envs.VerlEnv:
+    """What a finished install leaves: the folder with verl/protocol.py and its install.json."""
+    root = envs.verl_root() / f"verl-{version}"
+    (root / "site" / "verl").mkdir(parents=True)
+    (root / "site" / "verl" / "protocol.py").write_text("class DataProto: ...\n")
+    env = envs.VerlEnv(version, version, "pypi", str(root), time.time(), 0.1, ())
+    envs._write_env(env)
+    return env
+
+
+def test_a_second_install_of_one_version_waits_for_the_first_and_reuses_it(tmp_path, monkeypatch):
+    """The second installer blocks on the cache's lock while the first fills the folder, then finds the
+    version installed and installs nothing (without the lock it would delete and refill the folder the
+    first one's process is reading)."""
+    monkeypatch.setenv("PICKLESCOPE_CACHE", str(tmp_path / "cache"))
+    installs: list[str] = []
+    monkeypatch.setattr(envs, "_install_version", lambda v, d, i: installs.append(v) or _fake_env(v))
+    holding, release = threading.Event(), threading.Event()
+
+    def first() -> None:
+        with envs._installing("0.9.0"):
+            holding.set()
+            release.wait(60)
+            _fake_env("0.9.0")
+
+    t = threading.Thread(target=first)
+    t.start()
+    assert holding.wait(60)
+    got: list[envs.VerlEnv] = []
+    second = threading.Thread(target=lambda: got.append(envs.install_version("0.9.0")))
+    second.start()
+    second.join(0.5)
+    assert second.is_alive(), "the second install did not wait for the lock held by the first"
+    release.set()
+    t.join(60)
+    second.join(60)
+    assert got and got[0].version == "0.9.0" and got[0].root.endswith("verl-0.9.0")
+    assert installs == [], "the second install ran pip again after the first had finished"
+    assert envs.install_version("0.9.1").version == "0.9.1" and installs == ["0.9.1"]
+
+
+class _NoReporter:
+    def get_plugin(self, name: str) -> None:
+        return None
+
+
+class _Config:
+    def __init__(self, worker: bool) -> None:
+        self.stash = pytest.Stash()
+        self.pluginmanager = _NoReporter()
+        if worker:
+            self.workerinput = {"workerid": "gw0"}
+
+
+class _Session:
+    def __init__(self, worker: bool) -> None:
+        self.config = _Config(worker)
+        self.exitstatus = 0
+
+
+def test_a_worker_neither_marks_nor_checks_the_controller_does(monkeypatch):
+    """A worker keeps the controller's marker (so its children are found by the controller's one check)
+    and only stops its own forkserver at the end; outside xdist the plugin marks and checks as before."""
+    monkeypatch.setenv(leftovers.SESSION_ENV, "controller-marker")
+    calls: list[str] = []
+    monkeypatch.setattr(pytest_leftovers.launcher, "shutdown", lambda: calls.append("shutdown"))
+    monkeypatch.setattr(pytest_leftovers.leftovers, "check", lambda snap: calls.append("check") or leftovers.Report())
+    worker = _Session(worker=True)
+    pytest_leftovers.pytest_sessionstart(worker)
+    assert os.environ[leftovers.SESSION_ENV] == "controller-marker"
+    pytest_leftovers.pytest_sessionfinish(worker, 0)
+    assert calls == ["shutdown"]
+    controller = _Session(worker=False)
+    pytest_leftovers.pytest_sessionstart(controller)
+    assert os.environ[leftovers.SESSION_ENV] != "controller-marker"
+    pytest_leftovers.pytest_sessionfinish(controller, 0)
+    assert calls == ["shutdown", "shutdown", "check"]
+
+
+def test_every_test_file_has_a_place_in_the_worker_schedule():
+    """The schedule (conftest.COST) lists the files that take longest so that they start first; a name
+    in it that is no test file any more would silently fall to the default place."""
+    files = {p.name for p in Path(conftest.__file__).parent.glob("test_*.py")}
+    stale = [name.split("::")[0] for name in conftest.COST if name.split("::")[0] not in files]
+    assert stale == [], f"conftest.COST names files that do not exist: {stale}"
