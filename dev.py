@@ -6,8 +6,7 @@
         --quick                       only the quick tier (docs/testing.md): the core checks, no Ray, browser,
                                       real verl, fault or slow tests
         --coverage                    also measure line coverage of toolkit/picklescope, children included
-                                      (pytest runs on $PICKLESCOPE_TEST_WORKERS xdist workers, default 3;
-                                      -n 0 runs in one process)
+        (PICKLESCOPE_TEST_WORKERS=N runs pytest on N pytest-xdist workers; docs/testing.md, "Workers")
     python3 dev.py lab                open JupyterLab on notebooks/ (the .py files open as notebooks)
     python3 dev.py picklescope ARGS   any picklescope command
 
@@ -37,9 +36,10 @@ TRANSFERQUEUE = ("transferqueue==0.1.11", "msgspec==0.23.0")
 # The quick tier (docs/testing.md): what no tier marker of tests/conftest.py marks.
 QUICK = "quick and not (ray or browser or verl or fault or slow)"
 COVERAGE_DIR = ROOT / "out" / "coverage"
-# pytest-xdist workers of `dev.py test` (docs/testing.md, "Workers"): most of a test's time is spent
-# waiting for processes it started (clusters, kernels, a browser), so two cores keep more than two busy.
-WORKERS = os.environ.get("PICKLESCOPE_TEST_WORKERS", "3")
+# pytest-xdist workers of `dev.py test` (docs/testing.md, "Workers"): none unless asked for. On two
+# cores the suite is bound by the CPU its processes use (clusters, kernels, torch imports), not by waits:
+# three workers there ran the machine at a load average of 15 and slower tests past their limits.
+WORKERS = os.environ.get("PICKLESCOPE_TEST_WORKERS", "")
 
 
 def _python311() -> str:
@@ -95,10 +95,29 @@ def install_lab_settings() -> None:
         shutil.copyfile(LAB_SETTINGS, target)
 
 
+def _caller_workers(args: list[str]) -> str | None:
+    """The worker count the caller gave pytest-xdist (``-n 2``, ``-n2``, ``--numprocesses=2``), or None."""
+    for i, a in enumerate(args):
+        if a in ("-n", "--numprocesses"):
+            return args[i + 1] if i + 1 < len(args) else None
+        if a.startswith("--numprocesses="):
+            return a.split("=", 1)[1]
+        if a.startswith("-n") and len(a) > 2:
+            return a[2:]
+    return None
+
+
 def _workers(args: list[str]) -> list[str]:
-    """``-n WORKERS --dist loadgroup`` unless the caller chose (``-n 0`` runs in this one process)."""
-    chose = "no:xdist" in args or any(a.startswith(("-n", "--numprocesses", "--dist")) for a in args)
-    return [] if chose else ["-n", WORKERS, "--dist", "loadgroup"]
+    """``-n WORKERS --dist loadgroup`` when ``$PICKLESCOPE_TEST_WORKERS`` asks for workers and the caller
+    did not choose; with workers, a short ``--basetemp`` of its own: xdist puts every test's folder one
+    level deeper (``popen-gw0/``), and a Ray session's socket paths under it must stay within the 107
+    characters of an AF_UNIX path."""
+    given, out = _caller_workers(args), []
+    if given is None and "no:xdist" not in args and WORKERS not in ("", "0"):
+        given, out = WORKERS, ["-n", WORKERS, "--dist", "loadgroup"]
+    if given not in (None, "0") and not any(a.startswith("--basetemp") for a in args):
+        out.append(f"--basetemp={tempfile.mkdtemp(prefix='pst-')}")
+    return out
 
 
 def _pytest(py: Path, args: list[str], env: dict[str, str]) -> int:

@@ -133,13 +133,31 @@ def tiers_of(item: pytest.Item) -> set[str]:
 # Workers (pytest-xdist, `dev.py test` starts them with `--dist loadgroup`): each file is one group,
 # so its module-scoped fixtures are made once, on one worker. A worker takes the next group when it is
 # free, in the order of the items: the files that take longest start first, so that no long file is
-# left to run alone at the end. COST is their pytest time in seconds on two workers (the suite's
-# `--durations=0`, summed per file; benchmarks/README.md, "The test suite"); a file not listed counts 0.
-# A test named "file::test" is a group of its own (its file's module fixtures are not made for it).
+# left to run alone at the end. COST is their pytest time in seconds (a `--durations=0` run of the
+# suite in one process, summed per group; benchmarks/README.md, "The test suite"); a group not listed
+# counts 0. A test named "file::test" is a group of its own: the long tests of a file that share no
+# module-scoped fixture with the rest of it (its module fixtures are made again for it, on its worker).
 COST: dict[str, float] = {
-    "test_node.py": 900.0, "test_browser.py": 646.0, "test_interrupts.py": 424.0, "test_notebooks.py": 291.0,
-    "test_verl.py": 172.0, "test_install.py": 154.0, "test_budget.py": 149.0, "test_predict.py": 112.0,
-    "test_bad_input.py": 108.0, "test_leftovers.py": 103.0,
+    "test_browser.py::test_every_notebook_runs_in_lab_and_leaves_the_checkout_clean": 426.0,
+    "test_node.py": 300.0,
+    "test_notebooks.py": 291.0,
+    "test_node.py::test_real_verl_0_9_0_grows_and_0_9_1_does_not": 250.0,
+    "test_node_controller.py": 261.0,
+    "test_verl.py": 172.0,
+    "test_node_ray_faults.py": 140.0,
+    "test_interrupts.py": 199.0,
+    "test_node.py::test_reproduce_replays_the_node_pair_on_one_node_of_its_ray_cluster_and_its_report_shows_it": 125.0,
+    "test_install.py": 117.0,
+    "test_budget.py": 116.0,
+    "test_predict.py": 112.0,
+    "test_leftovers.py": 110.0,
+    "test_node.py::test_interrupted_or_killed_parent_leaves_no_process_or_file": 102.0,
+    "test_browser.py": 102.0,
+    "test_bad_input.py": 83.0,
+    "test_hostile_inspect.py": 82.0,
+    "test_browser_views.py": 80.0,
+    "test_node.py::test_two_node_cluster_groups_processes_by_ray_node_and_takes_a_workload_path": 54.0,
+    "test_node.py::test_a_series_replays_each_codec_on_the_same_processes_from_a_clean_start": 45.0,
 }
 
 
