@@ -142,6 +142,38 @@ def test_the_controller_keeps_a_chunk_fitted_on_the_chunk_not_on_the_worker_coun
     assert m.roles["controller"].base(x) == pytest.approx(25 * MiB, rel=1e-3)
 
 
+def test_a_jump_of_the_allocator_at_one_step_is_level_not_growth():
+    """The controller keeps one payload per step, and at one step of each replay its heap also keeps a
+    leaf-sized block (0.4 x payload) that no later step adds to. The growth is the payload (the median
+    rise), not the mean rise (1.08 x payload), which over 120 steps would add ten payloads no step keeps;
+    the jump stays in the level with nothing held, below one jump."""
+    reps = fit_set()
+    for rep in reps:
+        for s in rep.per_step[3:]:
+            s.end["controller"] += int(0.4 * rep.payload_bytes)
+            s.peak["controller"] = s.end["controller"]
+    m = model_mod.fit(reps)
+    x = m.features(200 * MiB, 64, 4, 2)
+    assert m.roles["controller"].growth(x) == pytest.approx(200 * MiB, rel=1e-6)
+    assert 100 * MiB < m.roles["controller"].base(x) < 100 * MiB + 0.4 * 200 * MiB
+    level_120 = m.play(200 * MiB, 64, 4, 120, 2)["controller"][-1][0]
+    assert level_120 < (0.5 + 120 + 0.4) * 200 * MiB
+
+
+def test_the_store_never_falls_below_its_baseline():
+    """The object store's pages are never given back: a line fitted through small sizes whose store rose a
+    little less at each larger size (8, 6 and 0 MiB) goes below nothing at a large one; the store's level
+    is then nothing, never less."""
+    reps = fit_set()
+    for rep in reps:
+        for s in rep.per_step:
+            s.end["store"] = s.peak["store"] = max(0, 8 * MiB - rep.payload_bytes // 10)
+    m = model_mod.fit(reps)
+    x = m.features(400 * MiB, 64, 4, 2)
+    assert m.roles["store"].base(x) < 0
+    assert all(level == 0.0 for level, _ in m.play(400 * MiB, 64, 4, 3, 2)["store"])
+
+
 def _mapped_fit_set(ratios: list[float | None]) -> list[Replay]:
     """The fit set whose replays' worker calls lasted ``ratios[k]`` x the controller's sending of a chunk in
     step k+1."""

@@ -13,8 +13,9 @@ Each role (``controller``, ``worker`` the busiest worker, ``workers`` all of the
 where ``m_k`` counts the training steps whose copies are still held (``k`` with nothing to free them;
 reset by a release). Each term is a linear function of what the role's work depends on (see
 :data:`FEATURES`: the payload ``P``, the worker count ``W``, a chunk's payload ``c`` and its heap-sized
-leaves ``h``), fitted by least squares over the replays (one value per replay, each the mean over its
-steps); the node is the sum of the controller, the workers and the store plus its own rise.
+leaves ``h``), fitted by least squares over the replays (one value per replay: the growth its median
+rise between steps, the others means over its steps); the node is the sum of the controller, the workers
+and the store plus its own rise.
 On the TransferQueue data plane the node also has the rollout's ``producer``, TransferQueue's storage
 units (``storage``, their sum) and its controller actor (``tq-controller``): each is a role of its own
 and a part of the node's sum (:data:`TQ_PARTS`).
@@ -178,6 +179,8 @@ class Model:
         out: dict[str, list[tuple[float, float]]] = {}
         for role, rm in self.roles.items():
             base, growth, trans = rm.base(x), max(0.0, rm.growth(x)), max(0.0, rm.transient(x))
+            if role == "store":  # the store's pages are never given back: never fewer than at its baseline
+                base = max(0.0, base)
             if role == "worker":  # the mapped part of its chunk, resident during its call
                 trans += x["mapped"]
             elif role == "workers":  # those of the calls open at once (all W when the fits did not time them)
@@ -288,17 +291,22 @@ def _role_terms(rep: Replay, role: str, releases: list[int]) -> tuple[float, flo
     (docs/node.md), so their level jumps between the first two steps and then settles. There the rise
     into the second step is left out of the growth (the median rise from the third step on, robust to
     a late settling step) and the level with nothing held and the transient are taken from the second
-    step on (the first step's fill is in the settled level)."""
+    step on (the first step's fill is in the settled level).
+
+    On both planes the growth is the median rise between steps, not the mean: besides what a step keeps,
+    the allocators move a role's level by whole blocks at a few steps (a leaf-sized temporary left in the
+    heap below a held block, or reused by the next step's same-sized one; the object store placing a chunk
+    on pages it had never touched, which it keeps). Such a jump does not recur at every step, so it is no
+    growth: the mean would carry it into every step played forward (over 120 steps, 4% of a payload per
+    step is five payloads that no step keeps); left out of the growth, it stays in the level with nothing
+    held, bounded."""
     ends = [s.end.get(role, 0) for s in rep.per_step]
     peaks = [s.peak.get(role, 0) for s in rep.per_step]
     idx = [s.index for s in rep.per_step]
     settle = 1 if rep.data_plane != "dataproto" and len(ends) >= 3 else 0
-    # growth: mean rise over steps with no release in them (the first step carries the base, so from step 2)
+    # growth: median rise over steps with no release in them (the first step carries the base, so from step 2)
     rises = [ends[i] - ends[i - 1] for i in range(1 + settle, len(ends)) if idx[i] not in releases]
-    if settle:
-        growth = max(0.0, statistics.median(rises)) if rises else 0.0
-    else:
-        growth = max(0.0, sum(rises) / len(rises)) if rises else 0.0
+    growth = max(0.0, statistics.median(rises)) if rises else 0.0
     held, ms = 0.0, []
     shares = []
     for i, k in enumerate(idx):
