@@ -215,7 +215,7 @@ def test_calls_are_timed_from_the_workers_named_steps_against_the_controllers_se
     def proc(*spans):
         return SimpleNamespace(steps=[StepRecord(n, a, b, depth=d, training_step=k) for n, a, b, k, d in spans])
 
-    result = SimpleNamespace(processes={
+    result = SimpleNamespace(data_plane="dataproto", processes={
         "driver": proc(("argument serialization", 0.0, 1.0, 1, 0), ("ray.serialize", 0.0, 0.5, 1, 1),
                        ("argument serialization", 1.0, 2.0, 1, 0), ("argument serialization", 2.0, 3.0, 1, 0),
                        ("ray.get", 3.0, 6.0, 1, 0)),
@@ -228,6 +228,8 @@ def test_calls_are_timed_from_the_workers_named_steps_against_the_controllers_se
     assert fitting._calls_in_flight(result, 3) is None
     assert fitting._call_to_send(result, 1) == pytest.approx((2.0 + 1.0 + 1.0) / 3 / 1.0)
     assert fitting._call_to_send(result, 2) is None  # the controller sent nothing in that step
+    result.data_plane = "transferqueue"  # the controller sends metadata only: no ratio, the upper bound
+    assert fitting._call_to_send(result, 1) is None
 
 
 def _flowgrpo_batch(rows: int = 512) -> tuple[Any, float, int]:

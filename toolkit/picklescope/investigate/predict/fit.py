@@ -158,7 +158,10 @@ def _call_to_send(result: NodeResult, index: int) -> float | None:
     ``index``. The controller sends the chunks one after the other; a call that lasts r sends leaves
     floor(r) + 1 calls open when the last chunk leaves. Both are copies of a chunk's bytes (into the object
     store, out of it), so the ratio holds across sizes where a count of open calls, blurred by the fixed
-    latencies of tiny chunks, would not. None without both."""
+    latencies of tiny chunks, would not. None without both, and on the TransferQueue plane, where the
+    controller sends metadata only (the workers read their shards from the storage units)."""
+    if result.data_plane != "dataproto":
+        return None
     calls = _call_spans(result, index)
     driver = result.processes.get("driver")
     sends = [st.end_s - st.start_s for st in (driver.steps if driver else [])
