@@ -112,6 +112,126 @@ def test_lstsq_separates_payload_chunk_and_constant_terms():
     assert coef == pytest.approx([0.25, 1.0, 5e6], rel=1e-6)
 
 
+def test_the_workers_sum_holds_the_chunks_as_torch_chunk_cuts_them():
+    """13 rows among 4 workers are chunks of 4, 4, 4 and 1 rows (6 rows: 2, 2, 2, and one worker idle): the
+    workers together hold the batch's rows, not 4 x the largest chunk. Fitted on such uneven splits, the
+    workers' level is one heap-sized batch at an even split too (no per-worker term to make up for it)."""
+    assert fitting.chunk_sizes(13, 4) == [4, 4, 4, 1] and fitting.chunk_sizes(6, 4) == [2, 2, 2]
+    assert fitting.chunk_sizes(64, 4) == [16] * 4 and fitting.chunk_sizes(13, 2) == [7, 6]
+    reps = []
+    for rows, workers in ((6, 2), (13, 2), (26, 2), (6, 4), (13, 4), (26, 4)):
+        payload = rows * MiB
+        rep = synthetic(payload, workers, 6, rows=rows)
+        for s in rep.per_step:  # every row's bytes stay in some worker's heap, plus 1 MiB per worker
+            s.end["workers"] = s.peak["workers"] = payload + workers * MiB
+            s.end["node"] = s.peak["node"] = s.end["controller"] + s.end["workers"]
+        reps.append(rep)
+    m = model_mod.fit(reps)
+    x = m.features(64 * MiB, 64, 4, 2)
+    assert x["H"] == pytest.approx(64 * MiB) and m.features(13 * MiB, 13, 4, 2)["H"] == pytest.approx(13 * MiB)
+    assert m.roles["workers"].base(x) == pytest.approx(68 * MiB, rel=1e-3)
+
+
+def test_the_controller_keeps_a_chunk_fitted_on_the_chunk_not_on_the_worker_count():
+    """The controller serializes one chunk at a time: what it keeps between steps beside the held copies is
+    about one chunk (P/2 with 2 workers, P/4 with 4). A function of the chunk, it holds at 8 workers too,
+    where a straight line in the worker count fitted at 2 and 4 would have gone below nothing."""
+    reps = [synthetic(p * MiB, w, 6, base=1 / w) for w in (2, 4) for p in (20, 40, 80)]
+    m = model_mod.fit(reps)
+    x = m.features(200 * MiB, 64, 8, 2)
+    assert m.roles["controller"].base(x) == pytest.approx(25 * MiB, rel=1e-3)
+
+
+def test_a_jump_of_the_allocator_at_one_step_is_level_not_growth():
+    """The controller keeps one payload per step, and at one step of each replay its heap also keeps a
+    leaf-sized block (0.4 x payload) that no later step adds to. The growth is the payload (the median
+    rise), not the mean rise (1.08 x payload), which over 120 steps would add ten payloads no step keeps;
+    the jump stays in the level with nothing held, below one jump."""
+    reps = fit_set()
+    for rep in reps:
+        for s in rep.per_step[3:]:
+            s.end["controller"] += int(0.4 * rep.payload_bytes)
+            s.peak["controller"] = s.end["controller"]
+    m = model_mod.fit(reps)
+    x = m.features(200 * MiB, 64, 4, 2)
+    assert m.roles["controller"].growth(x) == pytest.approx(200 * MiB, rel=1e-6)
+    assert 100 * MiB < m.roles["controller"].base(x) < 100 * MiB + 0.4 * 200 * MiB
+    level_120 = m.play(200 * MiB, 64, 4, 120, 2)["controller"][-1][0]
+    assert level_120 < (0.5 + 120 + 0.4) * 200 * MiB
+
+
+def test_the_store_never_falls_below_its_baseline():
+    """The object store's pages are never given back: a line fitted through small sizes whose store rose a
+    little less at each larger size (8, 6 and 0 MiB) goes below nothing at a large one; the store's level
+    is then nothing, never less."""
+    reps = fit_set()
+    for rep in reps:
+        for s in rep.per_step:
+            s.end["store"] = s.peak["store"] = max(0, 8 * MiB - rep.payload_bytes // 10)
+    m = model_mod.fit(reps)
+    x = m.features(400 * MiB, 64, 4, 2)
+    assert m.roles["store"].base(x) < 0
+    assert all(level == 0.0 for level, _ in m.play(400 * MiB, 64, 4, 3, 2)["store"])
+
+
+def _mapped_fit_set(ratios: list[float | None]) -> list[Replay]:
+    """The fit set whose replays' worker calls lasted ``ratios[k]`` x the controller's sending of a chunk in
+    step k+1."""
+    reps = fit_set()
+    for rep in reps:
+        for s, r in zip(rep.per_step, ratios):
+            s.call_to_send = r
+    return reps
+
+
+def test_mapped_leaves_count_once_per_call_open_at_once_not_once_per_worker():
+    """A leaf whose per-chunk bytes pass glibc's mmap threshold is mapped fresh at each call and given back
+    after it: the workers' sum holds it for the calls open at the same moment. The fits' longest call lasted
+    1.6 x the controller's sending of a chunk, so two calls are open when the last chunk leaves and at 4
+    workers the sum rises by two chunks' mapped leaves, not four; replays that were not timed keep the
+    upper bound (all four), and the terms table says which."""
+    leaves = [1.0 * MiB, 3.0 * MiB]  # bytes per row: at 16 rows a chunk, 16 MiB in the heap and 48 MiB mapped
+    timed = model_mod.fit(_mapped_fit_set([1.6, 0.4, 0.5, 0.4, 0.4, 0.5]), leaves)
+    untimed = model_mod.fit(_mapped_fit_set([None] * 6), leaves)
+    assert timed.calls_in_flight == 2 and untimed.calls_in_flight is None
+    payload, rows = 64 * 4 * MiB, 64
+    for m, open_calls in ((timed, 2), (untimed, 4)):
+        level, peak = m.play(payload, rows, 4, 3, 2)["workers"][2]
+        assert peak - level == pytest.approx(open_calls * 48 * MiB, rel=1e-6)
+        node_level, node_peak = m.play(payload, rows, 4, 3, 2)["node"][2]
+        assert node_peak - node_level == pytest.approx(open_calls * 48 * MiB, rel=1e-3)
+    assert ("workers", "calls open at once") in [(r, t) for r, t, _ in timed.terms_table()]
+    assert timed.calls_text().startswith("2, at most the workers") and "upper bound" in untimed.calls_text()
+
+
+def test_calls_are_timed_from_the_workers_named_steps_against_the_controllers_sends():
+    """Worker calls are spans from a worker's first named step of a training step to its last: two spans
+    that overlap count as two open at once, the driver's steps and other training steps not at all. The
+    ratio is a call's mean span over the controller's mean time to send one chunk (its depth-0 sends)."""
+    from types import SimpleNamespace
+
+    from picklescope.measure.session import StepRecord
+
+    def proc(*spans):
+        return SimpleNamespace(steps=[StepRecord(n, a, b, depth=d, training_step=k) for n, a, b, k, d in spans])
+
+    result = SimpleNamespace(data_plane="dataproto", processes={
+        "driver": proc(("argument serialization", 0.0, 1.0, 1, 0), ("ray.serialize", 0.0, 0.5, 1, 1),
+                       ("argument serialization", 1.0, 2.0, 1, 0), ("argument serialization", 2.0, 3.0, 1, 0),
+                       ("ray.get", 3.0, 6.0, 1, 0)),
+        "worker-0": proc(("ray.deserialize", 1.0, 2.0, 1, 0), ("compute", 2.0, 3.0, 1, 0),
+                         ("compute", 5.0, 6.0, 2, 0)),
+        "worker-1": proc(("ray.deserialize", 2.5, 3.5, 1, 0), ("compute", 6.5, 7.0, 2, 0)),
+        "worker-2": proc(("ray.deserialize", 4.0, 5.0, 1, 0))})
+    assert fitting._calls_in_flight(result, 1) == 2
+    assert fitting._calls_in_flight(result, 2) == 1
+    assert fitting._calls_in_flight(result, 3) is None
+    assert fitting._call_to_send(result, 1) == pytest.approx((2.0 + 1.0 + 1.0) / 3 / 1.0)
+    assert fitting._call_to_send(result, 2) is None  # the controller sent nothing in that step
+    result.data_plane = "transferqueue"  # the controller sends metadata only: no ratio, the upper bound
+    assert fitting._call_to_send(result, 1) is None
+
+
 def _flowgrpo_batch(rows: int = 512) -> tuple[Any, float, int]:
     """flowgrpo, its payload per row, and the payload of ``rows`` rows."""
     wl = load_workload("flowgrpo")

@@ -49,6 +49,12 @@ class StepObs:
     end: dict[str, int] = field(default_factory=dict)
     peak: dict[str, int] = field(default_factory=dict)
     collections: int | None = None  # the controller's full collections so far (cumulative)
+    # the most worker calls open at one moment in the step (each from its first named step to its last, on
+    # the run's clock), and a call's mean span over the controller's mean time to send one chunk (the
+    # calls open when the last chunk leaves: floor(ratio) + 1); None in a replay cached before calls were
+    # timed, or where the controller sends no chunk (the TransferQueue plane)
+    calls_in_flight: int | None = None
+    call_to_send: float | None = None
 
 
 @dataclass
@@ -85,6 +91,15 @@ def chunk_rows(rows: int, workers: int) -> int:
     return math.ceil(rows / workers)
 
 
+def chunk_sizes(rows: int, workers: int) -> list[int]:
+    """Rows of every chunk as ``torch.chunk`` cuts them: ``ceil(rows / workers)`` each and the rest in the
+    last, so 13 rows among 4 workers are 4, 4, 4, 1 and 6 rows are 2, 2, 2 (one worker gets no call).
+    The workers' sum holds these, not ``workers`` times the largest."""
+    size = chunk_rows(rows, workers)
+    full, rest = divmod(rows, size)
+    return [size] * full + ([rest] if rest else [])
+
+
 def observe(result: NodeResult, wl: Workload) -> Replay:
     """The plain per-step numbers of one replay (see the module doc)."""
     rows = wl.rows(result.scale)
@@ -100,7 +115,8 @@ def observe(result: NodeResult, wl: Workload) -> Replay:
     for s in result.training_steps:
         if s.end_s is None:
             continue
-        obs = StepObs(s.index, collections=result.driver_full_collections.get(s.index))
+        obs = StepObs(s.index, collections=result.driver_full_collections.get(s.index),
+                      calls_in_flight=_calls_in_flight(result, s.index), call_to_send=_call_to_send(result, s.index))
         for role, (ts, vs) in series.items():
             inside = [v for t, v in zip(ts, vs) if s.start_s <= t <= s.end_s]
             after = [v for t, v in zip(ts, vs) if t >= s.end_s]
@@ -110,6 +126,49 @@ def observe(result: NodeResult, wl: Workload) -> Replay:
                 obs.end[role] = after[0]
         rep.per_step.append(obs)
     return rep
+
+
+SEND_STEPS = ("argument serialization", "ray.put")  # the controller's named steps that send one chunk
+
+
+def _call_spans(result: NodeResult, index: int) -> list[tuple[float, float]]:
+    """Each worker's call in training step ``index``: from its first named step of the training step (Ray's
+    deserialization of the chunk) to its last (the result's serialization), the span it holds its chunk."""
+    spans = []
+    for name, rec in result.processes.items():
+        if not name.startswith("worker-"):
+            continue
+        mine = [st for st in rec.steps if st.training_step == index and st.end_s is not None]
+        if mine:
+            spans.append((min(st.start_s for st in mine), max(st.end_s for st in mine)))
+    return spans
+
+
+def _calls_in_flight(result: NodeResult, index: int) -> int | None:
+    """The most worker calls open at one moment of training step ``index``; None when no worker recorded a
+    step."""
+    spans = _call_spans(result, index)
+    if not spans:
+        return None
+    return max(sum(1 for b, e in spans if b <= start < e) for start, _ in spans)
+
+
+def _call_to_send(result: NodeResult, index: int) -> float | None:
+    """A worker call's mean span over the controller's mean time to send one chunk, in training step
+    ``index``. The controller sends the chunks one after the other; a call that lasts r sends leaves
+    floor(r) + 1 calls open when the last chunk leaves. Both are copies of a chunk's bytes (into the object
+    store, out of it), so the ratio holds across sizes where a count of open calls, blurred by the fixed
+    latencies of tiny chunks, would not. None without both, and on the TransferQueue plane, where the
+    controller sends metadata only (the workers read their shards from the storage units)."""
+    if result.data_plane != "dataproto":
+        return None
+    calls = _call_spans(result, index)
+    driver = result.processes.get("driver")
+    sends = [st.end_s - st.start_s for st in (driver.steps if driver else [])
+             if st.training_step == index and st.name in SEND_STEPS and st.depth == 0 and st.end_s is not None]
+    if not calls or not sends or sum(sends) <= 0:
+        return None
+    return (sum(e - b for b, e in calls) / len(calls)) / (sum(sends) / len(sends))
 
 
 def _role_series(result: NodeResult) -> dict[str, tuple[list[float], list[int]]]:

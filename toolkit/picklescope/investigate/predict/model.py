@@ -13,8 +13,9 @@ Each role (``controller``, ``worker`` the busiest worker, ``workers`` all of the
 where ``m_k`` counts the training steps whose copies are still held (``k`` with nothing to free them;
 reset by a release). Each term is a linear function of what the role's work depends on (see
 :data:`FEATURES`: the payload ``P``, the worker count ``W``, a chunk's payload ``c`` and its heap-sized
-leaves ``h``), fitted by least squares over the replays (one value per replay, each the mean over its
-steps); the node is the sum of the controller, the workers and the store plus its own rise.
+leaves ``h``), fitted by least squares over the replays (one value per replay: the growth its median
+rise between steps, the others means over its steps); the node is the sum of the controller, the workers
+and the store plus its own rise.
 On the TransferQueue data plane the node also has the rollout's ``producer``, TransferQueue's storage
 units (``storage``, their sum) and its controller actor (``tq-controller``): each is a role of its own
 and a part of the node's sum (:data:`TQ_PARTS`).
@@ -32,7 +33,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from picklescope.investigate.predict.fit import TQ_ROLES, Replay, chunk_rows
+from picklescope.investigate.predict.fit import TQ_ROLES, Replay, chunk_rows, chunk_sizes
 
 ROLES = ("controller", "worker", "workers", "store", "node")
 PARTS = ("controller", "workers", "store")  # the node's total is their sum (the store counted once)
@@ -42,9 +43,12 @@ TQ_PARTS = ("controller", "producer", "workers", "storage", "tq-controller", "st
 # chunk (P) and per-worker constants (W); the node's own transient (the parts peaking together) any.
 # A worker keeps, after its call, the part of its chunk that glibc served from its heap: blocks above
 # glibc's largest mmap threshold (32 MiB on 64-bit) are mapped and returned to the kernel when freed, so
-# only leaves whose per-chunk bytes stay under it remain resident (``h``; ``H`` for all workers). The rest
-# of the chunk is resident only during the call, and is added to the worker's rise within a step (to the
-# workers' sum as if every call overlapped: an upper bound, since the fits' chunks never reach the threshold).
+# only leaves whose per-chunk bytes stay under it remain resident (``h``; ``H`` for all workers, summed
+# over the chunks as ``torch.chunk`` cuts them, not W times the largest). The rest of a chunk is resident
+# only during its call: it is added to the worker's rise within a step, and to the workers' sum for as many
+# calls as are open when the controller sends the last chunk (``Model.calls_in_flight``, from the fits'
+# call-to-send ratio; all W when unknown, an upper bound). Calls are timed, not weighed: the fits' chunks
+# never reach the threshold, so no sampled byte of theirs shows the overlap, but their calls' spans do.
 MMAP_THRESHOLD_MAX = 32 * 2**20
 # On the TransferQueue plane: the controller passes metadata (keys per row) and reads the per-token result of
 # every row, both in proportion to the rows, so to P for one workload (P, W, 1 as above); the producer writes
@@ -54,6 +58,10 @@ MMAP_THRESHOLD_MAX = 32 * 2**20
 FEATURES = {"controller": ("P", "W", "1"), "worker": ("h", "1"), "workers": ("H", "W", "1"),
             "store": ("P", "c", "1"), "node": ("P", "c", "1"), "objects": ("objects", "W", "1"),
             "producer": ("P", "1"), "storage": ("P", "1"), "tq-controller": ("P", "W", "1")}
+# On the DataProto plane the controller serializes the batch one chunk at a time: besides what it keeps of
+# the whole batch (P), what stays in it between steps and its rise within a step are of the chunk in hand
+# (c: half the payload with 2 workers, a quarter with 4), not a cost per worker call.
+DATAPROTO_FEATURES = {"controller": ("P", "c", "1")}
 
 
 @dataclass
@@ -123,6 +131,8 @@ class Model:
     release_rate: Term | None = None  # releases per training step (None: nothing ever released in the fits)
     release_share: float = 0.0  # share of the held growth a release frees
     collection_rate: Term | None = None  # the controller's full collections per training step
+    calls_in_flight: int | None = None  # worker calls open at once, from call_to_send (None: not timed)
+    call_to_send: float | None = None  # the fits' longest worker call over the controller's time to send a chunk
     fitted_on: list[str] = field(default_factory=list)
     leaf_row_bytes: list[float] = field(default_factory=list)  # bytes per row of each tensor leaf
 
@@ -132,13 +142,25 @@ class Model:
         return PARTS if self.data_plane == "dataproto" else TQ_PARTS
 
     def features(self, payload: float, rows: int, workers: int, objects_per_row: float) -> dict[str, float]:
-        crows = chunk_rows(rows, workers)
-        c = payload * crows / rows
-        heap = sum(b * crows for b in self.leaf_row_bytes if b * crows <= MMAP_THRESHOLD_MAX) \
-            if self.leaf_row_bytes else c
-        heap = min(heap, c)
-        return {"P": float(payload), "c": c, "h": heap, "H": heap * workers, "mapped": c - heap,
+        """What the terms are functions of, at one size (see :data:`FEATURES`); ``mapped``: the largest chunk's
+        mapped part, ``M``: the mapped parts of the calls open at once (the largest chunks first)."""
+        heaps, mapped = [], []
+        for crows in chunk_sizes(rows, workers):
+            c_i = payload * crows / rows
+            heap = sum(b * crows for b in self.leaf_row_bytes if b * crows <= MMAP_THRESHOLD_MAX) \
+                if self.leaf_row_bytes else c_i
+            heaps.append(min(heap, c_i))
+            mapped.append(c_i - heaps[-1])
+        in_flight = workers if self.calls_in_flight is None else max(1, min(workers, self.calls_in_flight))
+        return {"P": float(payload), "c": payload * chunk_rows(rows, workers) / rows, "h": heaps[0], "H": sum(heaps),
+                "mapped": mapped[0], "M": sum(sorted(mapped, reverse=True)[:in_flight]),
                 "W": float(workers), "objects": rows * objects_per_row, "1": 1.0}
+
+    def role_features(self, role: str) -> tuple[str, ...]:
+        """The features ``role``'s terms are fitted on, on this model's data plane."""
+        if self.data_plane == "dataproto":
+            return DATAPROTO_FEATURES.get(role, FEATURES[role])
+        return FEATURES[role]
 
     def release_steps(self, x: dict[str, float], steps: int) -> list[int]:
         """Training steps (1-based) at which a release happens: every 1/rate steps, the first after one interval."""
@@ -157,10 +179,12 @@ class Model:
         out: dict[str, list[tuple[float, float]]] = {}
         for role, rm in self.roles.items():
             base, growth, trans = rm.base(x), max(0.0, rm.growth(x)), max(0.0, rm.transient(x))
+            if role == "store":  # the store's pages are never given back: never fewer than at its baseline
+                base = max(0.0, base)
             if role == "worker":  # the mapped part of its chunk, resident during its call
                 trans += x["mapped"]
-            elif role == "workers":  # every worker's at once: an upper bound (calls may not overlap fully)
-                trans += x["mapped"] * x["W"]
+            elif role == "workers":  # those of the calls open at once (all W when the fits did not time them)
+                trans += x["M"]
             held, prev, rows_out = 0.0, 0.0, []
             for k in range(1, steps + 1):
                 held += growth
@@ -174,7 +198,7 @@ class Model:
             out[role] = rows_out
         if "node" in self.roles and all(p in out for p in self.parts):  # the node: its parts' levels, plus the
             trans = max(0.0, self.roles["node"].transient(x))  # rise of the node's own total within a step
-            trans += x["mapped"] * x["W"]  # and the workers' mapped chunks during their calls (see FEATURES)
+            trans += x["M"]  # and the mapped chunks of the workers' calls open at once (see FEATURES)
             levels = [sum(out[p][k][0] for p in self.parts) for k in range(steps)]
             out["node"] = [(lvl, max(levels[k - 1] if k else 0.0, lvl) + trans) for k, lvl in enumerate(levels)]
         return out
@@ -197,7 +221,19 @@ class Model:
             rows.append(("controller", "releases per training step", self.release_rate.describe(1)))
         if self.collection_rate is not None:
             rows.append(("controller", "full collections per step", self.collection_rate.describe(1)))
+        if self.leaf_row_bytes and "workers" in self.roles:
+            rows.append(("workers", "calls open at once", self.calls_text()))
         return rows
+
+    def calls_text(self) -> str:
+        """The overlap of the workers' calls in words: it sets how many chunks' mapped leaves (those above
+        glibc's mmap threshold, resident during a call only) the workers' sum holds together."""
+        if self.calls_in_flight is None:
+            return "all workers (an upper bound: the fits' replays did not time their calls)"
+        return (f"{self.calls_in_flight}, at most the workers (a worker's call lasted up to {self.call_to_send:.2f} x "
+                "the controller's sending of one chunk in the fits), each holding its chunk's leaves above glibc's "
+                "mmap threshold during the call; workers that compute longer than the replay's overlap more, up "
+                "to all of them")
 
 
 # -- the fitting math -------------------------------------------------------------------------------
@@ -255,17 +291,22 @@ def _role_terms(rep: Replay, role: str, releases: list[int]) -> tuple[float, flo
     (docs/node.md), so their level jumps between the first two steps and then settles. There the rise
     into the second step is left out of the growth (the median rise from the third step on, robust to
     a late settling step) and the level with nothing held and the transient are taken from the second
-    step on (the first step's fill is in the settled level)."""
+    step on (the first step's fill is in the settled level).
+
+    On both planes the growth is the median rise between steps, not the mean: besides what a step keeps,
+    the allocators move a role's level by whole blocks at a few steps (a leaf-sized temporary left in the
+    heap below a held block, or reused by the next step's same-sized one; the object store placing a chunk
+    on pages it had never touched, which it keeps). Such a jump does not recur at every step, so it is no
+    growth: the mean would carry it into every step played forward (over 120 steps, 4% of a payload per
+    step is five payloads that no step keeps); left out of the growth, it stays in the level with nothing
+    held, bounded."""
     ends = [s.end.get(role, 0) for s in rep.per_step]
     peaks = [s.peak.get(role, 0) for s in rep.per_step]
     idx = [s.index for s in rep.per_step]
     settle = 1 if rep.data_plane != "dataproto" and len(ends) >= 3 else 0
-    # growth: mean rise over steps with no release in them (the first step carries the base, so from step 2)
+    # growth: median rise over steps with no release in them (the first step carries the base, so from step 2)
     rises = [ends[i] - ends[i - 1] for i in range(1 + settle, len(ends)) if idx[i] not in releases]
-    if settle:
-        growth = max(0.0, statistics.median(rises)) if rises else 0.0
-    else:
-        growth = max(0.0, sum(rises) / len(rises)) if rises else 0.0
+    growth = max(0.0, statistics.median(rises)) if rises else 0.0
     held, ms = 0.0, []
     shares = []
     for i, k in enumerate(idx):
@@ -318,12 +359,20 @@ def fit(replays: Sequence[Replay], leaf_row_bytes: Sequence[float] = ()) -> Mode
         per = [_role_terms(r, role, rl) for r, rl in zip(reps, rel)]
         if role == "node" and all(p in s.end for r in reps for s in r.per_step for p in m.parts):
             per = [(0.0, 0.0, _node_transient(r, m.parts), None) for r in reps]
-        feats = FEATURES[role]
+        feats = m.role_features(role)
         m.roles[role] = RoleModel(role, fit_term(f"{role} base", feats, xs, [p[0] for p in per]),
                                   fit_term(f"{role} growth", feats, xs, [p[1] for p in per]),
                                   fit_term(f"{role} transient", feats, xs, [p[2] for p in per]))
         if role == "controller":
             shares = [p[3] for p in per if p[3] is not None]
+    # Calls open when the last chunk leaves: floor(r) + 1 for the longest call-to-send ratio r of any step,
+    # not a mean: a mapped leaf is fresh pages at every call (the kernel faults them in, and takes them back
+    # at the free), as the fits' heaps are in their first step only, and calls that fault in their pages
+    # last longer (the first step's do).
+    ratios = [s.call_to_send for r in reps for s in r.per_step]
+    if ratios and all(v is not None for v in ratios):
+        m.call_to_send = max(v for v in ratios if v is not None)
+        m.calls_in_flight = math.floor(m.call_to_send) + 1
     counted = [r for r in reps if r.per_step[-1].collections is not None]
     if counted:
         m.collection_rate = fit_term("full collections", FEATURES["objects"],
