@@ -28,6 +28,8 @@ Shared fixtures (session-scoped: made once per run, whichever test first asks):
 - ``verl_envs``: verl 0.9.0 and 0.9.1 installed (once per cache), ``{label: env}``.
 - ``postmortem_export``: ``picklescope postmortem`` run once on the tiny workload, the folder it wrote;
   read by the headless notebook tests and by the browser's offline check.
+- ``executed_notebooks``: every notebook run once headless at its small parameters; the headless tests
+  check what each printed, and JupyterLab opens the same executed notebooks to check what a person sees.
 """
 
 from __future__ import annotations
@@ -138,7 +140,7 @@ def tiers_of(item: pytest.Item) -> set[str]:
 # counts 0. A test named "file::test" is a group of its own: the long tests of a file that share no
 # module-scoped fixture with the rest of it (its module fixtures are made again for it, on its worker).
 COST: dict[str, float] = {
-    "test_browser.py::test_every_notebook_runs_in_lab_and_leaves_the_checkout_clean": 426.0,
+    "test_browser.py::test_every_notebook_shows_its_outputs_in_lab_saves_back_and_leaves_the_checkout_clean": 80.0,
     "test_node.py": 300.0,
     "test_notebooks.py": 291.0,
     "test_node.py::test_real_verl_0_9_0_grows_and_0_9_1_does_not": 250.0,
@@ -243,3 +245,29 @@ def postmortem_export(tmp_path_factory) -> Path:
                    "--scale", "1", "--no-headroom", "--out", str(out)])
     assert rc == 0
     return out
+
+
+@pytest.fixture(scope="session")
+def executed_notebooks(tmp_path_factory):
+    """Every notebook of ``tests/notebook_params.PARAMETERS`` run once, two at a time (each in its own
+    kernel; the machine has two cores): ``.folder`` holds ``<stem>.ipynb``, ``.results`` maps each stem to
+    its executed notebook, or to the exception that stopped it (reported by the tests that read it)."""
+    from concurrent.futures import ThreadPoolExecutor
+    from types import SimpleNamespace
+
+    from picklescope.views import nbrun
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
+    from notebook_params import PARAMETERS
+
+    notebooks = Path(__file__).resolve().parents[1] / "notebooks"
+    out = tmp_path_factory.mktemp("notebooks")
+
+    def one(stem: str):
+        try:
+            return nbrun.execute(notebooks / f"{stem}.py", out / f"{stem}.ipynb", PARAMETERS[stem], timeout_s=600)
+        except Exception as exc:  # reported by the test of that notebook
+            return exc
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return SimpleNamespace(folder=out, results=dict(zip(PARAMETERS, pool.map(one, PARAMETERS))))

@@ -382,7 +382,6 @@ def test_postmortem_html_renders_offline(output_dir, tmp_path, postmortem_export
         assert got["page_errors"] == [], f"{name} raised: {got['page_errors']}"
 
 
-ALL_NOTEBOOK_S = 600  # a notebook's Run All at its small parameters on a busy two-core machine
 
 
 def _git_status() -> str:
@@ -409,7 +408,7 @@ def _legacy_stepthrough_first_row(page) -> str:
 def _tables_that_do_not_fit(page) -> dict:
     """Scroll through the notebook (Lab renders only cells near the view) and collect every table wider
     than its output cell; also how many tables there are and how wide an output cell is."""
-    cells = page.locator(".jp-NotebookPanel .jp-Cell")
+    cells = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell")  # the notebook in front
     wide: list = []
     for k in range(cells.count()):
         cells.nth(k).scroll_into_view_if_needed()
@@ -420,73 +419,98 @@ def _tables_that_do_not_fit(page) -> dict:
     return {"wide": wide, "tables": tables, "cell_width": width}
 
 
-def test_every_notebook_runs_in_lab_and_leaves_the_checkout_clean(output_dir, tmp_path):
-    """Open each notebook in Lab, Run All, save it (Ctrl+S), close it: no cell fails, no tracked file
+def _close_tab(page) -> None:
+    """Shut the notebook's kernel down and close its tab, discarding nothing a save has not written."""
+    page.locator(".lm-MenuBar-item", has_text="Kernel").click()
+    page.locator(".lm-Menu-item", has_text=re.compile(r"^Shut Down Kernel")).click()
+    page.wait_for_timeout(1000)
+    page.locator(".lm-MenuBar-item", has_text="File").click()
+    page.locator(".lm-Menu-item", has_text=re.compile(r"^Close Tab")).click()
+    dialog = page.locator(".jp-Dialog")
+    if dialog.count():
+        dialog.locator("button", has_text=re.compile("Discard|Don't Save|No")).first.click()
+    page.wait_for_timeout(500)
+
+
+def test_every_notebook_shows_its_outputs_in_lab_saves_back_and_leaves_the_checkout_clean(
+        output_dir, tmp_path, executed_notebooks, postmortem_export):
+    """Open each notebook's executed copy in Lab and look at it as a person does; open each notebook's
+    ``.py``, save it (Ctrl+S) and close it: saving writes each ``.py`` back byte for byte, no tracked file
     changes, nothing new appears outside ignored folders; notebook 02's legacy table leads with the
     consolidate line; and at 1400 px with the file browser open (Lab's default) no table is wider than
     the output cell it sits in (what a user would have to scroll sideways to read).
 
-    Lab opens a copy of notebooks/ whose parameters cells hold the small values of
-    tests/notebook_params.py (what a person types into the first cell for a quick look): this checks
-    what a person sees, not the figures of a big run. Saving must write each copy back byte for byte,
-    and whatever the notebooks write into the copy must be what git ignores in notebooks/."""
+    The notebooks run once per suite: ``executed_notebooks`` (tests/conftest.py) runs them headless at
+    the small parameters of tests/notebook_params.py, and the headless tests check what they printed; the
+    postmortem notebook is the one ``postmortem_export`` ran. Lab opens those executed notebooks, signed
+    as trusted (as a person's own run is), so their HTML and figures render as they did for them; the
+    explorer's live widgets are driven in Lab by ``test_explorer_switches_codec_in_jupyterlab``. Lab opens
+    a copy of notebooks/ whose parameters cells hold the same small values; whatever Lab writes into the
+    copy must be what git ignores in notebooks/."""
     require_browser()
+    import nbformat
+    from nbformat.sign import NotebookNotary
+
     before = _git_status()  # the tree may hold others' work in progress: compare, do not demand empty
     shas = {p.name: _sha(p) for p in sorted(NOTEBOOKS.glob("*.py"))}
     assert {Path(n).stem for n in shas} == set(LAB_PARAMETERS), "a notebook has no small parameters"
+    failed = {stem: repr(nb) for stem, nb in executed_notebooks.results.items() if isinstance(nb, Exception)}
+    assert failed == {}, f"notebooks that did not run headless (see their headless tests): {failed}"
     folder = small_copy(NOTEBOOKS, tmp_path / "notebooks")
     copies = {p.name: _sha(p) for p in sorted(folder.glob("*.py"))}
     assert copies.keys() == shas.keys() and all(copies[n] != shas[n] for n in shas), "parameters not written"
+    # the executed notebooks, in a folder of their own (a same-named .ipynb beside a .py is jupytext's pair)
+    shown = folder / "executed"
+    shown.mkdir()
+    (tmp_path / "lab" / "data").mkdir(parents=True)  # the server's own JUPYTER_DATA_DIR (lab_environment)
+    notary = NotebookNotary(data_dir=str(tmp_path / "lab" / "data"))
+    sources = {Path(n).stem: executed_notebooks.folder / f"{Path(n).stem}.ipynb" for n in shas}
+    sources[Path(POSTMORTEM_NB).stem] = postmortem_export / "postmortem.ipynb"
+    for stem, src in sources.items():
+        nb = nbformat.read(src, as_version=4)
+        notary.sign(nb)
+        nbformat.write(nb, shown / f"{stem}.ipynb")
     in_copy = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
     settings = {**LAB_SETTINGS, "@jupyterlab/docmanager-extension:plugin": {"autosave": False}}
     seen: dict[str, dict] = {}
     with lab_server(folder, tmp_path / "lab", user_settings=settings) as server, \
             chromium(tmp_path, viewport=LAB_WIDTH) as browser:
         page = browser.context.new_page()
-        page.goto(server.url("lab"))
         for name in shas:
-            _open_as_notebook(page, name)
+            stem = Path(name).stem
+            page.goto(server.url(f"lab/tree/executed/{stem}.ipynb?reset"))  # ?reset: no tab of the last one
+            page.locator(".jp-NotebookPanel").first.wait_for(timeout=60_000)
             assert file_browser_open(page), "the file browser was not open beside the notebook"
             _wait_kernel_idle(page, KERNEL_READY_S)
-            page.locator(".lm-MenuBar-item", has_text="Run").click()
-            page.locator(".lm-Menu-item", has_text=re.compile(r"^Run All Cells")).click()
-            t0 = time.monotonic()
-            try:
-                wait_cells_done(page, ALL_NOTEBOOK_S)
-            except BaseException:
-                page.screenshot(path=str(output_dir / f"{Path(name).stem}_FAILED.png"))
-                raise
-            seen[name] = {"run_all_s": round(time.monotonic() - t0, 1), "parameters": LAB_PARAMETERS[Path(name).stem]}
-            if name.startswith("02_"):
+            seen[name] = {"parameters": LAB_PARAMETERS[stem]}
+            if stem.startswith("02_"):
                 seen[name]["legacy_first_row"] = _legacy_stepthrough_first_row(page)
             seen[name].update(_tables_that_do_not_fit(page))
-            page.screenshot(path=str(output_dir / f"{Path(name).stem}_lab_{LAB_WIDTH[0]}.png"))
+            page.screenshot(path=str(output_dir / f"{stem}_lab_{LAB_WIDTH[0]}.png"))
+            server.remember_children()
+            _close_tab(page)
+        page.goto(server.url("lab?reset"))  # no tab restored from the last page
+        for name in shas:
+            _open_as_notebook(page, name)
+            _wait_kernel_idle(page, KERNEL_READY_S)
             server.remember_children()
             page.keyboard.press("Control+s")  # what a user does; jupytext writes the .py back
             page.wait_for_timeout(1500)
-            page.locator(".lm-MenuBar-item", has_text="Kernel").click()
-            page.locator(".lm-Menu-item", has_text=re.compile(r"^Shut Down Kernel")).click()
-            page.wait_for_timeout(1000)
-            page.locator(".lm-MenuBar-item", has_text="File").click()
-            page.locator(".lm-Menu-item", has_text=re.compile(r"^Close Tab")).click()
-            dialog = page.locator(".jp-Dialog")
-            if dialog.count():
-                dialog.locator("button", has_text=re.compile("Discard|Don't Save|No")).first.click()
-            page.wait_for_timeout(500)
+            _close_tab(page)
     (output_dir / "all_notebooks.json").write_text(json.dumps(seen, indent=2))
     assert _finished_leftovers(server, browser) == [], "processes the test started are still running"
     assert {p: _sha(NOTEBOOKS / p) for p in shas} == shas, "running or saving a notebook changed its .py file"
     assert {p: _sha(folder / p) for p in copies} == copies, "saving a notebook in Lab did not write its .py back"
     stray = _new_files_not_ignored(folder, in_copy)
-    assert stray == [], f"running the notebooks wrote files that git would not ignore in notebooks/: {stray}"
+    assert stray == [], f"opening the notebooks in Lab wrote files that git would not ignore in notebooks/: {stray}"
     # On a clean checkout `git status --porcelain` stays empty. Other work in the tree may change it
     # meanwhile, so what must not appear is anything the notebooks could have written.
     after = _git_status()
     if not before:  # a clean checkout (CI's fresh clone) must stay exactly clean
-        assert after == "", f"running the notebooks changed the checkout: {after.splitlines()}"
+        assert after == "", f"the notebooks changed the checkout: {after.splitlines()}"
     new = set(after.splitlines()) - set(before.splitlines())
     ours = [e for e in new if "notebooks/" in e or e.endswith((".html", ".json", ".ipynb", ".png"))]
-    assert ours == [], f"running the notebooks left files in the checkout: {ours}"
+    assert ours == [], f"the notebooks left files in the checkout: {ours}"
     assert "without encryption" not in server.log(), "a kernel warned that it runs over TCP without encryption"
     assert sum(s["tables"] for s in seen.values()) > 0, "no table was rendered in any notebook"
     wide = {n: s["wide"] for n, s in seen.items() if s["wide"]}

@@ -72,20 +72,10 @@ def test_the_first_cell_points_to_the_answer_and_the_answer_is_there():
 
 
 @pytest.fixture(scope="module")
-def executed(tmp_path_factory):
-    """All notebooks run once, two at a time (each in its own kernel; the machine has two cores)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    out = tmp_path_factory.mktemp("notebooks")
-
-    def one(stem: str):
-        try:
-            return nbrun.execute(NOTEBOOKS / f"{stem}.py", out / f"{stem}.ipynb", PARAMETERS[stem], timeout_s=600)
-        except Exception as exc:  # reported by the test of that notebook
-            return exc
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip(PARAMETERS, pool.map(one, PARAMETERS)))
+def executed(executed_notebooks):
+    """All notebooks run once per session (``executed_notebooks`` in tests/conftest.py, which JupyterLab's
+    test opens too): stem -> executed notebook, or the exception that stopped it."""
+    return executed_notebooks.results
 
 
 @pytest.mark.parametrize("stem", list(PARAMETERS))
