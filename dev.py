@@ -36,9 +36,8 @@ TRANSFERQUEUE = ("transferqueue==0.1.11", "msgspec==0.23.0")
 # The quick tier (docs/testing.md): what no tier marker of tests/conftest.py marks.
 QUICK = "quick and not (ray or browser or verl or fault or slow)"
 COVERAGE_DIR = ROOT / "out" / "coverage"
-# pytest-xdist workers of `dev.py test` (docs/testing.md, "Workers"): none unless asked for. On two
-# cores the suite is bound by the CPU its processes use (clusters, kernels, torch imports), not by waits:
-# three workers there ran the machine at a load average of 15 and slower tests past their limits.
+# pytest-xdist workers of `dev.py test`: none unless asked for; docs/testing.md ("Workers") says why and
+# what was measured.
 WORKERS = os.environ.get("PICKLESCOPE_TEST_WORKERS", "")
 
 
@@ -120,6 +119,15 @@ def _workers(args: list[str]) -> list[str]:
     return out
 
 
+def _own_basetemp(pytest_args: list[str]) -> Path | None:
+    """The short ``--basetemp`` :func:`_workers` made (not one the caller gave), to remove after a passing
+    run: pytest prunes its own numbered folders, not one named for it, and a failed run's stays to be read."""
+    for a in pytest_args:
+        if a.startswith("--basetemp=") and Path(a.split("=", 1)[1]).name.startswith("pst-"):
+            return Path(a.split("=", 1)[1])
+    return None
+
+
 def _pytest(py: Path, args: list[str], env: dict[str, str]) -> int:
     """pytest with the tier and coverage options of ``dev.py test`` turned into its own arguments.
 
@@ -128,15 +136,22 @@ def _pytest(py: Path, args: list[str], env: dict[str, str]) -> int:
     Python child count), then combines the children's files and prints the report."""
     quick, cover = "--quick" in args, "--coverage" in args
     rest = [a for a in args if a not in ("--quick", "--coverage")]
-    pytest_args = (["-m", QUICK] if quick else []) + _workers(rest) + rest
+    workers = _workers(rest)
+    pytest_args = (["-m", QUICK] if quick else []) + workers + rest
+    own = _own_basetemp(workers)
     if not cover:
-        return subprocess.call([str(py), "-m", "pytest", *pytest_args], env=env, cwd=ROOT)
+        rc = subprocess.call([str(py), "-m", "pytest", *pytest_args], env=env, cwd=ROOT)
+        if rc == 0 and own is not None:
+            shutil.rmtree(own, ignore_errors=True)
+        return rc
     if COVERAGE_DIR.exists():
         shutil.rmtree(COVERAGE_DIR)
     COVERAGE_DIR.mkdir(parents=True)
     # children run from other folders: the data file's path is absolute, the settings come from here
     env = dict(env, COVERAGE_FILE=str(COVERAGE_DIR / ".coverage"), COVERAGE_RCFILE=str(ROOT / "pyproject.toml"))
     rc = subprocess.call([str(py), "-m", "coverage", "run", "-m", "pytest", *pytest_args], env=env, cwd=ROOT)
+    if rc == 0 and own is not None:
+        shutil.rmtree(own, ignore_errors=True)
     subprocess.call([str(py), "-m", "coverage", "combine", "-q"], env=env, cwd=ROOT)
     total = subprocess.run([str(py), "-m", "coverage", "report", "--format=total"], env=env, cwd=ROOT,
                            capture_output=True, text=True).stdout.strip()

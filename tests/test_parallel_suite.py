@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from picklescope.core import leftovers
+from picklescope.errors import PicklescopeError
 from picklescope.measure import pytest_leftovers
 from picklescope.verl import envs
 
@@ -81,6 +82,37 @@ class _Session:
     def __init__(self, worker: bool) -> None:
         self.config = _Config(worker)
         self.exitstatus = 0
+
+
+def test_a_stuck_install_is_named_after_the_wait_not_waited_for_forever(tmp_path, monkeypatch):
+    """A second installer whose first is stuck (a hung pip) gets one line with the holder's pid once the
+    lock's wait is over; a checkout registered under a label waits for that label's lock the same way."""
+    monkeypatch.setenv("PICKLESCOPE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(envs, "LOCK_WAIT_S", 0.5)
+    checkout = tmp_path / "repo" / "verl"
+    checkout.mkdir(parents=True)
+    (checkout / "protocol.py").write_text("")
+    for label, install in (("0.9.0", lambda: envs.install_version("0.9.0")),
+                           ("local", lambda: envs.install_source(tmp_path / "repo", label="local"))):
+        holding, release = threading.Event(), threading.Event()
+
+        def first(label: str = label, holding: threading.Event = holding, release: threading.Event = release) -> None:
+            with envs._installing(label):
+                holding.set()
+                release.wait(60)
+
+        t = threading.Thread(target=first)
+        t.start()
+        try:
+            assert holding.wait(60)
+            # flock is per open file: a second open in this process contends as another process would
+            with pytest.raises(PicklescopeError) as err:
+                install()
+            assert f"process {os.getpid()}" in str(err.value) and repr(label) in str(err.value), str(err.value)
+        finally:
+            release.set()
+            t.join(60)
+    assert envs.install_source(tmp_path / "repo", label="local").label == "local"
 
 
 def test_a_worker_neither_marks_nor_checks_the_controller_does(monkeypatch):

@@ -160,20 +160,44 @@ def _pip_failure(version: str, output: str) -> PicklescopeError:
                             "check that the package index is reachable (pip config, proxy) and retry")
 
 
+# How long a second installer waits for the first (a verl wheel installs in about a minute; a busy
+# machine or a slow index can make it several), before it says who holds the lock instead of hanging.
+LOCK_WAIT_S = 900.0
+
+
 @contextlib.contextmanager
-def _installing(version: str) -> Iterator[None]:
-    """Hold the cache's lock on ``version`` while it is installed.
+def _installing(label: str, wait_s: float | None = None) -> Iterator[None]:
+    """Hold the cache's lock on environment ``label`` while it is (re)made.
 
     Two processes that install the same version at once (two notebooks, two test workers) would
     each replace the folder the other has just filled while the other reads it; the second waits for
     the first and then finds the version installed. The lock is the kernel's (``flock``): it ends with
-    its holder, killed or not, so a crashed install never blocks the next."""
+    its holder, killed or not, so a crashed install never blocks the next. The wait is bounded
+    (``LOCK_WAIT_S``): a holder stuck in pip gets one line naming its pid, not a silent hang."""
     verl_root().mkdir(parents=True, exist_ok=True)
-    with open(verl_root() / f".install-{version}.lock", "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+    wait_s = LOCK_WAIT_S if wait_s is None else wait_s
+    deadline = time.monotonic() + wait_s
+    with open(verl_root() / f".install-{label}.lock", "a+") as f:
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    f.seek(0)
+                    holder = f.read().strip() or "unknown"
+                    raise PicklescopeError(
+                        f"verl environment {label!r} has been locked for {wait_s:.0f} s by another install "
+                        f"(process {holder})",
+                        f"wait for that install to finish, or end process {holder}, then retry") from None
+                time.sleep(0.2)
+        f.truncate(0)
+        f.write(str(os.getpid()))
+        f.flush()
         try:
             yield
         finally:
+            f.truncate(0)
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
@@ -181,9 +205,6 @@ def install_version(version: str, *, force: bool = False, index_url: str | None 
     """``pip install --no-deps --target`` one verl version into its own folder (skipped if present)."""
     _check_version(version)
     env_dir = _env_dir(version)
-    existing = _read_env(env_dir) if env_dir.exists() else None
-    if existing is not None and existing.version == version and not force:
-        return existing
     with _installing(version):
         existing = _read_env(env_dir) if env_dir.exists() else None
         if existing is not None and existing.version == version and not force:
@@ -235,13 +256,14 @@ def install_source(path: str | os.PathLike, label: str = "local") -> VerlEnv:
                                "use lower-case letters, digits and _ starting with a letter (e.g. local)")
     pkg = _checkout_package(path)
     env_dir = _env_dir(label)
-    shutil.rmtree(env_dir, ignore_errors=True)
-    (env_dir / "site").mkdir(parents=True)
-    (env_dir / "site" / "verl").symlink_to(pkg, target_is_directory=True)
-    vfile = pkg / "version" / "version"
-    version = vfile.read_text().strip() if vfile.is_file() else "unknown"
-    env = VerlEnv(label, version, str(pkg.parent), str(env_dir), time.time(), None, ())
-    _write_env(env)
+    with _installing(label):  # the same folder swap as an install: the same lock
+        shutil.rmtree(env_dir, ignore_errors=True)
+        (env_dir / "site").mkdir(parents=True)
+        (env_dir / "site" / "verl").symlink_to(pkg, target_is_directory=True)
+        vfile = pkg / "version" / "version"
+        version = vfile.read_text().strip() if vfile.is_file() else "unknown"
+        env = VerlEnv(label, version, str(pkg.parent), str(env_dir), time.time(), None, ())
+        _write_env(env)
     os.utime(verl_root())
     return env
 
