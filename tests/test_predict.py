@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -21,6 +22,8 @@ from picklescope.investigate.predict import fit as fitting
 from picklescope.investigate.predict import model as model_mod
 from picklescope.investigate.predict import prediction
 from picklescope.investigate.predict.fit import Replay, StepObs
+from picklescope.measure.session import StepRecord
+from picklescope.ray.transferqueue import missing
 from picklescope.workloads.spec import load_workload
 
 MiB = 2**20
@@ -208,10 +211,6 @@ def test_calls_are_timed_from_the_workers_named_steps_against_the_controllers_se
     """Worker calls are spans from a worker's first named step of a training step to its last: two spans
     that overlap count as two open at once, the driver's steps and other training steps not at all. The
     ratio is a call's mean span over the controller's mean time to send one chunk (its depth-0 sends)."""
-    from types import SimpleNamespace
-
-    from picklescope.measure.session import StepRecord
-
     def proc(*spans):
         return SimpleNamespace(steps=[StepRecord(n, a, b, depth=d, training_step=k) for n, a, b, k, d in spans])
 
@@ -307,6 +306,48 @@ def test_tq_plane_fits_every_codec_on_all_codecs_replays_and_dataproto_on_its_ow
     assert prediction.fit_set(tq, "numpy", "transferqueue") == tq  # the codec never touches the tensors there
     dp = [synthetic(20 * MiB, 2, 4, codec="numpy"), synthetic(20 * MiB, 2, 4, codec="numpy-legacy")]
     assert prediction.fit_set(dp, "numpy") == dp[:1]
+
+
+def test_the_fit_the_check_and_the_models_group_codecs_by_one_rule(monkeypatch):
+    """One rule groups the codecs into replays: on the DataProto plane the built-in codecs as one series and
+    each verl codec alone, on the TransferQueue plane each alone. The fit's replays, the check's and the
+    models' gathering of replays all follow it (here with the replays stubbed: no cluster starts)."""
+    codecs = ("verl-0.9.0:numpy", "numpy-legacy", "numpy")
+    assert fitting.replay_groups(codecs, "dataproto") == [["numpy-legacy", "numpy"], ["verl-0.9.0:numpy"]]
+    assert fitting.replay_groups(("numpy-legacy", "numpy"), "transferqueue") == [["numpy-legacy"], ["numpy"]]
+    assert fitting.replay_groups((), "dataproto") == []
+    series: list[list[str]] = []
+
+    def fake_series(group, workload, scale, workers, steps, **kw):
+        series.append(list(group))
+        return [SimpleNamespace(outcome="ok", node_peak_bytes=1, processes={}) for _ in group]
+
+    def fake_observe(result, wl):
+        return synthetic(20 * MiB, 2, 3, codec=series[-1][0])
+
+    monkeypatch.setattr(fitting, "node_series", fake_series)
+    monkeypatch.setattr(fitting, "observe", fake_observe)
+    monkeypatch.setattr(fitting, "save_cached", lambda path, rep: None)
+    monkeypatch.setattr(fitting, "load_cached", lambda path, plane="dataproto": None)
+    fitting.replays(codecs, "flowgrpo", "off", scales=(0.05,), workers=(2,), steps=3)
+    assert series == fitting.replay_groups(codecs, "dataproto")
+    series.clear()
+    monkeypatch.setattr(prediction, "node_series", fake_series)
+    preds = [prediction.CodecPrediction(c, "off", 1, 1, 2, 3, None, 0.95, {}, 1, {"controller": 1}, [], None, None,
+                                        [], [], []) for c in codecs]
+    wl = load_workload("flowgrpo")
+    prediction._check(preds, codecs, "flowgrpo", 0.05, 2, 3, "off", wl, 60.0, None, None)
+    assert series == fitting.replay_groups(codecs, "dataproto")
+    calls: list[list[str]] = []
+
+    def fake_replays(group, *args, **kw):
+        calls.append(list(group))
+        return [synthetic(20 * MiB, 2, 3, codec=c) for c in group]
+
+    monkeypatch.setattr(fitting, "replays", fake_replays)
+    fitted = prediction.models(("numpy-legacy", "numpy"), "flowgrpo", "off", data_plane="transferqueue")
+    assert calls == fitting.replay_groups(("numpy-legacy", "numpy"), "transferqueue")
+    assert set(fitted) == {"numpy-legacy", "numpy"}
 
 
 def test_baselines_count_in_the_node_total():
@@ -419,8 +460,6 @@ def test_tq_plane_fit_on_small_replays_predicts_a_held_out_replay(tmp_path, monk
     The controller passes metadata only, so it must stay near nothing in both; the storage units (a role of
     the model, their peak in the prediction) must be predicted to hold about the batch at its peak. On the
     suite's one local cluster (three logical CPUs: one per TransferQueue actor)."""
-    from picklescope.ray.transferqueue import missing
-
     if missing() is not None:
         pytest.skip(f"TransferQueue is not installed: {missing()}")
     monkeypatch.setenv("PICKLESCOPE_CACHE", str(tmp_path))

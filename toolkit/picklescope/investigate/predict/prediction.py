@@ -228,17 +228,19 @@ def models(codecs: Sequence[str], workload: str, gc: str, *, scales: Sequence[fl
            workers: Sequence[int] = fitting.FIT_WORKERS, steps: int = fitting.FIT_STEPS, refresh: bool = False,
            ray_address: str | None = None, data_plane: str = "dataproto",
            log: Callable[[str], None] | None = None) -> dict[str, Model]:
-    """One fitted model per codec, from cached replays where they exist (the rest replayed, see :mod:`.fit`)."""
+    """One fitted model per codec, from cached replays where they exist (the rest replayed, see :mod:`.fit`).
+
+    The replays are gathered group by group (:func:`~.fit.replay_groups`: a group's codecs share their fit
+    sizes), then each codec is fitted on its :func:`fit_set` of all of them."""
     wl = load_workload(workload)
+    reps: list[fitting.Replay] = []
+    for group in fitting.replay_groups(codecs, data_plane):
+        reps += fitting.replays(group, workload, gc, fit_scales(wl, group[0], scales, workers), workers, steps,
+                                refresh=refresh, ray_address=ray_address, data_plane=data_plane, log=log)
     out: dict[str, Model] = {}
-    built_in = [c for c in codecs if not c.startswith("verl-")]
-    groups = ([built_in] if built_in else []) + [[c] for c in codecs if c.startswith("verl-")]
-    for group in groups:
-        reps = fitting.replays(group, workload, gc, fit_scales(wl, group[0], scales, workers), workers, steps,
-                               refresh=refresh, ray_address=ray_address, data_plane=data_plane, log=log)
-        for codec in group:
-            out[codec] = fit_model(fit_set(reps, codec, data_plane), leaf_row_bytes(wl))
-            out[codec].codec = codec
+    for codec in codecs:
+        out[codec] = fit_model(fit_set(reps, codec, data_plane), leaf_row_bytes(wl))
+        out[codec].codec = codec
     return out
 
 
@@ -364,13 +366,10 @@ def predict(codecs: Sequence[str] = ("numpy-legacy", "numpy"), workload: str = "
 def _check(preds: list[CodecPrediction], codecs: Sequence[str], workload: str, scale: float, workers: int,
            steps: int, gc: str, wl: Workload, timeout_s: float, ray_address: str | None,
            log: Callable[[str], None] | None, data_plane: str = "dataproto") -> None:
-    """Replay the predicted size for real (built-in codecs as one series on the DataProto plane, each alone
-    on the TransferQueue plane, as the fit replays them) and set each prediction's check."""
-    series = data_plane == "dataproto"
-    built_in = [c for c in codecs if not c.startswith("verl-") and series]
-    groups = ([built_in] if built_in else []) + [[c] for c in codecs if c.startswith("verl-") or not series]
+    """Replay the predicted size for real, in the groups the fit replays in (:func:`~.fit.replay_groups`),
+    and set each prediction's check."""
     by_codec = {p.codec: p for p in preds}
-    for group in groups:
+    for group in fitting.replay_groups(codecs, data_plane):
         if log:
             log(f"checking: replaying {','.join(group)} at x{scale:g}, {workers} workers, {steps} steps, gc {gc}")
         t = time.monotonic()
