@@ -55,6 +55,9 @@ class StepObs:
     # timed, or where the controller sends no chunk (the TransferQueue plane)
     calls_in_flight: int | None = None
     call_to_send: float | None = None
+    # per role, how far its level moved between the first two samples after the step's end: what one sample
+    # interval resolves of the level (empty in a replay cached before it was kept)
+    end_jitter: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -124,6 +127,8 @@ def observe(result: NodeResult, wl: Workload) -> Replay:
                 obs.peak[role] = max(inside)
             if after:
                 obs.end[role] = after[0]
+            if len(after) >= 2:
+                obs.end_jitter[role] = abs(after[1] - after[0])
         rep.per_step.append(obs)
     return rep
 

@@ -35,6 +35,20 @@ from picklescope.investigate.predict.model import fit as fit_model
 from picklescope.workloads.spec import Workload, load_workload
 
 RAY_THRESHOLD = 0.95
+# Ray's default object store on a node (ray._private.utils.resolve_object_store_memory, with its constants
+# DEFAULT_OBJECT_STORE_MEMORY_PROPORTION and DEFAULT_OBJECT_STORE_MAX_MEMORY_BYTES): a share of the node's
+# memory, capped; what does not fit is spilled to disk. The node's /dev/shm, which Ray also caps it by, is
+# not known here.
+RAY_STORE_SHARE = 0.3
+RAY_STORE_MAX_BYTES = 200 * 10**9
+
+
+def store_capacity(node_memory: int | None) -> int | None:
+    """The object store's capacity Ray gives a node of ``node_memory`` bytes by default (None: unknown, the
+    store's level is then unbounded)."""
+    if not node_memory:
+        return None
+    return min(int(RAY_STORE_SHARE * node_memory), RAY_STORE_MAX_BYTES)
 KILL_POLICY = ("Ray's memory monitor kills a worker (a task's or an actor's process), never the raylet nor the "
                "driver: retriable tasks first, then the most recently scheduled; no process here is retriable, so "
                "the victim is the step's last worker call")
@@ -255,9 +269,12 @@ def fit_set(reps: Sequence[fitting.Replay], codec: str, data_plane: str = "datap
 
 def play_node(model: Model, wl: Workload, rows: int, payload: int, workers: int, steps: int,
               baselines: dict[str, int], node_memory: int | None, threshold: float) -> dict[str, Any]:
-    """The model at one size: per step node and controller bytes, per process peaks, Ray's kill."""
+    """The model at one size: per step node and controller bytes, per process peaks, Ray's kill. The object
+    store is bounded by the capacity Ray gives ``node_memory`` (:func:`store_capacity`), less what the store
+    holds before the batch (its baseline, if given)."""
     obj = len(wl.non_tensor)
-    played = model.play(payload, rows, workers, steps, obj)
+    cap = store_capacity(node_memory)
+    played = model.play(payload, rows, workers, steps, obj, None if cap is None else cap - baselines.get("store", 0))
     names = ["controller"] + [f"worker-{i}" for i in range(workers)]
     base_of = {n: baselines.get(n, 0) for n in names}
     shared = ["store"] if model.data_plane == "dataproto" else ["store", "producer", "storage", "tq-controller"]
