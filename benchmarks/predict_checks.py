@@ -36,6 +36,7 @@ from picklescope.investigate.predict.model import fit as fit_model
 from picklescope.investigate.predict.model import released_at
 from picklescope.investigate.predict.prediction import fit_scales, fit_set, leaf_row_bytes, play_node
 from picklescope.ray.local_cluster import LocalCluster
+from picklescope.ray.startup import RayStartError
 from picklescope.workloads.spec import load_workload
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -47,7 +48,7 @@ def _start_cluster(attempts: int, num_cpus: int = 1) -> LocalCluster:
     for _ in range(attempts):
         try:
             return LocalCluster(object_store_bytes=3072 * MiB, num_cpus=num_cpus).start()
-        except RuntimeError as exc:
+        except (RuntimeError, RayStartError) as exc:  # a failed start is a RayStartError: try again
             failures.append(str(exc)[-200:])
     sys.exit(f"predict_checks: the local Ray cluster did not start in {attempts} attempts: {failures[-1]}")
 

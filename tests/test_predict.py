@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -21,6 +22,8 @@ from picklescope.investigate.predict import fit as fitting
 from picklescope.investigate.predict import model as model_mod
 from picklescope.investigate.predict import prediction
 from picklescope.investigate.predict.fit import Replay, StepObs
+from picklescope.measure.session import StepRecord
+from picklescope.ray.transferqueue import missing
 from picklescope.workloads.spec import load_workload
 
 MiB = 2**20
@@ -204,14 +207,89 @@ def test_mapped_leaves_count_once_per_call_open_at_once_not_once_per_worker():
     assert timed.calls_text().startswith("2, at most the workers") and "upper bound" in untimed.calls_text()
 
 
+def test_one_slow_step_does_not_set_the_calls_open_at_once():
+    """Every replay's longest call lasted 1.6 x the controller's sending of a chunk (two calls open), but in
+    one step of one replay, slowed by the machine's load, a call lasted 3.5 sends. The maximum over all steps
+    made that four calls open at once, all the mapped chunks; the median over the replays of each one's
+    longest step keeps two, as a run without the slow step would."""
+    leaves = [1.0 * MiB, 3.0 * MiB]
+    calm = _mapped_fit_set([1.6, 0.4, 0.5, 0.4, 0.4, 0.5])
+    slow = _mapped_fit_set([1.6, 0.4, 0.5, 0.4, 0.4, 0.5])
+    slow[2].per_step[3].call_to_send = 3.5
+    m, m_calm = model_mod.fit(slow, leaves), model_mod.fit(calm, leaves)
+    assert m.call_to_send == pytest.approx(1.6) and m.calls_in_flight == 2 == m_calm.calls_in_flight
+    assert m.play(256 * MiB, 64, 4, 3, 2)["workers"] == m_calm.play(256 * MiB, 64, 4, 3, 2)["workers"]
+    assert model_mod.call_to_send(_mapped_fit_set([0.9, 1.2, None])) is None  # a step not timed: the upper bound
+    halves = _mapped_fit_set([0.5] * 6)
+    for rep in halves[:3]:
+        rep.per_step[0].call_to_send = 2.5
+    assert model_mod.call_to_send(halves) == pytest.approx(2.5)  # of an even count, the side of more calls
+
+
+def test_the_store_is_a_high_water_mark_within_its_capacity():
+    """The store holds the controller's held steps' objects (a payload per step, freed at each release
+    every third step). Its pages are never given back, so after a release its level stays at the highest it
+    has been, and the next steps reuse those pages; and it never holds more than its capacity (Ray spills
+    the rest to disk). ``play_node`` bounds it by the capacity Ray gives the node: 0.3 of its memory, at
+    most 200 GB."""
+    reps = fit_set(release_every=3)
+    for rep in reps:
+        for s in rep.per_step:
+            s.end["store"] = s.peak["store"] = s.end["controller"] - rep.payload_bytes // 2
+            s.end["node"] = s.peak["node"] = s.end["controller"] + s.end["workers"] + s.end["store"]
+    m = model_mod.fit(reps)
+    pay = 200 * MiB
+    store = [lvl / pay for lvl, _ in m.play(pay, 64, 4, 6, 2)["store"]]
+    assert store == pytest.approx([1, 2, 2, 2, 3, 3], abs=1e-3)
+    capped = m.play(pay, 64, 4, 6, 2, store_capacity=2.5 * pay)
+    assert [lvl / pay for lvl, _ in capped["store"]] == pytest.approx([1, 2, 2, 2, 2.5, 2.5], abs=1e-3)
+    assert all(peak <= 2.5 * pay for _, peak in capped["store"])
+    ctl = [lvl for lvl, _ in capped["controller"]]
+    assert [lvl for lvl, _ in capped["node"]][4] == pytest.approx(ctl[4] + capped["workers"][4][0] + 2.5 * pay)
+    assert prediction.store_capacity(1507 * 10**9) == 200 * 10**9
+    assert prediction.store_capacity(100 * 10**9) == 30 * 10**9 and prediction.store_capacity(None) is None
+    wl, per_row, pay = _flowgrpo_batch(512)
+    reps = fit_set()  # the collector off: the store keeps a payload per step, nothing is released
+    for rep in reps:
+        for s in rep.per_step:
+            s.end["store"] = s.peak["store"] = s.end["controller"]
+    gc_off = model_mod.fit(reps)
+    out = prediction.play_node(gc_off, wl, 512, pay, 4, 120, {"store": pay}, 40 * pay, 0.95)
+    assert out["peaks"]["store"] <= 12 * pay  # 0.3 x 40 payloads, the store's baseline within it
+
+
+def test_a_growth_within_the_steps_noise_or_below_a_samples_resolution_is_none():
+    """The store's level moved by whole blocks between steps (rises of 2, -2, 3, -2 and 1 units): the median
+    rise, one unit, is within the rises' scatter (median absolute deviation two units), so it is no growth;
+    multiplied by 120 steps it would have been six payloads no step keeps. A consistent rise of half a unit
+    per step is a growth, unless one sample interval moved the level by more than that at the steps' ends."""
+    def store_levels(levels: list[float], jitter: float = 0.0) -> list[Replay]:
+        reps = fit_set()
+        for rep in reps:
+            unit = rep.payload_bytes / 20
+            for s, v in zip(rep.per_step, levels):
+                s.end["store"] = s.peak["store"] = int(v * unit)
+                s.end["node"] = s.peak["node"] = s.end["controller"] + s.end["workers"] + s.end["store"]
+                if jitter:
+                    s.end_jitter["store"] = int(jitter * unit)
+        return reps
+
+    pay = 200 * MiB
+    x = model_mod.fit(fit_set()).features(pay, 64, 4, 2)
+    noisy = model_mod.fit(store_levels([0, 2, 0, 3, 1, 2]))
+    assert noisy.roles["store"].growth(x) == pytest.approx(0.0, abs=1.0)
+    levels = [lvl for lvl, _ in noisy.play(pay, 64, 4, 120, 2)["store"]]
+    assert levels[-1] - levels[0] < pay / 20
+    creep = [0.5 * k for k in range(6)]
+    assert model_mod.fit(store_levels(creep)).roles["store"].growth(x) == pytest.approx(pay / 40, rel=1e-3)
+    unresolved = model_mod.fit(store_levels(creep, jitter=1.0))
+    assert unresolved.roles["store"].growth(x) == pytest.approx(0.0, abs=1.0)
+
+
 def test_calls_are_timed_from_the_workers_named_steps_against_the_controllers_sends():
     """Worker calls are spans from a worker's first named step of a training step to its last: two spans
     that overlap count as two open at once, the driver's steps and other training steps not at all. The
     ratio is a call's mean span over the controller's mean time to send one chunk (its depth-0 sends)."""
-    from types import SimpleNamespace
-
-    from picklescope.measure.session import StepRecord
-
     def proc(*spans):
         return SimpleNamespace(steps=[StepRecord(n, a, b, depth=d, training_step=k) for n, a, b, k, d in spans])
 
@@ -307,6 +385,48 @@ def test_tq_plane_fits_every_codec_on_all_codecs_replays_and_dataproto_on_its_ow
     assert prediction.fit_set(tq, "numpy", "transferqueue") == tq  # the codec never touches the tensors there
     dp = [synthetic(20 * MiB, 2, 4, codec="numpy"), synthetic(20 * MiB, 2, 4, codec="numpy-legacy")]
     assert prediction.fit_set(dp, "numpy") == dp[:1]
+
+
+def test_the_fit_the_check_and_the_models_group_codecs_by_one_rule(monkeypatch):
+    """One rule groups the codecs into replays: on the DataProto plane the built-in codecs as one series and
+    each verl codec alone, on the TransferQueue plane each alone. The fit's replays, the check's and the
+    models' gathering of replays all follow it (here with the replays stubbed: no cluster starts)."""
+    codecs = ("verl-0.9.0:numpy", "numpy-legacy", "numpy")
+    assert fitting.replay_groups(codecs, "dataproto") == [["numpy-legacy", "numpy"], ["verl-0.9.0:numpy"]]
+    assert fitting.replay_groups(("numpy-legacy", "numpy"), "transferqueue") == [["numpy-legacy"], ["numpy"]]
+    assert fitting.replay_groups((), "dataproto") == []
+    series: list[list[str]] = []
+
+    def fake_series(group, workload, scale, workers, steps, **kw):
+        series.append(list(group))
+        return [SimpleNamespace(outcome="ok", node_peak_bytes=1, processes={}) for _ in group]
+
+    def fake_observe(result, wl):
+        return synthetic(20 * MiB, 2, 3, codec=series[-1][0])
+
+    monkeypatch.setattr(fitting, "node_series", fake_series)
+    monkeypatch.setattr(fitting, "observe", fake_observe)
+    monkeypatch.setattr(fitting, "save_cached", lambda path, rep: None)
+    monkeypatch.setattr(fitting, "load_cached", lambda path, plane="dataproto": None)
+    fitting.replays(codecs, "flowgrpo", "off", scales=(0.05,), workers=(2,), steps=3)
+    assert series == fitting.replay_groups(codecs, "dataproto")
+    series.clear()
+    monkeypatch.setattr(prediction, "node_series", fake_series)
+    preds = [prediction.CodecPrediction(c, "off", 1, 1, 2, 3, None, 0.95, {}, 1, {"controller": 1}, [], None, None,
+                                        [], [], []) for c in codecs]
+    wl = load_workload("flowgrpo")
+    prediction._check(preds, codecs, "flowgrpo", 0.05, 2, 3, "off", wl, 60.0, None, None)
+    assert series == fitting.replay_groups(codecs, "dataproto")
+    calls: list[list[str]] = []
+
+    def fake_replays(group, *args, **kw):
+        calls.append(list(group))
+        return [synthetic(20 * MiB, 2, 3, codec=c) for c in group]
+
+    monkeypatch.setattr(fitting, "replays", fake_replays)
+    fitted = prediction.models(("numpy-legacy", "numpy"), "flowgrpo", "off", data_plane="transferqueue")
+    assert calls == fitting.replay_groups(("numpy-legacy", "numpy"), "transferqueue")
+    assert set(fitted) == {"numpy-legacy", "numpy"}
 
 
 def test_baselines_count_in_the_node_total():
@@ -419,8 +539,6 @@ def test_tq_plane_fit_on_small_replays_predicts_a_held_out_replay(tmp_path, monk
     The controller passes metadata only, so it must stay near nothing in both; the storage units (a role of
     the model, their peak in the prediction) must be predicted to hold about the batch at its peak. On the
     suite's one local cluster (three logical CPUs: one per TransferQueue actor)."""
-    from picklescope.ray.transferqueue import missing
-
     if missing() is not None:
         pytest.skip(f"TransferQueue is not installed: {missing()}")
     monkeypatch.setenv("PICKLESCOPE_CACHE", str(tmp_path))

@@ -55,6 +55,9 @@ class StepObs:
     # timed, or where the controller sends no chunk (the TransferQueue plane)
     calls_in_flight: int | None = None
     call_to_send: float | None = None
+    # per role, how far its level moved between the first two samples after the step's end: what one sample
+    # interval resolves of the level (empty in a replay cached before it was kept)
+    end_jitter: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -124,6 +127,8 @@ def observe(result: NodeResult, wl: Workload) -> Replay:
                 obs.peak[role] = max(inside)
             if after:
                 obs.end[role] = after[0]
+            if len(after) >= 2:
+                obs.end_jitter[role] = abs(after[1] - after[0])
         rep.per_step.append(obs)
     return rep
 
@@ -277,19 +282,28 @@ def save_cached(path: Path, rep: Replay) -> None:
 # -- running the replays ----------------------------------------------------------------------------
 
 
+def replay_groups(codecs: Sequence[str], data_plane: str = "dataproto") -> list[list[str]]:
+    """The codecs that replay together, one ``node_series`` (one cluster) per group, in ``codecs``' order:
+    on the DataProto plane the built-in codecs as one series (the node's start is most of a replay's cost)
+    and each ``verl-*`` codec alone (it loads its own verl); on the TransferQueue plane every codec alone (a
+    series' unmeasured steps before each replay leave the storage units' memory in its baseline,
+    docs/node.md, which would hide the storage role). The fit's replays, the check's replay and the models
+    fitted from them all group by this one rule, so a fit and its check replay alike."""
+    series = data_plane == "dataproto"
+    built_in = [c for c in codecs if series and not c.startswith("verl-")]
+    return ([built_in] if built_in else []) + [[c] for c in codecs if c not in built_in]
+
+
 def replays(codecs: Sequence[str], workload: str, gc: str, scales: Sequence[float] = FIT_SCALES,
             workers: Sequence[int] = FIT_WORKERS, steps: int = FIT_STEPS, *, refresh: bool = False,
             timeout_s: float = 900.0, ray_address: str | None = None, data_plane: str = "dataproto",
             log: Callable[[str], None] | None = None) -> list[Replay]:
     """The fit's replays, from the cache where they are, measured where not.
 
-    The built-in codecs missing at one size and worker count replay as one series on one cluster (the
-    node's start is most of a replay's cost); a ``verl-*`` codec loads its own verl, so it replays alone.
-    Sizes and worker counts run one after the other, never side by side: each is a cluster of its own,
-    or all join ``ray_address`` (starting a cluster is the slowest and least reliable part of a replay on
-    a loaded machine; the cluster's object store must then hold every step's chunks with ``gc off``).
-    On the TransferQueue plane every codec replays alone: a series' unmeasured steps before each replay
-    leave the storage units' memory in its baseline (docs/node.md), which would hide the storage role.
+    The codecs missing at one size and worker count replay in the groups of :func:`replay_groups`. Sizes and
+    worker counts run one after the other, never side by side: each is a cluster of its own, or all join
+    ``ray_address`` (starting a cluster is the slowest and least reliable part of a replay on a loaded machine;
+    the cluster's object store must then hold every step's chunks with ``gc off``).
     """
     wl = load_workload(workload)
     out: list[Replay] = []
@@ -303,11 +317,7 @@ def replays(codecs: Sequence[str], workload: str, gc: str, scales: Sequence[floa
                     out.append(cached)
                 else:
                     missing.append(codec)
-            groups = [[c] for c in missing if c.startswith("verl-") or data_plane != "dataproto"]
-            built_in = [c for c in missing if not c.startswith("verl-") and data_plane == "dataproto"]
-            if built_in:
-                groups.append(built_in)
-            for group in groups:
+            for group in replay_groups(missing, data_plane):
                 if log:
                     log(f"replaying {','.join(group)} on {wl.name} x{s:g}, {w} workers, {steps} steps, gc {gc}, "
                         f"data plane {data_plane}")

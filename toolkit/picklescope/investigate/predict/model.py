@@ -24,6 +24,23 @@ at which the controller's memory fell back (a collection freed the cycle-held co
 happens depends on how many objects a step creates, not on bytes, so the release rate per step is
 fitted as a linear function of the batch's non-tensor objects (rows x keys) and ``W``, and the share of
 the held memory a release frees is its own term.
+
+The object store is a bounded high-water mark: its pages are never given back, so its level after a step is
+the highest its base plus the held steps' objects have been (a release frees objects, and the next steps
+reuse their pages without a new rise), never below its baseline and never above the store's capacity (Ray
+spills what does not fit to disk, where it is no memory of the node's).
+A growth the replays cannot tell from nothing counts as none: a replay's median rise between steps is
+kept only above both what one sample interval resolves of a level (how far the role moved between the
+first two samples after the step's end, the median over the steps) and the noise of the replay's own
+rises (their median absolute deviation from the median). Below that, a growth is the sampler's or the
+allocator's jitter, and played over 120 steps it would be a rise no step makes.
+
+How many workers' calls are open at once (the chunks whose leaves above glibc's mmap threshold the
+workers' sum holds together, see :data:`MMAP_THRESHOLD_MAX`) comes from the call-to-send ratio of the
+fits' steps: for each replay its longest step (calls that fault in fresh pages last longer, as every
+call with a mapped leaf does), then the median over the replays (the higher middle one of an even
+count). One slow step, from a loaded machine, lands in one replay and moves that replay's longest only,
+where the maximum over every step of every replay would be set by it and move between runs.
 """
 
 from __future__ import annotations
@@ -132,7 +149,7 @@ class Model:
     release_share: float = 0.0  # share of the held growth a release frees
     collection_rate: Term | None = None  # the controller's full collections per training step
     calls_in_flight: int | None = None  # worker calls open at once, from call_to_send (None: not timed)
-    call_to_send: float | None = None  # the fits' longest worker call over the controller's time to send a chunk
+    call_to_send: float | None = None  # a call's span over the controller's time to send a chunk (see the module doc)
     fitted_on: list[str] = field(default_factory=list)
     leaf_row_bytes: list[float] = field(default_factory=list)  # bytes per row of each tensor leaf
 
@@ -171,10 +188,14 @@ class Model:
             return []
         return [k for k in range(1, steps + 1) if math.floor(rate * k + 1e-9) > math.floor(rate * (k - 1) + 1e-9)]
 
-    def play(self, payload: float, rows: int, workers: int, steps: int,
-             objects_per_row: float) -> dict[str, list[tuple[float, float]]]:
-        """Per role, (level after the step, peak during it) for steps 1..``steps``, bytes above baselines."""
+    def play(self, payload: float, rows: int, workers: int, steps: int, objects_per_row: float,
+             store_capacity: float | None = None) -> dict[str, list[tuple[float, float]]]:
+        """Per role, (level after the step, peak during it) for steps 1..``steps``, bytes above baselines.
+
+        ``store_capacity`` bounds the object store's level and peak (None: unbounded); the store's level is a
+        high-water mark (see the module doc)."""
         x = self.features(payload, rows, workers, objects_per_row)
+        cap = math.inf if store_capacity is None else max(0.0, store_capacity)
         releases = set(self.release_steps(x, steps))
         out: dict[str, list[tuple[float, float]]] = {}
         for role, rm in self.roles.items():
@@ -193,7 +214,11 @@ class Model:
                     # controller frees the controller's own objects only, never another process's memory
                     held -= self.release_share * (held - growth)
                 level = base + held
-                rows_out.append((level, max(prev, level) + trans))
+                if role == "store":  # the high-water mark of what it held, within its capacity
+                    level = min(cap, max(prev, level))
+                    rows_out.append((level, min(cap, level + trans)))
+                else:
+                    rows_out.append((level, max(prev, level) + trans))
                 prev = level
             out[role] = rows_out
         if "node" in self.roles and all(p in out for p in self.parts):  # the node: its parts' levels, plus the
@@ -214,7 +239,8 @@ class Model:
                 continue
             rows.append((role, "level with nothing held", rm.base.describe(mib)))
             freed = ("never freed in the fits" if self.release_rate is None else
-                     f"{self.release_share:.0%} of it freed at each release")
+                     "its pages kept at a release (a high-water mark, reused by the next steps)" if role == "store"
+                     else f"{self.release_share:.0%} of it freed at each release")
             rows.append((role, "held per training step", rm.growth.describe(mib) + f", {freed}"))
             rows.append((role, "transient within a step", rm.transient.describe(mib)))
         if self.release_rate is not None:
@@ -230,8 +256,9 @@ class Model:
         glibc's mmap threshold, resident during a call only) the workers' sum holds together."""
         if self.calls_in_flight is None:
             return "all workers (an upper bound: the fits' replays did not time their calls)"
-        return (f"{self.calls_in_flight}, at most the workers (a worker's call lasted up to {self.call_to_send:.2f} x "
-                "the controller's sending of one chunk in the fits), each holding its chunk's leaves above glibc's "
+        return (f"{self.calls_in_flight}, at most the workers (a worker's call lasted {self.call_to_send:.2f} x the "
+                "controller's sending of one chunk in the fits: each replay's longest step, the median over the "
+                "replays), each holding its chunk's leaves above glibc's "
                 "mmap threshold during the call; workers that compute longer than the replay's overlap more, up "
                 "to all of them")
 
@@ -283,6 +310,20 @@ def released_at(rep: Replay) -> list[int]:
     return out
 
 
+def growth_floor(rep: Replay, role: str, rises: Sequence[float]) -> float:
+    """The smallest rise per step of ``role`` that ``rep`` can tell from nothing: the larger of what one
+    sample interval resolves of its level (the median over the steps of how far it moved between the first
+    two samples after a step's end) and the noise of its rises between steps (their median absolute
+    deviation from their median). A consistent rise has no deviation and always counts; a median rise
+    among rises that scatter more than it does is noise."""
+    jitter = [s.end_jitter[role] for s in rep.per_step if role in s.end_jitter]
+    resolution = statistics.median(jitter) if jitter else 0.0
+    if len(rises) < 2:
+        return float(resolution)
+    mid = statistics.median(rises)
+    return float(max(resolution, statistics.median(abs(r - mid) for r in rises)))
+
+
 def _role_terms(rep: Replay, role: str, releases: list[int]) -> tuple[float, float, float, float | None]:
     """One replay's (base, growth, transient, share freed at a release) for ``role``.
 
@@ -307,6 +348,8 @@ def _role_terms(rep: Replay, role: str, releases: list[int]) -> tuple[float, flo
     # growth: median rise over steps with no release in them (the first step carries the base, so from step 2)
     rises = [ends[i] - ends[i - 1] for i in range(1 + settle, len(ends)) if idx[i] not in releases]
     growth = max(0.0, statistics.median(rises)) if rises else 0.0
+    if growth <= growth_floor(rep, role, rises):  # the sampler's or the allocator's jitter, not a growth
+        growth = 0.0
     held, ms = 0.0, []
     shares = []
     for i, k in enumerate(idx):
@@ -337,6 +380,22 @@ def _node_transient(rep: Replay, parts: Sequence[str] = PARTS) -> float:
     return max(0.0, sum(out) / len(out)) if out else 0.0
 
 
+def call_to_send(reps: Sequence[Replay]) -> float | None:
+    """The call-to-send ratio ``r`` the model counts calls open at once by (``floor(r) + 1`` when the last
+    chunk leaves): per replay its longest step, since a mapped leaf is fresh pages at every call (the
+    kernel faults them in, and takes them back at the free), as the fits' heaps are in their first step
+    only, and calls that fault in their pages last longer; then the median over the replays (the higher
+    middle one: the side of more calls open), so that one slow step, which lands in one replay, does not
+    set it. None when any step of any replay was not timed (the upper bound, all workers, then holds)."""
+    longest = []
+    for r in reps:
+        ratios = [s.call_to_send for s in r.per_step]
+        if not ratios or any(v is None for v in ratios):
+            return None
+        longest.append(max(v for v in ratios if v is not None))
+    return statistics.median_high(longest) if longest else None
+
+
 def fit(replays: Sequence[Replay], leaf_row_bytes: Sequence[float] = ()) -> Model:
     """The model of one codec under one collector mode from its replays (at least one, all ``ok``);
     ``leaf_row_bytes`` (bytes per row of each tensor leaf) places the chunk's leaves against glibc's
@@ -365,13 +424,8 @@ def fit(replays: Sequence[Replay], leaf_row_bytes: Sequence[float] = ()) -> Mode
                                   fit_term(f"{role} transient", feats, xs, [p[2] for p in per]))
         if role == "controller":
             shares = [p[3] for p in per if p[3] is not None]
-    # Calls open when the last chunk leaves: floor(r) + 1 for the longest call-to-send ratio r of any step,
-    # not a mean: a mapped leaf is fresh pages at every call (the kernel faults them in, and takes them back
-    # at the free), as the fits' heaps are in their first step only, and calls that fault in their pages
-    # last longer (the first step's do).
-    ratios = [s.call_to_send for r in reps for s in r.per_step]
-    if ratios and all(v is not None for v in ratios):
-        m.call_to_send = max(v for v in ratios if v is not None)
+    m.call_to_send = call_to_send(reps)
+    if m.call_to_send is not None:
         m.calls_in_flight = math.floor(m.call_to_send) + 1
     counted = [r for r in reps if r.per_step[-1].collections is not None]
     if counted:

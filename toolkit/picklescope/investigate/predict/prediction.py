@@ -35,6 +35,20 @@ from picklescope.investigate.predict.model import fit as fit_model
 from picklescope.workloads.spec import Workload, load_workload
 
 RAY_THRESHOLD = 0.95
+# Ray's default object store on a node (ray._private.utils.resolve_object_store_memory, with its constants
+# DEFAULT_OBJECT_STORE_MEMORY_PROPORTION and DEFAULT_OBJECT_STORE_MAX_MEMORY_BYTES): a share of the node's
+# memory, capped; what does not fit is spilled to disk. The node's /dev/shm, which Ray also caps it by, is
+# not known here.
+RAY_STORE_SHARE = 0.3
+RAY_STORE_MAX_BYTES = 200 * 10**9
+
+
+def store_capacity(node_memory: int | None) -> int | None:
+    """The object store's capacity Ray gives a node of ``node_memory`` bytes by default (None: unknown, the
+    store's level is then unbounded)."""
+    if not node_memory:
+        return None
+    return min(int(RAY_STORE_SHARE * node_memory), RAY_STORE_MAX_BYTES)
 KILL_POLICY = ("Ray's memory monitor kills a worker (a task's or an actor's process), never the raylet nor the "
                "driver: retriable tasks first, then the most recently scheduled; no process here is retriable, so "
                "the victim is the step's last worker call")
@@ -228,17 +242,19 @@ def models(codecs: Sequence[str], workload: str, gc: str, *, scales: Sequence[fl
            workers: Sequence[int] = fitting.FIT_WORKERS, steps: int = fitting.FIT_STEPS, refresh: bool = False,
            ray_address: str | None = None, data_plane: str = "dataproto",
            log: Callable[[str], None] | None = None) -> dict[str, Model]:
-    """One fitted model per codec, from cached replays where they exist (the rest replayed, see :mod:`.fit`)."""
+    """One fitted model per codec, from cached replays where they exist (the rest replayed, see :mod:`.fit`).
+
+    The replays are gathered group by group (:func:`~.fit.replay_groups`: a group's codecs share their fit
+    sizes), then each codec is fitted on its :func:`fit_set` of all of them."""
     wl = load_workload(workload)
+    reps: list[fitting.Replay] = []
+    for group in fitting.replay_groups(codecs, data_plane):
+        reps += fitting.replays(group, workload, gc, fit_scales(wl, group[0], scales, workers), workers, steps,
+                                refresh=refresh, ray_address=ray_address, data_plane=data_plane, log=log)
     out: dict[str, Model] = {}
-    built_in = [c for c in codecs if not c.startswith("verl-")]
-    groups = ([built_in] if built_in else []) + [[c] for c in codecs if c.startswith("verl-")]
-    for group in groups:
-        reps = fitting.replays(group, workload, gc, fit_scales(wl, group[0], scales, workers), workers, steps,
-                               refresh=refresh, ray_address=ray_address, data_plane=data_plane, log=log)
-        for codec in group:
-            out[codec] = fit_model(fit_set(reps, codec, data_plane), leaf_row_bytes(wl))
-            out[codec].codec = codec
+    for codec in codecs:
+        out[codec] = fit_model(fit_set(reps, codec, data_plane), leaf_row_bytes(wl))
+        out[codec].codec = codec
     return out
 
 
@@ -253,9 +269,12 @@ def fit_set(reps: Sequence[fitting.Replay], codec: str, data_plane: str = "datap
 
 def play_node(model: Model, wl: Workload, rows: int, payload: int, workers: int, steps: int,
               baselines: dict[str, int], node_memory: int | None, threshold: float) -> dict[str, Any]:
-    """The model at one size: per step node and controller bytes, per process peaks, Ray's kill."""
+    """The model at one size: per step node and controller bytes, per process peaks, Ray's kill. The object
+    store is bounded by the capacity Ray gives ``node_memory`` (:func:`store_capacity`), less what the store
+    holds before the batch (its baseline, if given)."""
     obj = len(wl.non_tensor)
-    played = model.play(payload, rows, workers, steps, obj)
+    cap = store_capacity(node_memory)
+    played = model.play(payload, rows, workers, steps, obj, None if cap is None else cap - baselines.get("store", 0))
     names = ["controller"] + [f"worker-{i}" for i in range(workers)]
     base_of = {n: baselines.get(n, 0) for n in names}
     shared = ["store"] if model.data_plane == "dataproto" else ["store", "producer", "storage", "tq-controller"]
@@ -364,13 +383,10 @@ def predict(codecs: Sequence[str] = ("numpy-legacy", "numpy"), workload: str = "
 def _check(preds: list[CodecPrediction], codecs: Sequence[str], workload: str, scale: float, workers: int,
            steps: int, gc: str, wl: Workload, timeout_s: float, ray_address: str | None,
            log: Callable[[str], None] | None, data_plane: str = "dataproto") -> None:
-    """Replay the predicted size for real (built-in codecs as one series on the DataProto plane, each alone
-    on the TransferQueue plane, as the fit replays them) and set each prediction's check."""
-    series = data_plane == "dataproto"
-    built_in = [c for c in codecs if not c.startswith("verl-") and series]
-    groups = ([built_in] if built_in else []) + [[c] for c in codecs if c.startswith("verl-") or not series]
+    """Replay the predicted size for real, in the groups the fit replays in (:func:`~.fit.replay_groups`),
+    and set each prediction's check."""
     by_codec = {p.codec: p for p in preds}
-    for group in groups:
+    for group in fitting.replay_groups(codecs, data_plane):
         if log:
             log(f"checking: replaying {','.join(group)} at x{scale:g}, {workers} workers, {steps} steps, gc {gc}")
         t = time.monotonic()
