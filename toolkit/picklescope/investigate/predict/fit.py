@@ -32,7 +32,7 @@ from picklescope.investigate.node import NodeResult, node_series
 from picklescope.verl import envs
 from picklescope.workloads.spec import Workload, load_workload
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: each step records its end jitter (the growth floor); older observations lack it
 FIT_SCALES = (0.05, 0.1, 0.2)
 FIT_WORKERS = (2, 4)
 FIT_STEPS = 6
