@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from picklescope.core import procmem
+from picklescope.core.childconfig import ChildConfig
 from picklescope.core.events import Baseline, Event, Probe, StepEnd, StepStart
 
 
@@ -136,12 +137,12 @@ class ProbeMeter(Meter):
         return h - self.baseline
 
 
-def make_meter(sink: Callable[[Event], None], cfg: dict[str, Any], side: str) -> Meter:
+def make_meter(sink: Callable[[Event], None], cfg: ChildConfig, side: str) -> Meter:
     """The meter a child installs: the normal one, or a single-reading probe for fidelity checks."""
-    probe = (cfg.get("probe") or {}).get(side, False)
+    probe = cfg.probe.get(side, False)
     if probe is not False:
-        return ProbeMeter(sink, cfg["t0"], side, probe)
-    return Meter(sink, cfg["t0"], side)
+        return ProbeMeter(sink, cfg.t0, side, probe)
+    return Meter(sink, cfg.t0, side)
 
 
 _current: Meter | None = None

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from picklescope.codecs import get_codec
 from picklescope.codecs.base import PreparesInChild
@@ -28,6 +28,9 @@ from picklescope.core import steps
 from picklescope.errors import PicklescopeError
 from picklescope.ray import hooks
 from picklescope.verl import loader
+
+if TYPE_CHECKING:  # the record is the node replay's, a layer above; only its type is named here
+    from picklescope.investigate.node.config import NodeConfig
 
 CODEC_ENV = "PICKLESCOPE_NODE_VERL_CODEC"  # tells a worker which verl to load before its class is unpickled
 METHOD = "compute"
@@ -71,7 +74,7 @@ def worker_class(node_worker: type, codec: str | None) -> type:
     class VerlNodeWorker(node_worker, worker):  # type: ignore[misc, valid-type]
         """A verl ``Worker`` (rank and world from the worker group) that measures like a replica worker."""
 
-        def __init__(self, cfg: dict[str, Any], width: int, dtype: str) -> None:
+        def __init__(self, cfg: NodeConfig, width: int, dtype: str) -> None:
             worker.__init__(self)
             node_worker.__init__(self, cfg, f"worker-{self.rank}", width, dtype)
 
@@ -109,9 +112,9 @@ def mark_chunk_and_concat(data_proto: type) -> None:
 class VerlEngine:
     """verl's ``RayWorkerGroup`` over a CPU ``RayResourcePool``, one worker per bundle, driven per step."""
 
-    def __init__(self, ray: Any, cfg: dict[str, Any], worker_cls: type, width: int, dtype: str) -> None:
+    def __init__(self, ray: Any, cfg: NodeConfig, worker_cls: type, width: int, dtype: str) -> None:
         self.ray, self.cfg, self.hooks = ray, cfg, hooks
-        n = cfg["workers"]
+        n = cfg.workers
         have = float(ray.cluster_resources().get("CPU", 0))
         if have < n:
             raise PicklescopeError(
@@ -123,7 +126,7 @@ class VerlEngine:
         actor_cls = ray.remote(max_restarts=0)(worker_cls)
         with_init = ray_base.RayClassWithInitArgs(actor_cls, cfg=cfg, width=width, dtype=dtype)
         self.group = ray_base.RayWorkerGroup(resource_pool=pool, ray_cls_with_init=with_init, device_name="cpu",
-                                             worker_env={CODEC_ENV: cfg["codec"]})
+                                             worker_env={CODEC_ENV: cfg.codec})
         self._trace_calls()
         self.info = {
             "engine": "verl",
@@ -156,7 +159,7 @@ class VerlEngine:
 
     def warm(self, whole: Any) -> None:
         """One small call through the group during set-up (first-call costs land in the baselines)."""
-        n = self.cfg["workers"]
+        n = self.cfg.workers
         self.group.compute(whole.slice(0, n))
 
     def arm(self) -> None:

@@ -172,6 +172,23 @@ def _method(method: str) -> str:
     return METHODS[method]
 
 
+@dataclass(kw_only=True)
+class StepThroughConfig:
+    """What the step-through child is told: the target (a function, or a codec's method), the batch, and
+    the environment to load it in. Not a measured child (no run folder or clock): it traces lines."""
+
+    function: str | None  # "module:qualname", or None for the codec's own method
+    codec: str | None
+    method: str  # "__getstate__" or "__setstate__"
+    workload: str
+    scale: float
+    transport: str
+    sys_path: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    plugins: list[str] = field(default_factory=list)
+    expand: list[str] = field(default_factory=list)  # functions whose lines are traced too
+
+
 def stepthrough(
     function: str | None = None,
     *,
@@ -209,9 +226,9 @@ def stepthrough(
     spec = load_workload(workload)
     result = StepThrough(target=function or f"{codec} codec", method=method, workload=spec.name, scale=scale,
                          payload_bytes=spec.payload_bytes(scale))
-    cfg = {"function": function, "codec": codec, "method": method, "workload": spec.source or spec.name,
-           "scale": scale, "transport": transport, "sys_path": list(sys_path), "env": dict(env or {}),
-           "plugins": plugins, "expand": list(expand)}
+    cfg = StepThroughConfig(function=function, codec=codec, method=method, workload=spec.source or spec.name,
+                            scale=scale, transport=transport, sys_path=list(sys_path), env=dict(env or {}),
+                            plugins=plugins, expand=list(expand))
     t0 = time.monotonic()
     msg, exitcode = launcher.call_once(_child_main, (cfg,), "picklescope-stepthrough", timeout_s)
     result.wall_s = time.monotonic() - t0
@@ -287,46 +304,46 @@ def _code_of(fn: Any) -> Any:
     return code
 
 
-def _prepare(cfg: dict[str, Any], b: Any) -> tuple[Callable[[], Any], Any, str, set[str]]:
+def _prepare(cfg: StepThroughConfig, b: Any) -> tuple[Callable[[], Any], Any, str, set[str]]:
     """(zero-argument call, code object to trace, label, packages to expand) for the configured target."""
-    setstate = cfg["method"] == "__setstate__"
-    if cfg["function"] is None:
-        c = get_codec(cfg["codec"])
+    setstate = cfg.method == "__setstate__"
+    if cfg.function is None:
+        c = get_codec(cfg.codec)
         if isinstance(c, PreparesInChild):
             c.prepare()
         fn = c.setstate if setstate else c.getstate
-        label = f"{cfg['codec']} codec: {type(c).__module__}:{type(c).__qualname__}.{fn.__name__}"
+        label = f"{cfg.codec} codec: {type(c).__module__}:{type(c).__qualname__}.{fn.__name__}"
         if setstate:
-            state = _transported(c.getstate(b), cfg["transport"])
+            state = _transported(c.getstate(b), cfg.transport)
             fresh = Batch()
             return (lambda: fn(fresh, state)), _code_of(fn), label, {"picklescope"}
         return (lambda: fn(b)), _code_of(fn), label, {"picklescope"}
-    owner, fn = _resolve(cfg["function"])
+    owner, fn = _resolve(cfg.function)
     package = str(getattr(inspect.unwrap(getattr(fn, "__func__", fn)), "__module__", "") or "").split(".")[0]
-    label = cfg["function"]
+    label = cfg.function
     if isinstance(owner, type):
         obj = _instance(owner, b)
         if setstate:
-            state = _transported(obj.__getstate__(), cfg["transport"])
+            state = _transported(obj.__getstate__(), cfg.transport)
             fresh = owner.__new__(owner)
             return (lambda: fn(fresh, state)), _code_of(fn), label, {package}
         return (lambda: fn(obj)), _code_of(fn), label, {package}
     if setstate:
-        state = _transported(get_codec(cfg["codec"] or "numpy").getstate(b), cfg["transport"])
+        state = _transported(get_codec(cfg.codec or "numpy").getstate(b), cfg.transport)
         fresh = Batch()
         return (lambda: fn(fresh, state)), _code_of(fn), label, {package}
     return (lambda: fn(b)), _code_of(fn), label, {package}
 
 
-def _child_main(conn: Any, cfg: dict[str, Any]) -> None:
+def _child_main(conn: Any, cfg: StepThroughConfig) -> None:
     """Build the batch and the target, trace one call, send the rows."""
     target = None
     try:
-        for p in reversed(cfg["sys_path"]):
+        for p in reversed(cfg.sys_path):
             sys.path.insert(0, p)
-        os.environ.update(cfg["env"])
-        load_plugins(cfg["plugins"])
-        b = load_workload(cfg["workload"]).build(cfg["scale"])
+        os.environ.update(cfg.env)
+        load_plugins(cfg.plugins)
+        b = load_workload(cfg.workload).build(cfg.scale)
         call, code, target, expand = _prepare(cfg, b)
         del b
         gc.collect()
@@ -338,7 +355,7 @@ def _child_main(conn: Any, cfg: dict[str, Any]) -> None:
         conn.send({"target": target, "error": f"setup failed: {type(exc).__name__}: {exc}",
                    "traceback": traceback.format_exc(limit=20)})
         return
-    tracer = LineTracer(expand | set(cfg["expand"]))
+    tracer = LineTracer(expand | set(cfg.expand))
     error = tb = None
     try:
         tracer.run(call, code)

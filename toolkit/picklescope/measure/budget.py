@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from picklescope.core import cgroup, procmem
+from picklescope.core.childconfig import ChildConfig, ChildLimits
 from picklescope.core.units import GiB, MiB, Size, fmt_bytes, parse_size
 from picklescope.errors import PicklescopeError
 
@@ -62,10 +63,10 @@ class Limits:
     def any(self) -> bool:
         return any(b is not None for b in [*self.budgets.values(), *self.totals.values()])
 
-    def child_cfg(self) -> dict[str, Any]:
+    def for_child(self) -> ChildLimits:
         """What a child needs to apply its own limit (cgroup and address-space modes)."""
-        return {"enforcement": self.enforcement, "budgets": dict(self.budgets), "cgroups": dict(self.cgroups),
-                "totals": dict(self.totals)}
+        return ChildLimits(enforcement=self.enforcement, budgets=dict(self.budgets), cgroups=dict(self.cgroups),
+                           totals=dict(self.totals))
 
     def arm_total(self, side: str, baseline_bytes: int) -> int | None:
         """Turn a whole-process limit into a budget above the measured baseline.
@@ -194,23 +195,23 @@ def _vm_size() -> int:
     raise RuntimeError("/proc/self/status has no VmSize")
 
 
-def apply_in_child(cfg: dict[str, Any], side: str) -> None:
+def apply_in_child(cfg: ChildConfig, side: str) -> None:
     """Apply this side's limit from inside the child, right after its baseline (no race with work).
 
     The watchdog needs nothing here. For ``address-space`` the limit is the current address space
     plus the budget; for ``cgroup`` the side joins its cgroup and sets the limit to what is charged
     now plus the budget.
     """
-    limits = cfg.get("limits") or {}
-    b = (limits.get("budgets") or {}).get(side)
-    total = (limits.get("totals") or {}).get(side)
+    limits = cfg.limits
+    b = limits.budgets.get(side)
+    total = limits.totals.get(side)
     if total is not None:  # whole-process limit: what is left above this side's baseline (taken just now)
         b = total - procmem.rss()
         if b <= 0:
             return  # the parent refuses the run (BudgetBelowBaseline) and kills this side
     if b is None:
         return
-    mode = limits.get("enforcement")
+    mode = limits.enforcement
     if mode == "address-space":
         import resource
 
@@ -220,14 +221,14 @@ def apply_in_child(cfg: dict[str, Any], side: str) -> None:
             want = min(want, hard)
         resource.setrlimit(resource.RLIMIT_AS, (want, hard))
     elif mode == "cgroup":
-        path = (limits.get("cgroups") or {}).get(side)
+        path = limits.cgroups.get(side)
         if path:
             cgroup.join_and_limit(path, b)
 
 
-def lift_in_child(cfg: dict[str, Any]) -> None:
+def lift_in_child(cfg: ChildConfig) -> None:
     """After the measured phase: lift an address-space limit so verifying and reporting cannot fail."""
-    if (cfg.get("limits") or {}).get("enforcement") == "address-space":
+    if cfg.limits.enforcement == "address-space":
         import resource
 
         _, hard = resource.getrlimit(resource.RLIMIT_AS)

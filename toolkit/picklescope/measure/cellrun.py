@@ -20,16 +20,17 @@ import gc
 import os
 import pickle
 import shutil
-import signal
 import sys
 import tempfile
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from picklescope import tracers
 from picklescope.core import procmem, steps
+from picklescope.core.childconfig import ChildConfig
 from picklescope.core.events import Done, Error, Event, Output, Ready
 from picklescope.core.leftovers import temp_name
 from picklescope.core.result import RunResult, Side
@@ -37,11 +38,11 @@ from picklescope.core.units import fmt_bytes
 from picklescope.errors import PicklescopeError
 from picklescope.measure import launcher, verdicts
 from picklescope.measure.budget import Limits, check_machine, machine_reserve
-from picklescope.measure.child import begin_measure, end_measure
+from picklescope.measure.child import arm_stack_dump, begin_measure, end_measure
 from picklescope.measure.engine import MeasuredRun
 from picklescope.measure.fold import RunFold
 from picklescope.measure.watchdog import Watchdog
-from picklescope.tracers import DEFAULT_TRACER, ChildContext, ChildTracing
+from picklescope.tracers import DEFAULT_TRACER, ChildTracing
 
 SIDE = "cell"
 CELL_FILE = "picklescope_cell.py"
@@ -68,38 +69,44 @@ class _StreamToParent:
         return False
 
 
-def cell_main(conn: Any, cfg: dict[str, Any]) -> None:
+@dataclass(kw_only=True)
+class CellConfig(ChildConfig):
+    """A notebook cell run in a child: its source, the kernel's import lines and its pushed variables."""
+
+    code: str
+    imports: list[str] = field(default_factory=list)
+    variables: bytes = b""  # a pickled dict of the kernel's variables the cell uses
+
+
+def cell_main(conn: Any, cfg: CellConfig) -> None:
     """Child side: imports, baseline, the cell in step ``cell``, then held and cycle-held memory."""
     launcher.collect_like_a_fresh_process()  # a cell may loop: its collector runs as in a fresh kernel
-    stack_file = open(os.path.join(cfg["run_dir"], "cell.stack"), "w")  # noqa: SIM115 - read by the handler
-    import faulthandler
-
-    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    stack_file = arm_stack_dump(cfg, SIDE)  # noqa: F841 - kept open for the signal handler
     sys.stdout = _StreamToParent(conn, "stdout")  # type: ignore[assignment]
     sys.stderr = _StreamToParent(conn, "stderr")  # type: ignore[assignment]
     # The cell's source as a real file, so tracebacks show its lines and a kill names the cell's line.
-    cell_file = os.path.join(cfg["run_dir"], CELL_FILE)
+    cell_file = os.path.join(cfg.run_dir, CELL_FILE)
     with open(cell_file, "w") as f:
-        f.write(cfg["code"])
+        f.write(cfg.code)
     ns: dict[str, Any] = {"__name__": "__main__", "__file__": cell_file}
     import_errors = []
     try:
-        ns.update(pickle.loads(cfg["variables"]))
+        ns.update(pickle.loads(cfg.variables))
     except BaseException as exc:  # noqa: BLE001 - a variable that cannot be rebuilt here is reported
         import_errors.append(f"pushed variables: {type(exc).__name__}: {exc}")
-    for stmt in cfg["imports"]:
+    for stmt in cfg.imports:
         try:
             exec(compile(stmt, "<kernel imports>", "exec"), ns)
         except BaseException as exc:  # noqa: BLE001 - a kernel import that fails here is reported, not fatal
             import_errors.append(f"{stmt}: {type(exc).__name__}: {exc}")
     gc.collect()
     conn.send(Ready(type="ready", side=SIDE, pid=os.getpid(), import_errors=import_errors))
-    tracing = ChildTracing(list(cfg["tracers"]), ChildContext(SIDE, cfg["run_dir"], cfg["t0"]), conn.send)
-    meter = begin_measure(steps.Meter(tracing.sink, cfg["t0"], SIDE), tracing)
+    tracing = ChildTracing.from_cfg(cfg, SIDE, conn.send)
+    meter = begin_measure(steps.Meter(tracing.sink, cfg.t0, SIDE), tracing)
     error: Error | None = None
     try:
         with steps.step(SIDE):
-            exec(compile(cfg["code"], cell_file, "exec"), ns)
+            exec(compile(cfg.code, cell_file, "exec"), ns)
     except BaseException as exc:  # noqa: BLE001 - the cell's own failure is the result, not a crash
         error = Error(type="error", side=SIDE, exc_type=type(exc).__name__, message=str(exc),
                       traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__.tb_next)))
@@ -147,8 +154,7 @@ def run_cell(code: str, *, imports: list[str] | tuple[str, ...] = (), variables:
         result.enforcement, result.enforcement_note = limits.enforcement, limits.note
     run_dir = tempfile.mkdtemp(prefix=temp_name("picklescope-cell-"), dir=_SHM)
     t0 = time.monotonic()
-    cfg = {"code": code, "imports": list(imports), "variables": blob, "run_dir": run_dir, "t0": t0,
-           "tracers": names}
+    cfg = CellConfig(code=code, imports=list(imports), variables=blob, run_dir=run_dir, t0=t0, tracers=list(names))
     guard = Watchdog(limits, run_dir, t0)
     collector = tracers.Collector(names)
     fold = RunFold(result, guard.chain(collector.hook(on_event)))  # the run's fold: a cell is a one-side run

@@ -23,6 +23,7 @@ from picklescope.codecs import get_codec
 from picklescope.codecs.base import PreparesInChild
 from picklescope.codecs.verify import compare, manifest
 from picklescope.core import procmem, steps
+from picklescope.core.childconfig import ChildConfig, PairConfig
 from picklescope.core.events import CodecInfo, Done, Error, Ready, Waiting
 from picklescope.core.plugins import load_plugins
 from picklescope.errors import PicklescopeError
@@ -32,9 +33,9 @@ from picklescope.transports import pickle_transport
 from picklescope.workloads.spec import load_workload
 
 
-def arm_stack_dump(cfg: dict[str, Any], side: str) -> Any:
+def arm_stack_dump(cfg: ChildConfig, side: str) -> Any:
     """SIGUSR1 writes every thread's Python stack to a file: the watchdog sends it before SIGKILL."""
-    path = os.path.join(cfg["run_dir"], f"{side}.stack")
+    path = os.path.join(cfg.run_dir, f"{side}.stack")
     f = open(path, "w")  # noqa: SIM115 - must stay open for the signal handler
     faulthandler.register(signal.SIGUSR1, file=f, all_threads=True)
     return f
@@ -92,7 +93,7 @@ def begin_measure(meter: steps.Meter, tracing: ChildTracing | None = None) -> st
 
 
 def end_measure(conn: Any, meter: steps.Meter, error: Error | None, *, tracing: ChildTracing | None = None,
-                cfg: dict[str, Any] | None = None, read_at_end: Callable[[], Any] | None = None,
+                cfg: ChildConfig | None = None, read_at_end: Callable[[], Any] | None = None,
                 trim: bool = False) -> Measured:
     """The one end of a measured phase: the exact peak, then what is still held and what only
     ``gc.collect()`` frees, in that order, and the phase's error (if any) sent to the parent.
@@ -116,8 +117,8 @@ def end_measure(conn: Any, meter: steps.Meter, error: Error | None, *, tracing: 
     return Measured(peak, end_t, held, cycle, meter.baseline, at_end)
 
 
-def _apply_env(cfg: dict[str, Any], side: str) -> None:
-    for key, value in (cfg.get("env") or {}).get(side, {}).items():
+def _apply_env(cfg: ChildConfig, side: str) -> None:
+    for key, value in cfg.env.get(side, {}).items():
         os.environ[key] = value
 
 
@@ -132,16 +133,16 @@ def _prepare_codec(conn: Any, side: str, name: str) -> None:
         conn.send(CodecInfo(type="codec_info", side=side, info=info))
 
 
-def _set_up(conn: Any, cfg: dict[str, Any], side: str, codec: str) -> Any:
+def _set_up(conn: Any, cfg: PairConfig, side: str, codec: str) -> Any:
     """What both sides do before their own set-up: plugins, the codec (prepared before the baseline), and the
     pickle transport they hand off through."""
-    load_plugins(cfg.get("plugins"))
+    load_plugins(cfg.plugins)
     set_active_codec(codec)
     _prepare_codec(conn, side, codec)
-    return pickle_transport(cfg["transport"])
+    return pickle_transport(cfg.transport)
 
 
-def _measured(conn: Any, cfg: dict[str, Any], side: str, work: Callable[[], Any]) -> tuple[Any, Any, Any, Error | None]:
+def _measured(conn: Any, cfg: ChildConfig, side: str, work: Callable[[], Any]) -> tuple[Any, Any, Any, Error | None]:
     """Run ``work`` as the side's measured phase (tracers on every step boundary, the budgets applied at the
     baseline): returns the meter, its measurement, what ``work`` returned and the error it raised, if any."""
     tracing = ChildTracing.from_cfg(cfg, side, conn.send)
@@ -156,14 +157,14 @@ def _measured(conn: Any, cfg: dict[str, Any], side: str, work: Callable[[], Any]
     return meter, end_measure(conn, meter, error, tracing=tracing, cfg=cfg), out, error
 
 
-def sender_main(conn: Any, cfg: dict[str, Any]) -> None:
+def sender_main(conn: Any, cfg: PairConfig) -> None:
     """Build the workload, serialize it with the codec over the transport, hand it off."""
     side = "sender"
     arm_stack_dump(cfg, side)
     _apply_env(cfg, side)
     try:
-        transport = _set_up(conn, cfg, side, cfg["codec"])
-        batch = load_workload(cfg["workload"]).build(cfg["scale"])
+        transport = _set_up(conn, cfg, side, cfg.codec)
+        batch = load_workload(cfg.workload).build(cfg.scale)
         expected = manifest(batch)
         gc.collect()
         procmem.populate_file_mappings()  # library pages into the baseline, not into the steps
@@ -171,20 +172,20 @@ def sender_main(conn: Any, cfg: dict[str, Any]) -> None:
     except BaseException as exc:  # noqa: BLE001 - any setup failure is reported, not raised
         conn.send({**error_event(side, exc), "phase": "setup"})
         return
-    meter, m, info, _ = _measured(conn, cfg, side, lambda: transport.send(batch, cfg["run_dir"]))
+    meter, m, info, _ = _measured(conn, cfg, side, lambda: transport.send(batch, cfg.run_dir))
     conn.send(Done(type="done", side=side, peak_bytes=m.peak_bytes, held_bytes=m.held_bytes,
                    cycle_held_bytes=m.cycle_held_bytes, handoff=info, baseline_bytes=m.baseline_bytes,
                    t_s=meter.now()))
     conn.recv()  # stay alive (and sampled) until the parent lets go
 
 
-def receiver_main(conn: Any, cfg: dict[str, Any]) -> None:
+def receiver_main(conn: Any, cfg: PairConfig) -> None:
     """Wait for the hand-off, map it, deserialize, then verify against the sender's manifest."""
     side = "receiver"
     arm_stack_dump(cfg, side)
     _apply_env(cfg, side)
     try:
-        transport = _set_up(conn, cfg, side, cfg.get("receiver_codec") or cfg["codec"])
+        transport = _set_up(conn, cfg, side, cfg.receiver_codec or cfg.codec)
         procmem.populate_file_mappings()  # while the sender works: library pages into the baseline
         conn.send(Waiting(type="waiting", side=side, pid=os.getpid()))
         msg = conn.recv()

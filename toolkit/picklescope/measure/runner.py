@@ -17,6 +17,7 @@ from typing import Any
 from picklescope import tracers
 from picklescope.codecs import get_codec
 from picklescope.core import procmem
+from picklescope.core.childconfig import PairConfig
 from picklescope.core.events import Go
 from picklescope.core.leftovers import RunTracker, sweep_orphans, temp_name
 from picklescope.core.plugins import load_plugins
@@ -205,9 +206,10 @@ def _run_once(
     result.run_dir = run_dir  # removed when the run ends; kept here so tests can check
     try:  # removed however the run ends, even if its own clean-up fails or Ctrl-C lands before it
         t0 = time.monotonic()
-        cfg = {"codec": codec, "transport": transport, "workload": spec.source or spec.name, "scale": scale,
-               "receiver_codec": receiver_codec, "run_dir": run_dir, "t0": t0, "env": env or {}, "probe": probe or {},
-               "plugins": plugins, "limits": limits.child_cfg(), "tracers": tracer_names}
+        cfg = PairConfig(codec=codec, transport=transport, workload=spec.source or spec.name, scale=scale,
+                         receiver_codec=receiver_codec, run_dir=run_dir, t0=t0, env=dict(env or {}),
+                         probe=dict(probe or {}), plugins=list(plugins or []), limits=limits.for_child(),
+                         tracers=list(tracer_names))
 
         guard = Watchdog(limits, run_dir, t0)  # budgets, and the machine guard that protects this process
         state.on_event = guard.chain(on_event)

@@ -31,6 +31,7 @@ from picklescope.measure.child import arm_stack_dump, begin_measure, end_measure
 from picklescope.measure.launcher import PRELOAD
 from picklescope.ray import channel, hooks, received
 from picklescope.ray import transferqueue as tq
+from picklescope.ray.config import RayPairConfig
 
 SIDE = "receiver"
 
@@ -38,13 +39,13 @@ SIDE = "receiver"
 class ReceiverActor:
     """Plain class; the driver wraps it with ``ray.remote`` (so importing this module needs no Ray)."""
 
-    def __init__(self, cfg: dict[str, Any]) -> None:
+    def __init__(self, cfg: RayPairConfig) -> None:
         self.cfg = cfg
         self.conn = channel.connect(cfg)
         self.conn.send(channel.pid_event(SIDE, "receiver"))
-        if os.path.isdir(cfg["run_dir"]):  # the watchdog's SIGUSR1 writes our stack there before a kill
+        if os.path.isdir(cfg.run_dir):  # the watchdog's SIGUSR1 writes our stack there before a kill
             self._stack_file = arm_stack_dump(cfg, SIDE)
-        for key, value in (cfg.get("env") or {}).get(SIDE, {}).items():
+        for key, value in cfg.env.get(SIDE, {}).items():
             os.environ[key] = value
         import importlib
 
@@ -52,8 +53,8 @@ class ReceiverActor:
         for module in PRELOAD:  # what the forkserver gives our own children: no first-import cost measured
             importlib.import_module(module)
 
-        load_plugins(cfg.get("plugins") or [])
-        codec = cfg.get("receiver_codec") or cfg["codec"]
+        load_plugins(cfg.plugins)
+        codec = cfg.receiver_codec or cfg.codec
         get_codec(codec)
         set_active_codec(codec)
         hooks.install(deserialize=True)

@@ -22,6 +22,7 @@ from multiprocessing.connection import Client
 from typing import Any
 
 from picklescope.core.events import Event, Hello
+from picklescope.ray.config import RayConfig
 
 _STEP_EVENTS = ("baseline", "step_start", "step_end")
 
@@ -56,24 +57,24 @@ def machine_id() -> str:
     return f"{socket.gethostname()}:{boot}"
 
 
-def local_t0(cfg: dict[str, Any]) -> float:
+def local_t0(cfg: RayConfig) -> float:
     """The parent's ``t0`` on this process's monotonic clock.
 
     Same machine: the monotonic clock is shared, use it as is. Another node: translate through the
     wall clock (as good as the nodes' clock sync, which the result then says).
     """
-    if cfg.get("machine") == machine_id():
-        return cfg["t0"]
-    return time.monotonic() - (time.time() - cfg["t0_wall"])
+    if cfg.machine == machine_id():
+        return cfg.t0
+    return time.monotonic() - (time.time() - cfg.t0_wall)
 
 
-def connect(cfg: dict[str, Any]) -> Any:
+def connect(cfg: RayConfig) -> Any:
     """Open the event connection to the parent's listener."""
-    address = cfg["events_address"]
+    address = cfg.events_address
     if isinstance(address, list):  # JSON/Ray turned the (host, port) tuple into a list
         address = tuple(address)
     family = "AF_UNIX" if isinstance(address, str) else "AF_INET"
-    return Client(address, family=family, authkey=bytes.fromhex(cfg["events_key"]))
+    return Client(address, family=family, authkey=bytes.fromhex(cfg.events_key))
 
 
 def pid_event(side: str, role: str) -> Hello:

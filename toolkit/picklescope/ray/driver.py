@@ -17,6 +17,7 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 from picklescope.batch import set_active_codec
@@ -32,6 +33,7 @@ from picklescope.ray import channel, hooks, startup
 from picklescope.ray import transferqueue as tq
 from picklescope.ray.actor import ReceiverActor
 from picklescope.ray.cluster import ParentWatch, cluster_processes, kill, parent_of
+from picklescope.ray.config import RayConfig, RayPairConfig
 from picklescope.ray.transferqueue import tq_dir
 from picklescope.workloads.spec import load_workload
 
@@ -47,18 +49,18 @@ def object_store_bytes(payload: int, requested: int | None = None) -> int:
     return max(OBJECT_STORE_MINIMUM, 2 * payload + 64 * 1024 * 1024)
 
 
-def init_args(cfg: dict[str, Any]) -> dict[str, Any]:
+def init_args(cfg: RayConfig) -> dict[str, Any]:
     """``ray.init`` arguments: our own small local cluster, or a connection to the given one."""
     common: dict[str, Any] = {"logging_level": "WARNING", "log_to_driver": False}
     num_cpus = 1
-    if cfg["ray_path"] == "tq":  # TransferQueue's controller and storage unit each reserve one CPU
+    if cfg.ray_path == "tq":  # TransferQueue's controller and storage unit each reserve one CPU
 
         common["runtime_env"] = {"env_vars": {"PYTHONPATH": str(tq_dir())}}
         num_cpus = 3
-    if cfg.get("ray_address"):
-        return {"address": cfg["ray_address"], **common}
+    if cfg.ray_address:
+        return {"address": cfg.ray_address, **common}
     return {"address": "local", "include_dashboard": False, "num_cpus": num_cpus,
-            "object_store_memory": cfg["object_store_bytes"], "_temp_dir": cfg["ray_temp_dir"],
+            "object_store_memory": cfg.object_store_bytes, "_temp_dir": cfg.ray_temp_dir,
             "_node_ip_address": "127.0.0.1", **common}
 
 
@@ -81,9 +83,9 @@ def cluster_info() -> dict[str, Any]:
     return info
 
 
-def init_ray(conn: Any, cfg: dict[str, Any], args: dict[str, Any] | None = None) -> None:
+def init_ray(conn: Any, cfg: RayConfig, args: dict[str, Any] | None = None) -> None:
     """``ray.init`` of our own cluster (or a join of the given one) under the start-up policy of
-    :mod:`.startup`: two tries, each bounded by what is left of the run's limit (``cfg["deadline_wall"]``,
+    :mod:`.startup`: two tries, each bounded by what is left of the run's limit (``cfg.deadline_wall``,
     a ``time.time()``), the core processes watched while it runs; a failure is a :class:`RayStartError`.
 
     ``args`` replaces :func:`init_args` (the node's verl engine asks for more logical CPUs). Only the
@@ -92,15 +94,15 @@ def init_ray(conn: Any, cfg: dict[str, Any], args: dict[str, Any] | None = None)
     import ray
 
     args = init_args(cfg) if args is None else args
-    if cfg.get("ray_address"):
+    if cfg.ray_address:
         ray.init(**args)
         return
     try:
         os.nice(STARTUP_NICE)
     except OSError as exc:
         conn.send(Note(type="note", side=SIDE, message=f"cannot raise start-up priority: {exc}"))
-    deadline = cfg.get("deadline_wall")
-    left = None if deadline is None else deadline - time.time() - cfg.get("cleanup_reserve_s", 0.0)
+    deadline = cfg.deadline_wall
+    left = None if deadline is None else deadline - time.time() - cfg.cleanup_reserve_s
     t0 = time.monotonic()
     reasons: list[str] = []
     me = os.getpid()
@@ -115,7 +117,7 @@ def init_ray(conn: Any, cfg: dict[str, Any], args: dict[str, Any] | None = None)
         except Exception as exc:  # noqa: BLE001 - Ray's start-up raises many kinds; each becomes one reason
             watch.poll()
             reasons.append(watch.sentence("start-up") or startup.short_reason(exc))
-        said = startup.raylet_said(cfg.get("ray_temp_dir"))
+        said = startup.raylet_said(cfg.ray_temp_dir)
         if said and "raylet" in reasons[-1]:
             reasons[-1] += f" ({said})"
         conn.send(Note(type="note", side=SIDE, message=f"Ray start-up try {i + 1} failed after "
@@ -129,10 +131,10 @@ def init_ray(conn: Any, cfg: dict[str, Any], args: dict[str, Any] | None = None)
                                 startup.load_average())
 
 
-def wait_s(cfg: dict[str, Any], cap: float) -> float:
+def wait_s(cfg: RayConfig, cap: float) -> float:
     """How long one wait in the driver may take: ``cap``, or less when the run's own limit
-    (``cfg["deadline_wall"]``) is nearer, so no single wait carries the run past it."""
-    deadline = cfg.get("deadline_wall")
+    (``cfg.deadline_wall``) is nearer, so no single wait carries the run past it."""
+    deadline = cfg.deadline_wall
     return cap if deadline is None else max(1.0, min(cap, deadline - time.time()))
 
 
@@ -200,7 +202,7 @@ def restore_priority(niceness: int) -> None:
             pass
 
 
-def pair_driver_main(conn: Any, cfg: dict[str, Any]) -> None:
+def pair_driver_main(conn: Any, cfg: RayPairConfig) -> None:
     """Run the sender side; always ends the Ray session it started."""
     os.setsid()
     os.dup2(2, 1)  # what Ray prints here ("A worker died ...") goes to stderr: stdout may carry --json
@@ -208,14 +210,13 @@ def pair_driver_main(conn: Any, cfg: dict[str, Any]) -> None:
     # removes the run's temporaries and kills the cluster this driver started (see ParentWatch). The
     # forkserver's death also sends SIGTERM, which ends the main thread through the finally below
     # rather than by the launcher's default SIGKILL, which would leave the watch no time.
-    watch = ParentWatch(run_parent(cfg), (cfg.get("ray_temp_dir"), cfg.get("run_dir")),
-                        cfg.get("ray_temp_dir")).start()
+    watch = ParentWatch(run_parent(cfg), (cfg.ray_temp_dir, cfg.run_dir), cfg.ray_temp_dir).start()
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     launcher.die_with_parent(signal.SIGTERM)
     arm_stack_dump(cfg, SIDE)
-    for key, value in (cfg.get("env") or {}).get(SIDE, {}).items():
+    for key, value in cfg.env.get(SIDE, {}).items():
         os.environ[key] = value
-    for key, value in (cfg.get("ray_env") or {}).items():
+    for key, value in cfg.ray_env.items():
         os.environ.setdefault(key, value)
     try:
         _run(conn, cfg)
@@ -238,10 +239,10 @@ def end_session(watch: ParentWatch) -> None:
             pass
 
 
-def run_parent(cfg: dict[str, Any]) -> int:
+def run_parent(cfg: RayConfig) -> int:
     """The process that runs the measurement: the creator named in the run directory's name, else the
     forkserver's parent (the driver's own parent is the forkserver, which outlives it by a moment)."""
-    pid = creator_pid(cfg.get("run_dir") or "")
+    pid = creator_pid(cfg.run_dir or "")
     if pid is None:
         pid = parent_of(os.getppid()) or os.getppid()
     return pid
@@ -251,33 +252,32 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
-def _run(conn: Any, cfg: dict[str, Any]) -> None:
+def _run(conn: Any, cfg: RayPairConfig) -> None:
     try:
-        load_plugins(cfg.get("plugins") or [])
-        set_active_codec(cfg["codec"])
-        get_codec(cfg["codec"])
+        load_plugins(cfg.plugins)
+        set_active_codec(cfg.codec)
+        get_codec(cfg.codec)
         niceness = os.getpriority(os.PRIO_PROCESS, 0)
-        batch = load_workload(cfg["workload"]).build(cfg["scale"])
+        batch = load_workload(cfg.workload).build(cfg.scale)
         expected = manifest(batch)
         import ray
 
-
         init_ray(conn, cfg)
-        if isinstance(cfg["events_address"], list) and not cfg["events_address"][0]:
-            cfg = {**cfg, "events_address": [ray.util.get_node_ip_address(), cfg["events_address"][1]]}
+        if isinstance(cfg.events_address, list) and not cfg.events_address[0]:
+            cfg = replace(cfg, events_address=[ray.util.get_node_ip_address(), cfg.events_address[1]])
         conn.send(RayInfo(type="ray_info", side=SIDE, **cluster_info()))
         hooks.install(serialize=True)
-        if cfg["ray_path"] == "tq":
+        if cfg.ray_path == "tq":
             conn.send(StoreProcess(type="store_process", side=SIDE, pid=tq.start(conn),
                                    what="TransferQueue storage unit"))
         actor_cls = ray.remote(num_cpus=0, max_restarts=0)(ReceiverActor)
         actor = actor_cls.remote(cfg)
-        ray.get(actor.ready.remote(), timeout=wait_s(cfg, cfg.get("actor_timeout_s", 300)))
-        if not cfg.get("ray_address"):
+        ray.get(actor.ready.remote(), timeout=wait_s(cfg, cfg.actor_timeout_s))
+        if not cfg.ray_address:
             restore_priority(niceness)
-        if cfg["ray_path"] == "arg":
+        if cfg.ray_path == "arg":
             ray.get(actor.arm.remote(expected))
-        elif cfg["ray_path"] == "tq":
+        elif cfg.ray_path == "tq":
             ray.get(actor.attach_tq.remote())
         gc.collect()
         conn.send(Ready(type="ready", side=SIDE, pid=os.getpid(), manifest=expected))
@@ -285,15 +285,15 @@ def _run(conn: Any, cfg: dict[str, Any]) -> None:
         conn.send({**error_event(SIDE, exc), "phase": "setup"})
         _wait_release(conn)
         return
-    meter = begin_measure(steps.Meter(channel.with_shared(conn.send), cfg["t0"], SIDE))
+    meter = begin_measure(steps.Meter(channel.with_shared(conn.send), cfg.t0, SIDE))
     error: Error | None = None
     pending, ref = None, None
     try:
-        hooks.expect_store_write(None if cfg["ray_path"] == "tq" else batch)
-        if cfg["ray_path"] == "tq":
+        hooks.expect_store_write(None if cfg.ray_path == "tq" else batch)
+        if cfg.ray_path == "tq":
             with steps.step("tq.put"):
                 keys = tq.put(batch)
-        elif cfg["ray_path"] == "arg":
+        elif cfg.ray_path == "arg":
             with steps.step("actor.call"):
                 try:
                     pending = actor.receive_arg.remote(batch)
@@ -310,13 +310,13 @@ def _run(conn: Any, cfg: dict[str, Any]) -> None:
     m = end_measure(conn, meter, error, read_at_end=channel.shared_bytes)
     last = hooks.last_serialized() or {}
     blob = last.get("total_bytes")
-    handoff = Handoff(path=cfg["ray_path"], blob_bytes=blob, inband_bytes=None, oob_bytes=None)
+    handoff = Handoff(path=cfg.ray_path, blob_bytes=blob, inband_bytes=None, oob_bytes=None)
     conn.send(Done(type="done", side=SIDE, peak_bytes=m.peak_bytes, held_bytes=m.held_bytes,
                    cycle_held_bytes=m.cycle_held_bytes, handoff=handoff, baseline_bytes=m.baseline_bytes,
                    t_s=m.end_t, shm_end_bytes=m.at_end))
     if error is None:
         try:
-            if cfg["ray_path"] == "tq":
+            if cfg.ray_path == "tq":
                 pending = actor.receive_tq.remote(keys, tq.layout_of(batch), batch.meta_info, expected)
             elif pending is None:
                 pending = actor.receive.remote([ref], expected)
@@ -325,7 +325,7 @@ def _run(conn: Any, cfg: dict[str, Any]) -> None:
             conn.send({**error_event("receiver", exc), "phase": "measure", "reported_by": "driver"})
     del batch, ref, pending
     _wait_release(conn)
-    if cfg["ray_path"] == "tq":
+    if cfg.ray_path == "tq":
         tq.close()
 
 

@@ -11,6 +11,7 @@ left of the cluster before it returns a :class:`~picklescope.core.result.RunResu
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import threading
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Listener
 from typing import Any
 
+from picklescope.core.childconfig import PairConfig
 from picklescope.core.events import Event, Hello, RayInfo, StoreProcess
 from picklescope.core.paths import make_temp_dir
 from picklescope.core.procmem import StatmReader
@@ -30,6 +32,7 @@ from picklescope.measure.fold import RunFold, finish_run
 from picklescope.measure.session import Session
 from picklescope.ray import cluster, costs
 from picklescope.ray.channel import machine_id
+from picklescope.ray.config import RayPairConfig
 from picklescope.ray.driver import object_store_bytes, pair_driver_main
 from picklescope.ray.store import ShmFileReader, store_trace
 
@@ -84,7 +87,7 @@ class _Listener:
 class RayRun:
     """One run's state on the parent: processes, event bookkeeping, cleanup record."""
 
-    def __init__(self, state: RunFold, cfg: dict[str, Any], options: dict[str, Any]) -> None:
+    def __init__(self, state: RunFold, cfg: RayPairConfig, options: dict[str, Any]) -> None:
         self.state = state
         self.result: RunResult = state.result
         self.cfg = cfg
@@ -102,7 +105,7 @@ class RayRun:
     # -- events -----------------------------------------------------------------------------------
     def mark(self, moment: str) -> None:
         """Record when a phase of the run happened (run clock): where a Ray run's wall time goes."""
-        self.tracking["timing"].setdefault(moment, round(time.monotonic() - self.cfg["t0"], 3))
+        self.tracking["timing"].setdefault(moment, round(time.monotonic() - self.cfg.t0, 3))
 
     def handle(self, ev: Event, session: Session) -> None:
         """Fold one event of the driver or the actor: Ray's own kinds here, the sides' through the runner's fold."""
@@ -156,7 +159,7 @@ class RayRun:
         path = cluster.plasma_file(raylets[0]) if raylets else None
         if path is None:
             self.result.object_store = {"t_s": [], "bytes": [], "source": None, "capacity_bytes":
-                                                 self.cfg.get("object_store_bytes"),
+                                                 self.cfg.object_store_bytes,
                                                  "unavailable": "no local raylet with a plasma file (joined "
                                                                 "a remote cluster, or Ray changed its layout)"}
             return
@@ -194,51 +197,51 @@ class RayRun:
         if self.address or self.tracking["driver_pid"] is None:
             return
         known = [p for pids in self.tracking["cluster_pids"].values() for p in pids]
-        args = (self.tracking["driver_pid"], self.driver_start, known, self.cfg.get("ray_temp_dir"))
+        args = (self.tracking["driver_pid"], self.driver_start, known, self.cfg.ray_temp_dir)
         self.tracking["left_after_driver"] = sorted(cluster.cluster_processes(*args))
         killed, remaining = cluster.stop_all(lambda: cluster.cluster_processes(*args))
         self.tracking["killed"], self.tracking["remaining"] = killed, remaining
 
 
-def _refuse_unsupported(cfg: dict[str, Any], limits: Any) -> None:
+def _refuse_unsupported(cfg: PairConfig, limits: Any) -> None:
     """Budgets are enforced by the parent's watchdog only; tracers other than the sampler need our children."""
-    tracers = [t for t in cfg.get("tracers") or [] if t != "sampler"]
+    tracers = [t for t in cfg.tracers if t != "sampler"]
     problem = None
     if tracers:
         problem = f"tracer(s) {', '.join(tracers)} cannot run inside Ray's processes"
     elif limits is not None and limits.any and limits.enforcement != "watchdog":
         problem = f"enforcement {limits.enforcement!r} needs a child of ours on both sides; over Ray only the watchdog"
     if problem:
-        shutil.rmtree(cfg["run_dir"], ignore_errors=True)
+        shutil.rmtree(cfg.run_dir, ignore_errors=True)
         raise PicklescopeError(problem, "use --tracer sampler / --enforcement watchdog, or an in-process transport")
 
 
-def run_sides(state: RunFold, cfg: dict[str, Any], *, ray_path: str, timeout_s: float, sample_interval_s: float,
+def run_sides(state: RunFold, pair: PairConfig, *, ray_path: str, timeout_s: float, sample_interval_s: float,
               on_sample: Any = None, options: dict[str, Any] | None = None, guard: Any = None,
               limits: Any = None) -> RunResult:
     """Run one codec over Ray (``ray_path`` "put" or "arg"); see the module docstring.
 
     ``guard`` is the runner's watchdog (budgets and the machine guard), fed with both sides' samples.
     """
-    _refuse_unsupported(cfg, limits)
+    _refuse_unsupported(pair, limits)
     options = dict(options or {})
     result = state.result
+    t0 = pair.t0
+    address = options.get("ray_address")
+    remote = bool(address)
+    listener = _Listener(pair.run_dir, remote)
+    ray_tmp = None if remote else make_temp_dir("psray-", for_ray=True)
+    fields = {f.name: getattr(pair, f.name) for f in dataclasses.fields(pair)}
+    cfg = RayPairConfig(**fields, ray_path=ray_path, ray_address=address, ray_temp_dir=ray_tmp,
+                        object_store_bytes=object_store_bytes(result.payload_bytes, options.get("object_store_bytes")),
+                        events_address=listener.address, events_key=listener.key.hex(), machine=machine_id(),
+                        t0_wall=time.time() - (time.monotonic() - t0), ray_env=ray_env(remote),
+                        deadline_wall=time.time() + (t0 + timeout_s - time.monotonic()))  # bounds Ray's start-up
     run = RayRun(state, cfg, options)
     run.guard = guard
-    t0 = cfg["t0"]
-    remote = bool(run.address)
-    listener = _Listener(cfg["run_dir"], remote)
-    ray_tmp = None if remote else make_temp_dir("psray-", for_ray=True)
-
-    cfg = {**cfg, "ray_path": ray_path, "ray_address": run.address, "ray_temp_dir": ray_tmp,
-           "object_store_bytes": object_store_bytes(result.payload_bytes, options.get("object_store_bytes")),
-           "events_address": listener.address, "events_key": listener.key.hex(), "machine": machine_id(),
-           "t0_wall": time.time() - (time.monotonic() - t0), "ray_env": ray_env(remote),
-           "deadline_wall": time.time() + (t0 + timeout_s - time.monotonic())}  # bounds Ray's start-up
-    run.cfg = cfg
     result.ray = run.tracking
     # the sides' curves are their whole RSS; the store (plasma file or TransferQueue's unit) on the same tick
-    measured = MeasuredRun(t0, cfg["run_dir"], sample_interval_s, guard=guard, on_sample=on_sample)
+    measured = MeasuredRun(t0, cfg.run_dir, sample_interval_s, guard=guard, on_sample=on_sample)
     session = measured.session
     try:
         try:
@@ -262,12 +265,12 @@ def run_sides(state: RunFold, cfg: dict[str, Any], *, ray_path: str, timeout_s: 
     finally:  # the temporaries go however the run ends, even if a clean-up step above fails
         if ray_tmp and not os.environ.get("PICKLESCOPE_KEEP_RAY_LOGS"):  # set it to read Ray's own logs
             shutil.rmtree(ray_tmp, ignore_errors=True)
-        shutil.rmtree(cfg["run_dir"], ignore_errors=True)
+        shutil.rmtree(cfg.run_dir, ignore_errors=True)
     for name, tl in session.timelines().items():
         result.sides[name].timeline = tl
     if session.store_attached:
         result.object_store = store_trace(session.store.t_s, session.store.bytes, run.store_source,
-                                          cfg["object_store_bytes"])
+                                          cfg.object_store_bytes)
     finish_run(state)
     if guard is not None:
         verdicts.decide(result, state.errors, state.done, guard.kills, result.enforcement, counters)

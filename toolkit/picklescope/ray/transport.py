@@ -16,6 +16,7 @@ import os
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
+from picklescope.core.childconfig import PairConfig
 from picklescope.core.result import RunResult
 from picklescope.errors import PicklescopeError
 from picklescope.ray.address import check as check_address
@@ -69,7 +70,7 @@ class ProcessTransport(Transport, ABC):
         return self.description + (f"  [unavailable: {reason}]" if reason else "")
 
     @abstractmethod
-    def run_sides(self, state: Any, cfg: dict[str, Any], **kw: Any) -> RunResult:
+    def run_sides(self, state: Any, cfg: PairConfig, **kw: Any) -> RunResult:
         """Start, sample, fold and clean up both sides (see :mod:`.orchestrate`)."""
 
 
@@ -99,7 +100,7 @@ class RayTransport(ProcessTransport):
         if address:
             check_address(str(address))
 
-    def run_sides(self, state: Any, cfg: dict[str, Any], **kw: Any) -> RunResult:
+    def run_sides(self, state: Any, cfg: PairConfig, **kw: Any) -> RunResult:
         """Run the driver and the actor (see :mod:`.orchestrate`); ``options`` may hold ``ray_address``."""
         return run_sides(state, cfg, ray_path=self.ray_path, **kw)
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from picklescope.core import steps
+from picklescope.core.childconfig import ChildConfig
 from picklescope.core.events import Event
 from picklescope.core.events import Tracer as TracerEvent
 from picklescope.tracers.base import ChildContext, Tracer
@@ -54,8 +55,8 @@ class ChildTracing:
         self.want_blocks = False
 
     @classmethod
-    def from_cfg(cls, cfg: dict[str, Any], side: str, send: Send) -> ChildTracing:
-        return cls(list(cfg.get("tracers") or []), ChildContext(side, cfg["run_dir"], cfg["t0"]), send)
+    def from_cfg(cls, cfg: ChildConfig, side: str, send: Send) -> ChildTracing:
+        return cls(list(cfg.tracers), ChildContext(side, cfg.run_dir, cfg.t0), send)
 
     def _event(self, tracer: Tracer, phase: str, **kw: Any) -> None:
         self._send(TracerEvent(type="tracer", side=self.ctx.side, tracer=tracer.name, phase=phase, **kw))

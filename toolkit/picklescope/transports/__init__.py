@@ -29,6 +29,7 @@ from picklescope.core.units import fmt_bytes, parse_size
 from picklescope.errors import PicklescopeError, safe_text
 
 if TYPE_CHECKING:
+    from picklescope.core.childconfig import PairConfig
     from picklescope.core.result import RunResult
     from picklescope.measure.fold import RunFold
 
@@ -155,7 +156,7 @@ class OwnsItsReceiver(Protocol):
     def check_options(self, options: dict[str, Any]) -> None:
         """Refuse ``transport_options`` (or a missing install) before anything of the run exists."""
 
-    def run_sides(self, state: RunFold, cfg: dict[str, Any], **kw: Any) -> RunResult:
+    def run_sides(self, state: RunFold, cfg: PairConfig, **kw: Any) -> RunResult:
         """Start, sample, fold and clean up both sides; return the run's result."""
 
 

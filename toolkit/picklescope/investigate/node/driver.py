@@ -16,12 +16,14 @@ from __future__ import annotations
 import gc
 import os
 import signal
+from dataclasses import replace
 from typing import Any
 
 from picklescope.core import cgroup, procmem, steps
 from picklescope.core.events import CodecInfo, Done, Engine, Finished, RayInfo, Ready, TrainStepEnd, TrainStepStart
 from picklescope.errors import PicklescopeError
 from picklescope.investigate.node import collector, controller
+from picklescope.investigate.node.config import NodeConfig
 from picklescope.investigate.node.data import NodeData
 from picklescope.investigate.node.replica import ReplicaEngine
 from picklescope.investigate.node.tq_plane import TQEngine, cpus_needed
@@ -46,7 +48,7 @@ ROUGH_MEMORY_RESOURCE = 2**30  # --enforcement ray: Ray's logical memory resourc
 DRIVER_LOG = "driver.log"  # the driver's stdout and stderr, in the run's folder
 
 
-def node_driver_main(conn: Any, cfg: dict[str, Any]) -> None:
+def node_driver_main(conn: Any, cfg: NodeConfig) -> None:
     """Run the driver; always ends the Ray session it started and removes the run's temporaries."""
     launcher.collect_like_a_fresh_process()  # the default collector as in verl's long-lived driver
     os.setsid()
@@ -54,7 +56,7 @@ def node_driver_main(conn: Any, cfg: dict[str, Any]) -> None:
     # its C++ logs at shutdown) goes to a log in the run's folder, not to the user's terminal or
     # notebook, where it would look like picklescope failing; stdout may carry --json. The parent
     # quotes the log's end when the run ends in an error or a timeout.
-    log = os.open(os.path.join(cfg["run_dir"], DRIVER_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    log = os.open(os.path.join(cfg.run_dir, DRIVER_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)
@@ -63,16 +65,16 @@ def node_driver_main(conn: Any, cfg: dict[str, Any]) -> None:
     # sends SIGTERM, which ends the main thread through the finally below.
     # and the run's memory cgroups (--enforcement cgroup or ray), which the parent would have removed: held
     # by descriptor now, since after view_as_root this process no longer sees them at their paths
-    paths = [p for p in (cfg.get("ray_view_cgroup"), cfg.get("cgroup")) if p]
+    paths = [p for p in (cfg.ray_view_cgroup, cfg.cgroup) if p]
     cgroups = cgroup.Remover(paths)
     if paths:  # and a small process outside this session removes them too: Ray may end this one first
-        start_watch(cfg["parent_pid"], os.getpid(), start_ticks(os.getpid()), None, paths)
-    watch = ParentWatch(cfg["parent_pid"], (cfg.get("ray_temp_dir"), cfg["run_dir"]), cfg.get("ray_temp_dir"),
+        start_watch(cfg.parent_pid, os.getpid(), start_ticks(os.getpid()), None, paths)
+    watch = ParentWatch(cfg.parent_pid, (cfg.ray_temp_dir, cfg.run_dir), cfg.ray_temp_dir,
                         before_exit=cgroups.remove).start()
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     launcher.die_with_parent(signal.SIGTERM)
     _stack = arm_stack_dump(cfg, "driver")  # noqa: F841 - kept open for the signal handler
-    for key, value in (cfg.get("ray_env") or {}).items():
+    for key, value in cfg.ray_env.items():
         os.environ.setdefault(key, value)
     try:
         _run_node(conn, cfg)
@@ -114,38 +116,38 @@ def _result_shape(batch: Any, rows: int, payload: int, returns: float | None) ->
     return width, torch.float32
 
 
-def _run_node(conn: Any, cfg: dict[str, Any]) -> None:
+def _run_node(conn: Any, cfg: NodeConfig) -> None:
     # the cgroup is joined before Ray starts: every process of the cluster is born inside it
-    if cfg.get("cgroup") and not cgroup.add_process(cfg["cgroup"], os.getpid()):
-        raise PicklescopeError(f"the node's driver cannot join the memory cgroup {cfg['cgroup']}",
+    if cfg.cgroup and not cgroup.add_process(cfg.cgroup, os.getpid()):
+        raise PicklescopeError(f"the node's driver cannot join the memory cgroup {cfg.cgroup}",
                                "use --enforcement watchdog")
-    if cfg.get("ray_view_cgroup"):  # Ray's monitor reads the watched cgroup as the machine's (see enforce)
+    if cfg.ray_view_cgroup:  # Ray's monitor reads the watched cgroup as the machine's (see enforce)
         try:
-            cgroup.view_as_root(cfg["ray_view_cgroup"])
+            cgroup.view_as_root(cfg.ray_view_cgroup)
         except OSError as exc:
             raise PicklescopeError(f"--enforcement ray cannot show the run's cgroup to Ray: {exc}",
                                    "use --enforcement cgroup or watchdog") from None
     niceness = os.getpriority(os.PRIO_PROCESS, 0)
     import ray  # deferred: Ray is imported only in the node's own processes, never by the parent
 
-    if cfg.get("ray_view_cgroup"):
+    if cfg.ray_view_cgroup:
         _machine_memory_for_ray_start()
     init_ray(conn, cfg, _init_args(cfg))  # the start-up policy of picklescope.ray.startup
     info = cluster_info()
     info["node_id"] = ray.get_runtime_context().get_node_id()
     conn.send(RayInfo(type="ray_info", side="driver", **info))
-    restore = None if cfg.get("ray_address") else niceness
-    if cfg.get("controller") == "actor":
+    restore = None if cfg.ray_address else niceness
+    if cfg.controller == "actor":
         _run_actor(ray, conn, cfg, restore)
     else:
         _control(ray, conn, cfg, restore)
 
 
-def _run_actor(ray: Any, conn: Any, cfg: dict[str, Any], restore: int | None) -> None:
+def _run_actor(ray: Any, conn: Any, cfg: NodeConfig, restore: int | None) -> None:
     """``--controller actor``: the loop runs in a :class:`TaskRunner` actor; this process only relays."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    relay = controller.Relay(cfg["run_dir"])
+    relay = controller.Relay(cfg.run_dir)
     runner = ray.remote(num_cpus=1, max_restarts=0)(TaskRunner).options(  # verl's TaskRunner takes one CPU
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(),
                                                            soft=False)).remote()
@@ -165,7 +167,7 @@ class TaskRunner:
     """``--controller actor``: the node's controller as a Ray actor, in the place of verl's ``TaskRunner``
     (named so that Ray's messages name it as verl's users read them: ``ray::TaskRunner.run``)."""
 
-    def run(self, cfg: dict[str, Any], address: str, key: bytes) -> None:
+    def run(self, cfg: NodeConfig, address: str, key: bytes) -> None:
         """The whole replay (batch, workers, training steps), talking to the parent through the driver."""
         import ray  # deferred: Ray is imported only in the node's own processes, never by the parent
 
@@ -180,32 +182,32 @@ class TaskRunner:
             conn.close()
 
 
-def _control(ray: Any, conn: Any, cfg: dict[str, Any], restore: int | None) -> None:
+def _control(ray: Any, conn: Any, cfg: NodeConfig, restore: int | None) -> None:
     """The controller: the batch, the workers, the training steps (in the driver, or in its actor)."""
-    data = NodeData(cfg["codec"])
+    data = NodeData(cfg.codec)
     if data.info:
         conn.send(CodecInfo(type="codec_info", side="driver", info=data.info))
-    wl = load_workload(cfg["workload"])
+    wl = load_workload(cfg.workload)
     hooks.install(serialize=True)
-    if cfg.get("data_plane") == "transferqueue":  # the controller handles metadata only: no batch here
+    if cfg.data_plane == "transferqueue":  # the controller handles metadata only: no batch here
         tq_engine = _start_tq(conn, cfg, ray, data, restore)
         _loop(conn, cfg, tq_engine, None)
         tq_engine.close()  # the parent let go: TransferQueue's actors end before the Ray session does
         return
     engine: ReplicaEngine | VerlEngine
-    replica = cfg.get("engine") != "verl"
+    replica = cfg.engine != "verl"
     if replica:  # its workers start now (Ray starts their processes in the background) while the batch is built
         engine = ReplicaEngine(ray, cfg, data)
-    batch = wl.build(cfg["scale"])
-    payload = wl.payload_bytes(cfg["scale"])
+    batch = wl.build(cfg.scale)
+    payload = wl.payload_bytes(cfg.scale)
     whole = data.wrap(batch)
-    width, dtype = _result_shape(batch, len(batch), payload, cfg["returns"])
+    width, dtype = _result_shape(batch, len(batch), payload, cfg.returns)
     del batch
     dtype_name = str(dtype).removeprefix("torch.")
     if replica:
         engine.ready(width, dtype_name)
     else:
-        engine = VerlEngine(ray, cfg, verl_worker_class(cfg["codec"]), width, dtype_name)
+        engine = VerlEngine(ray, cfg, verl_worker_class(cfg.codec), width, dtype_name)
         engine.ready()
     conn.send(Engine(type="engine", info={**engine.info, **data.split_join()}))
     if restore is not None:
@@ -216,7 +218,7 @@ def _control(ray: Any, conn: Any, cfg: dict[str, Any], restore: int | None) -> N
     _loop(conn, cfg, engine, whole)
 
 
-def _start_tq(conn: Any, cfg: dict[str, Any], ray: Any, data: NodeData, restore: int | None) -> TQEngine:
+def _start_tq(conn: Any, cfg: NodeConfig, ray: Any, data: NodeData, restore: int | None) -> TQEngine:
     """The TransferQueue data plane's set-up (:mod:`.tq_plane`): its actors, the producer and the workers."""
     engine = TQEngine(ray, cfg, data)
     engine.start(_result_shape)
@@ -227,7 +229,7 @@ def _start_tq(conn: Any, cfg: dict[str, Any], ray: Any, data: NodeData, restore:
     return engine
 
 
-def _loop(conn: Any, cfg: dict[str, Any], engine: ReplicaEngine | VerlEngine, whole: Any) -> None:
+def _loop(conn: Any, cfg: NodeConfig, engine: ReplicaEngine | VerlEngine, whole: Any) -> None:
     """The replays of a series, one after the other, until the parent lets go."""
     while True:
         if not _replay(conn, cfg, engine, whole):
@@ -235,36 +237,36 @@ def _loop(conn: Any, cfg: dict[str, Any], engine: ReplicaEngine | VerlEngine, wh
         msg = _wait(conn)
         if not isinstance(msg, dict) or msg.get("type") != "next":
             return  # the parent's release (or its end): the Ray session ends in node_driver_main
-        cfg = {**cfg, "codec": msg["codec"], "gc": msg.get("gc", cfg["gc"]), "t0": msg["t0"], "t0_wall": msg["t0_wall"]}
+        cfg = replace(cfg, codec=msg["codec"], gc=msg.get("gc", cfg.gc), t0=msg["t0"], t0_wall=msg["t0_wall"])
         if isinstance(engine, ReplicaEngine):  # a series runs the built-in codecs on the replica engine only
-            engine.switch(NodeData(cfg["codec"]), cfg)
+            engine.switch(NodeData(cfg.codec), cfg)
 
 
-def _replay(conn: Any, cfg: dict[str, Any], engine: ReplicaEngine | VerlEngine, whole: Any) -> bool:
-    """One measured replay of ``cfg["steps"]`` training steps; False if the parent went away before it began."""
-    series = cfg.get("warm_up") == "steps"
+def _replay(conn: Any, cfg: NodeConfig, engine: ReplicaEngine | VerlEngine, whole: Any) -> bool:
+    """One measured replay of ``cfg.steps`` training steps; False if the parent went away before it began."""
+    series = cfg.warm_up == "steps"
     if series:  # every replay of a series starts after as many unmeasured training steps of its own codec,
         # under its own collector: the store pages and allocator arenas its pattern needs are in its baseline
         gc.enable()  # the replay before may have turned the collector off; this one's mode decides
-        collector.apply_mode(cfg["gc"])
-        for _ in range(cfg["steps"]):
+        collector.apply_mode(cfg.gc)
+        for _ in range(cfg.steps):
             engine.step(whole)
     engine.arm()
     gc.enable()
     gc.collect()
     if series:  # and with what the previous replay (or the warm-up) freed given back, as in the workers
         procmem.trim_heap()
-    collector.apply_mode(cfg["gc"])
+    collector.apply_mode(cfg.gc)
     collector.count_full_collections()
-    meter = begin_measure(steps.Meter(channel.with_shared(conn.send), cfg["t0"], "driver"))
+    meter = begin_measure(steps.Meter(channel.with_shared(conn.send), cfg.t0, "driver"))
     private_base = procmem.private_rss()  # VmRSS - RssShmem: the session's per-process accounting
     conn.send(Ready(type="ready", side="driver"))
     if _wait(conn) is None:
         return False
-    for k in range(1, cfg["steps"] + 1):
+    for k in range(1, cfg.steps + 1):
         conn.send(TrainStepStart(type="train_step_start", index=k, t_s=meter.now()))
         engine.step(whole)
-        if cfg["gc"] == "each-step":
+        if cfg.gc == "each-step":
             with steps.step("gc"):
                 gc.collect()
         conn.send(TrainStepEnd(type="train_step_end", index=k, t_s=meter.now(), private_bytes=procmem.private_rss(),
@@ -293,20 +295,20 @@ def _machine_memory_for_ray_start() -> None:
     ray_utils.get_system_memory = lambda *args, **kwargs: total
 
 
-def _init_args(cfg: dict[str, Any]) -> dict[str, Any] | None:
+def _init_args(cfg: NodeConfig) -> dict[str, Any] | None:
     """``ray.init`` arguments of a cluster the run starts: for the verl engine one logical CPU per worker
     (verl's resource pool reserves a CPU bundle per worker), for ``--enforcement ray`` a given memory
     resource; the usual arguments otherwise (None for a joined cluster)."""
-    if cfg.get("ray_address"):
+    if cfg.ray_address:
         return None
     args = init_args(cfg)
-    if cfg.get("ray_view_cgroup"):  # Ray now reads the watched cgroup's small limit as the machine's memory;
+    if cfg.ray_view_cgroup:  # Ray now reads the watched cgroup's small limit as the machine's memory;
         # its logical "memory" resource (what tasks may reserve, none here) is given, not derived from it
         args["_memory"] = ROUGH_MEMORY_RESOURCE
-    if cfg.get("engine") == "verl":
-        args["num_cpus"] = max(int(args.get("num_cpus") or 1), int(cfg["workers"]))
-        if cfg.get("controller") == "actor":  # and one for the controller actor, as verl's TaskRunner
+    if cfg.engine == "verl":
+        args["num_cpus"] = max(int(args.get("num_cpus") or 1), int(cfg.workers))
+        if cfg.controller == "actor":  # and one for the controller actor, as verl's TaskRunner
             args["num_cpus"] += 1
-    if cfg.get("data_plane") == "transferqueue":  # TransferQueue's actors each reserve one logical CPU
+    if cfg.data_plane == "transferqueue":  # TransferQueue's actors each reserve one logical CPU
         args["num_cpus"] = max(int(args.get("num_cpus") or 1), cpus_needed())
     return args

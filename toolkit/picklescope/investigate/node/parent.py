@@ -25,6 +25,7 @@ from picklescope.core.paths import make_temp_dir
 from picklescope.errors import PicklescopeError
 from picklescope.investigate.node import enforce, tq_plane
 from picklescope.investigate.node.checks import DEFAULT_SCALE, plan
+from picklescope.investigate.node.config import NodeConfig
 from picklescope.investigate.node.controller import check_controller
 from picklescope.investigate.node.driver import DRIVER_LOG, node_driver_main
 from picklescope.investigate.node.follow import Accepter, adopt_known, follow, settle
@@ -115,40 +116,39 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
                           data_plane=data_plane)
                for codec, mode in zip(codecs, gc_modes)]
     accepter = Accepter(run_dir)
-    cfg = {"codec": codecs[0], "workload": wl.source or wl.name, "scale": scale,
-           "workers": workers, "steps": steps, "returns": returns, "dispatch": dispatch, "gc": gc_modes[0],
-           "transport": transport, "engine": engine, "ray_path": "arg", "ray_address": ray_address,
-           "ray_temp_dir": ray_tmp, "warm_up": "steps" if len(codecs) > 1 else "row",
-           "object_store_bytes": store, "run_dir": run_dir, "t0": t0,
-           "t0_wall": time.time() - (time.monotonic() - t0), "machine": machine_id(),
-           "events_address": accepter.address, "events_key": accepter.key.hex(),
-           "ray_env": ray_env(bool(ray_address)), "parent_pid": os.getpid(),
-           "deadline_wall": time.time() + (t0 + timeout_s - reserve - time.monotonic()),
-           "worker_resources": worker_resources or {}, "spread": spread, "controller": controller,
-           "data_plane": data_plane}
+    cfg = NodeConfig(codec=codecs[0], workload=wl.source or wl.name, scale=scale, workers=workers, steps=steps,
+                     returns=returns, dispatch=dispatch, gc=gc_modes[0], transport=transport, engine=engine,
+                     ray_path="arg", ray_address=ray_address, ray_temp_dir=ray_tmp,
+                     warm_up="steps" if len(codecs) > 1 else "row", object_store_bytes=store, run_dir=run_dir,
+                     t0=t0, t0_wall=time.time() - (time.monotonic() - t0), machine=machine_id(),
+                     events_address=accepter.address, events_key=accepter.key.hex(),
+                     ray_env=ray_env(bool(ray_address)), parent_pid=os.getpid(),
+                     deadline_wall=time.time() + (t0 + timeout_s - reserve - time.monotonic()),
+                     worker_resources=dict(worker_resources or {}), spread=bool(spread), controller=controller,
+                     data_plane=data_plane)
     if data_plane == "transferqueue":  # Ray's workers find the separately installed TransferQueue (init_args)
-        cfg["ray_path"] = "tq"
+        cfg.ray_path = "tq"
     cg_path = start_cg = None
     if checked.cgroup_base is not None:
         name = f"{temp_name('picklescope-')}node{os.urandom(3).hex()}"
         cg_path = cgroup.create(checked.cgroup_base, name)
-        cfg["cgroup"] = cg_path
+        cfg.cgroup = cg_path
         for r in results:
             r.cgroup = {"path": cg_path}
         if enforcement == "ray":  # born in a start cgroup, moved into the watched one at the baseline
-            start_cg = cfg["cgroup"] = cgroup.create(checked.cgroup_base, name + "start")
-            cfg["ray_view_cgroup"] = cg_path
-            threshold = enforce.ray_threshold(cfg["ray_env"])
+            start_cg = cfg.cgroup = cgroup.create(checked.cgroup_base, name + "start")
+            cfg.ray_view_cgroup = cg_path
+            threshold = enforce.ray_threshold(cfg.ray_env)
             limit = enforce.ray_limit(int(budget or 0), threshold)
             cgroup.set_limit(cg_path, limit)
-            cfg["ray_env"].update(RAY_memory_monitor_refresh_ms=enforce.RAY_REFRESH_MS,
+            cfg.ray_env.update(RAY_memory_monitor_refresh_ms=enforce.RAY_REFRESH_MS,
                                   RAY_memory_usage_threshold=f"{threshold:g}", RAY_min_memory_free_bytes="-1")
             for r in results:
                 r.cgroup.update(start_path=start_cg, limit_bytes=limit, ray_threshold=threshold,
                                 ray_threshold_bytes=int(limit * threshold),
                                 ray_refresh_ms=int(enforce.RAY_REFRESH_MS))
         else:
-            cfg["ray_env"]["RAY_memory_monitor_refresh_ms"] = "0"  # the kernel decides, not Ray's monitor
+            cfg.ray_env["RAY_memory_monitor_refresh_ms"] = "0"  # the kernel decides, not Ray's monitor
     proc = conn = None
     driver_start = None
     tracking = Tracking(t0, timeout_s, workers, t0 + timeout_s, budget, cg_path, start_cgroup=start_cg)
@@ -229,7 +229,7 @@ class DriverStartTimeout(Exception):
     """The run's limit came while the warm forkserver was still starting (see :func:`start_driver`)."""
 
 
-def start_driver(cfg: dict[str, Any], deadline: float) -> tuple[Any, Any]:
+def start_driver(cfg: NodeConfig, deadline: float) -> tuple[Any, Any]:
     """The driver, from the warm forkserver, within the run's limit (a monotonic ``deadline``).
 
     The first start of the forkserver waits for it to import torch (a minute or more on a busy machine),
@@ -284,7 +284,7 @@ def _tail(path: str, limit: int = 3000) -> str:
 
 
 def _cleanup(result: NodeResult, proc: Any, conn: Any, driver_start: int | None, tracking: Tracking,
-             cfg: dict[str, Any]) -> None:
+             cfg: NodeConfig) -> None:
     """Let the driver end its Ray session, then kill whatever of the cluster we started is still alive.
 
     The driver gets half of what is left of the run's limit for its ``ray.shutdown`` (at most
@@ -309,11 +309,11 @@ def _cleanup(result: NodeResult, proc: Any, conn: Any, driver_start: int | None,
     conn.close()
     if result.processes.get("driver") is not None:
         result.processes["driver"].exit_code = proc.exitcode
-    if cfg.get("ray_address"):
-        result.cleanup = {"joined": cfg["ray_address"], "note": "the actors end with their driver"}
+    if cfg.ray_address:
+        result.cleanup = {"joined": cfg.ray_address, "note": "the actors end with their driver"}
         return
     known = [p for pids in tracking.cluster_pids.values() for p in pids]
-    args = (proc.pid, driver_start, known, cfg.get("ray_temp_dir"))
+    args = (proc.pid, driver_start, known, cfg.ray_temp_dir)
     left = sorted(cluster.cluster_processes(*args))
     killed, remaining = cluster.stop_all(lambda: cluster.cluster_processes(*args))
     result.cleanup = {"left_after_driver": left, "killed": killed, "remaining": remaining}

@@ -12,22 +12,23 @@ from __future__ import annotations
 from typing import Any
 
 from picklescope.core import steps
+from picklescope.investigate.node.config import NodeConfig
 from picklescope.investigate.node.data import NodeData
 from picklescope.investigate.node.worker import NodeWorker
 from picklescope.ray import hooks
 from picklescope.ray.driver import wait_s
 
 
-def worker_placement(ray: Any, cfg: dict[str, Any]) -> dict[str, Any]:
+def worker_placement(ray: Any, cfg: NodeConfig) -> dict[str, Any]:
     """Where a node's worker actors go: on nodes with ``--worker-resources``, spread with ``--spread``, else
     on the driver's Ray node (a replay is of one node; Ray's default could place them on any node of a joined
     cluster, one being stopped included)."""
     options: dict[str, Any] = {}
-    if cfg.get("worker_resources"):
-        options["resources"] = dict(cfg["worker_resources"])
-    if cfg.get("spread"):
+    if cfg.worker_resources:
+        options["resources"] = dict(cfg.worker_resources)
+    if cfg.spread:
         options["scheduling_strategy"] = "SPREAD"
-    elif not cfg.get("worker_resources"):
+    elif not cfg.worker_resources:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # deferred: Ray's own
 
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
@@ -38,20 +39,20 @@ def worker_placement(ray: Any, cfg: dict[str, Any]) -> dict[str, Any]:
 class ReplicaEngine:
     """The node's worker actors, created in the driver, and one training step over them."""
 
-    def __init__(self, ray: Any, cfg: dict[str, Any], data: NodeData) -> None:
+    def __init__(self, ray: Any, cfg: NodeConfig, data: NodeData) -> None:
         """Create the worker actors; this returns at once, while Ray starts their processes (each imports
         torch: seconds), so the driver builds its batch meanwhile and then waits in :meth:`ready`."""
         self.ray, self.cfg, self.data = ray, cfg, data
         actor_cls = ray.remote(num_cpus=0, max_restarts=0)(NodeWorker)
         options = worker_placement(ray, cfg)
-        self.workers = [actor_cls.options(**options).remote(cfg, f"worker-{i}") for i in range(cfg["workers"])]
+        self.workers = [actor_cls.options(**options).remote(cfg, f"worker-{i}") for i in range(cfg.workers)]
         self.info: dict[str, Any] = {"engine": "replica",
                                      "worker_class": f"{NodeWorker.__module__}.{NodeWorker.__qualname__}"}
 
     def ready(self, width: int, dtype: str) -> None:
         """Wait until every worker actor is up (within what is left of the run's limit), and give each the
         result row's shape (``width`` elements of ``dtype``), known once the batch is built."""
-        wait = wait_s(self.cfg, self.cfg.get("actor_timeout_s", 300))
+        wait = wait_s(self.cfg, self.cfg.actor_timeout_s)
         try:
             self.ray.get([w.ready.remote(width, dtype) for w in self.workers], timeout=wait)
         except self.ray.exceptions.GetTimeoutError:
@@ -59,7 +60,7 @@ class ReplicaEngine:
                                "(the run's --timeout was near)") from None
 
     def _arg(self, piece: Any) -> Any:
-        return piece if self.cfg["transport"] == "ray-arg" else [self.ray.put(piece)]
+        return piece if self.cfg.transport == "ray-arg" else [self.ray.put(piece)]
 
     def warm(self, whole: Any) -> None:
         """One small call per worker during set-up (first-call costs land in the baselines)."""
@@ -74,21 +75,21 @@ class ReplicaEngine:
         """Every worker ends its measured phase and reports it."""
         self.ray.get([w.finish.remote() for w in self.workers])
 
-    def switch(self, data: NodeData, cfg: dict[str, Any]) -> None:
+    def switch(self, data: NodeData, cfg: NodeConfig) -> None:
         """The next replay of a series: its codec, collector mode and clock, here and in every worker."""
         self.data, self.cfg = data, cfg
-        self.ray.get([w.switch.remote(cfg["codec"], cfg["t0"], cfg["t0_wall"], cfg["gc"]) for w in self.workers])
+        self.ray.get([w.switch.remote(cfg.codec, cfg.t0, cfg.t0_wall, cfg.gc) for w in self.workers])
 
     def step(self, whole: Any) -> None:
         """One training step as verl's single controller runs it (DP_COMPUTE_PROTO: chunk, call, collect)."""
         ray, data, workers = self.ray, self.data, self.workers
         n = len(workers)
         with steps.step("chunk"):
-            pieces = data.chunk(whole, n) if self.cfg["dispatch"] == "chunk" else [whole] * n
+            pieces = data.chunk(whole, n) if self.cfg.dispatch == "chunk" else [whole] * n
         pending = []
         for w, piece in zip(workers, pieces):
             hooks.expect_store_write(piece)
-            if self.cfg["transport"] == "ray":
+            if self.cfg.transport == "ray":
                 with steps.step("ray.put"):
                     try:
                         ref = ray.put(piece)

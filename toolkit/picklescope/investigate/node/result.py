@@ -117,10 +117,10 @@ class NodeResult:
     def from_json_dict(cls, doc: dict[str, Any]) -> NodeResult:
         """The result back from its ``--json`` document (results.json keeps node replays as documents), so
         the tables and the figure draw a saved replay exactly as a fresh one."""
-        n, cfg = doc["node"], doc["node"]["config"]
-        r = cls(doc["codec"], cfg["workload"], cfg["scale"], doc["workers"], doc["steps"], doc["payload_bytes"],
-                cfg["dispatch"], cfg["gc"], cfg["transport"], cfg["returns"], engine=cfg["engine"],
-                enforcement=cfg["enforcement"], controller=doc.get("controller", "process"),
+        n, config = doc["node"], doc["node"]["config"]
+        r = cls(doc["codec"], config["workload"], config["scale"], doc["workers"], doc["steps"], doc["payload_bytes"],
+                config["dispatch"], config["gc"], config["transport"], config["returns"], engine=config["engine"],
+                enforcement=config["enforcement"], controller=doc.get("controller", "process"),
                 cgroup=n.get("cgroup") or {}, engine_info=n.get("engine") or {},
                 outcome=doc["outcome"], error=n.get("error"), budget_bytes=n.get("budget_bytes"),
                 node_baseline_bytes=n.get("baseline_bytes"), node_peak_bytes=n.get("peak_bytes"),
@@ -130,7 +130,7 @@ class NodeResult:
                 store=Series(n["store"]["t_s"], n["store"]["bytes"]), baseline_s=n.get("baseline_s"),
                 max_gap_s=n.get("max_gap_s"), sampler_priority=n.get("sampler_priority", "normal"),
                 wall_s=n.get("wall_s", 0.0), cleanup=n.get("cleanup") or {},
-                full_collections=n.get("full_collections") or {}, data_plane=cfg.get("data_plane", "dataproto"))
+                full_collections=n.get("full_collections") or {}, data_plane=config.get("data_plane", "dataproto"))
         if doc.get("killed"):
             k = doc["killed"]
             r.killed = KillRecord(k["process"], 0, k["t_s"], k["node_bytes"], n.get("budget_bytes") or 0,

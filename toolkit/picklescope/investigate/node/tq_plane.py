@@ -32,6 +32,7 @@ from typing import Any
 from picklescope.core import steps
 from picklescope.core.events import Hello
 from picklescope.errors import PicklescopeError
+from picklescope.investigate.node.config import NodeConfig
 from picklescope.investigate.node.data import NodeData
 from picklescope.investigate.node.replica import ReplicaEngine, worker_placement
 from picklescope.investigate.node.worker import NodeWorker
@@ -94,11 +95,11 @@ class TQProducer(NodeWorker):
         """Connect to TransferQueue, build the batch (before the baseline: generating it is the rollout's
         cost, not the data plane's), and return the result row's shape that ``result_shape`` derives."""
         tq.activate().init()
-        wl = load_workload(self.cfg["workload"])
-        batch = wl.build(self.cfg["scale"])
+        wl = load_workload(self.cfg.workload)
+        batch = wl.build(self.cfg.scale)
         self.fields = _as_fields(batch)
         self.rows = len(batch)
-        width, dtype = result_shape(batch, self.rows, wl.payload_bytes(self.cfg["scale"]), self.cfg["returns"])
+        width, dtype = result_shape(batch, self.rows, wl.payload_bytes(self.cfg.scale), self.cfg.returns)
         del batch
         return width, str(dtype).removeprefix("torch.")
 
@@ -109,7 +110,7 @@ class TQProducer(NodeWorker):
         keys = [f"{tag}-{i}" for i in range(int(fields.batch_size[0]))]
         with steps.step("kv_batch_put"):
             meta = mod.kv_batch_put(keys=keys, partition_id=PARTITION, fields=fields)
-        if self.cfg["gc"] == "each-step":
+        if self.cfg.gc == "each-step":
             with steps.step("gc"):
                 gc.collect()
         return meta
@@ -138,7 +139,7 @@ class TQWorker(NodeWorker):
         with steps.step("kv_batch_put"):
             mod.kv_batch_put(keys=list(meta.keys), partition_id=PARTITION, fields=out)
         del out
-        if self.cfg["gc"] == "each-step":
+        if self.cfg.gc == "each-step":
             with steps.step("gc"):
                 gc.collect()
         return rows
@@ -154,7 +155,7 @@ def _whoami(actor_self: Any) -> tuple[int, str, str]:
 class TQEngine(ReplicaEngine):
     """The controller's side: TransferQueue's actors, the producer and the workers, one step on metadata."""
 
-    def __init__(self, ray: Any, cfg: dict[str, Any], data: NodeData) -> None:
+    def __init__(self, ray: Any, cfg: NodeConfig, data: NodeData) -> None:
         """Start TransferQueue (its controller actor and :data:`STORAGE_UNITS` storage units), then the
         producer and the worker actors (``self.workers`` lists the producer first, so that arming,
         finishing and switching codec reach it too)."""
@@ -182,7 +183,7 @@ class TQEngine(ReplicaEngine):
         self.producer = ray.remote(num_cpus=0, max_restarts=0)(TQProducer).options(**options).remote(cfg, "producer")
         worker_cls = ray.remote(num_cpus=0, max_restarts=0)(TQWorker)
         self.compute_workers = [worker_cls.options(**options).remote(cfg, f"worker-{i}")
-                                for i in range(cfg["workers"])]
+                                for i in range(cfg.workers)]
         self.workers = [self.producer, *self.compute_workers]
         self.links: list[Any] = []
         self.counter = 0
@@ -196,7 +197,7 @@ class TQEngine(ReplicaEngine):
     def start(self, result_shape: Callable[..., tuple[int, Any]]) -> None:
         """Wait for every actor (within the run's limit), connect each to TransferQueue, give the workers
         the result row's shape, and announce TransferQueue's own actors to the parent to be sampled."""
-        wait = wait_s(self.cfg, self.cfg.get("actor_timeout_s", 300))
+        wait = wait_s(self.cfg, self.cfg.actor_timeout_s)
         ray = self.ray
         try:
             width, dtype = ray.get(self.producer.attach.remote(result_shape), timeout=wait)

@@ -12,11 +12,13 @@ from __future__ import annotations
 import gc
 import importlib
 import os
+from dataclasses import replace
 from typing import Any
 
 from picklescope.core import procmem, steps
 from picklescope.core.events import Done, Event, Hello
 from picklescope.investigate.node import collector
+from picklescope.investigate.node.config import NodeConfig
 from picklescope.investigate.node.data import NodeData
 from picklescope.investigate.node_verl import CODEC_ENV, worker_class
 from picklescope.measure import launcher
@@ -29,20 +31,20 @@ class NodeWorker:
 
     node_role = "worker"  # the process's role in the result (a subclass may stand for another part of the node)
 
-    def __init__(self, cfg: dict[str, Any], name: str, width: int = 1, dtype: str = "float32") -> None:
+    def __init__(self, cfg: NodeConfig, name: str, width: int = 1, dtype: str = "float32") -> None:
         import ray  # deferred: Ray is imported only in the node's own processes, never by the parent
 
         self.cfg, self.name = cfg, name
         self.conn = channel.connect(cfg)
         self.conn.send(Hello(type="hello", name=name, pid=os.getpid(), machine=channel.machine_id(),
                              node_id=ray.get_runtime_context().get_node_id(), role=self.node_role))
-        if os.path.isdir(cfg["run_dir"]):  # the budget check's SIGUSR1 writes our stack there before a kill
+        if os.path.isdir(cfg.run_dir):  # the budget check's SIGUSR1 writes our stack there before a kill
             self._stack = arm_stack_dump(cfg, name)
         for module in launcher.PRELOAD:
             importlib.import_module(module)
         import torch  # deferred: heavy, imported by the preload above already
 
-        self.data = NodeData(cfg["codec"])
+        self.data = NodeData(cfg.codec)
         self.width, self.dtype = width, getattr(torch, dtype)
         hooks.install(deserialize=True)
         self.t0 = channel.local_t0(cfg)
@@ -61,9 +63,9 @@ class NodeWorker:
         """Take the baseline after setup; from now on every step is measured and streamed."""
         gc.enable()
         gc.collect()
-        if self.cfg.get("warm_up") == "steps":  # a series: what the warm-up freed, given back (as the driver)
+        if self.cfg.warm_up == "steps":  # a series: what the warm-up freed, given back (as the driver)
             procmem.trim_heap()
-        collector.apply_mode(self.cfg["gc"])
+        collector.apply_mode(self.cfg.gc)
         collector.count_full_collections()
         self.meter = begin_measure(steps.Meter(channel.with_shared(self._send), self.t0, self.name))
 
@@ -73,15 +75,15 @@ class NodeWorker:
     def switch(self, codec: str, t0: float, t0_wall: float, gc_mode: str | None = None) -> None:
         """The next replay of a series: its codec, its collector mode (the unmeasured steps before it run
         under it already, as in the driver) and its clock (:meth:`arm` then takes the new baseline)."""
-        self.cfg = {**self.cfg, "codec": codec, "t0": t0, "t0_wall": t0_wall, "gc": gc_mode or self.cfg["gc"]}
+        self.cfg = replace(self.cfg, codec=codec, t0=t0, t0_wall=t0_wall, gc=gc_mode or self.cfg.gc)
         self.data = NodeData(codec)
         self.t0 = channel.local_t0(self.cfg)
         gc.enable()
-        collector.apply_mode(self.cfg["gc"])
+        collector.apply_mode(self.cfg.gc)
 
     def compute(self, arg: Any) -> Any:
         """Receive a chunk (already deserialized by Ray, or a ref to ``ray.get``), return a small result."""
-        if self.cfg["transport"] == "ray":
+        if self.cfg.transport == "ray":
             import ray  # deferred: Ray is imported only in the node's own processes, never by the parent
 
             with steps.step("ray.get"):
@@ -89,7 +91,7 @@ class NodeWorker:
         with steps.step("compute"):
             out = self.data.result(len(arg), self.width, self.dtype)
         del arg
-        if self.cfg["gc"] == "each-step":
+        if self.cfg.gc == "each-step":
             with steps.step("gc"):
                 gc.collect()
         return out
@@ -100,7 +102,7 @@ class NodeWorker:
         if meter is None:
             return
         m = end_measure(self.conn, meter, None, read_at_end=collector.full_collections,
-                        trim=self.cfg.get("warm_up") == "steps")
+                        trim=self.cfg.warm_up == "steps")
         self.conn.send(Done(type="done", side=self.name, peak_bytes=m.peak_bytes, held_bytes=m.held_bytes,
                             cycle_held_bytes=m.cycle_held_bytes, t_s=meter.now(), full_collections=m.at_end))
 
