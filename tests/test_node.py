@@ -206,10 +206,10 @@ def test_sampling_gaps_stay_under_20_ms_with_8_workers(runs, cluster):
 
 def test_a_kill_says_whose_step_it_landed_in():
     """A worker killed between its own steps is named with the driver's open step, as the driver's."""
-    from picklescope.measure.session import KillRecord
+    from picklescope.measure.kill import Kill
 
     def kill(step, step_of):
-        return KillRecord("worker-0", 1, 0.5, 0, 0, 2, step, step_of=step_of).during()
+        return Kill("worker-0", 0.5, 0, 1, node_bytes=0, training_step=2, step=step, step_of=step_of).during()
 
     assert kill("consolidate", "driver") == "while the driver was in consolidate"
     assert kill("compute", "worker-0") == "during compute"

@@ -22,7 +22,8 @@ from picklescope.core.result import Series
 from picklescope.errors import PicklescopeError
 from picklescope.investigate.node import NodeResult, enforce, node, node_series
 from picklescope.investigate.node.tracking import Tracking
-from picklescope.measure.session import KillRecord, ProcessRecord, Session
+from picklescope.measure.kill import Kill
+from picklescope.measure.session import ProcessRecord, Session
 from picklescope.ray import ray_available
 
 pytestmark = [pytest.mark.skipif(not ray_available(), reason="ray is not installed (pip install 'picklescope[ray]')"),
@@ -97,7 +98,7 @@ def test_the_limit_puts_rays_threshold_at_the_budget():
 
 def test_killed_by_names_the_enforcer_in_the_json_both_ways():
     r = NodeResult("numpy-legacy", "flowgrpo", 0.1, 2, 4, 1, "chunk", "off", "ray-arg", None, enforcement="watchdog")
-    r.killed = KillRecord("worker-1", 42, 1.0, 10, 20, 2, "compute")
+    r.killed = Kill("worker-1", 1.0, 20, 42, node_bytes=10, training_step=2, step="compute")
     assert r.to_json_dict()["killed"]["by"] == "watchdog" and r.to_json_dict()["killed"]["message"] is None
     r.killed_by, r.killed_message = "ray", MESSAGE
     doc = r.to_json_dict()

@@ -206,14 +206,16 @@ def test_the_plane_is_in_the_cli_help():
 
 
 def test_a_killed_replay_says_what_each_process_held_at_the_kill():
-    from picklescope.measure.session import KillRecord, ProcessRecord
+    from picklescope.measure.kill import Kill
+    from picklescope.measure.session import ProcessRecord
 
     r = NodeResult("numpy", "flowgrpo", SCALE, WORKERS, STEPS, 100, "chunk", "default", "ray-arg", None,
                    data_plane="transferqueue")
     for name, base in (("driver", 1000), ("producer", 2000), ("storage-0", 500)):
         r.processes[name] = ProcessRecord(name, 1, "worker", None, True, base)
-    r.killed = KillRecord("producer", 1, 1.0, 400, 300, 2, "kv_batch_put", oom_scores={"producer": 700},
-                          memory_bytes={"driver": 1001, "producer": 2250, "storage-0": 600, "store": 0})
+    r.killed = Kill("producer", 1.0, 300, 1, node_bytes=400, training_step=2, step="kv_batch_put",
+                    oom_scores={"producer": 700},
+                    memory_bytes={"driver": 1001, "producer": 2250, "storage-0": 600, "store": 0})
     lines = plane_lines([r])
     assert lines[0].startswith("transferqueue killed producer in training step 2"), lines
     assert lines[1] == "  at the kill, above baselines: producer 2.50x, storage-0 1.00x, driver 0.01x " \

@@ -230,7 +230,7 @@ class RunResult:
     import_errors: list[str] | None = None  # a cell's imports that failed in the child
     tracer_notes_error: str | None = None  # why the tracers' notes could not be read
     # how the run was enforced and cleaned up
-    kill: dict[str, Any] | None = None  # the watchdog's kill record (Kill.to_dict)
+    kill: dict[str, Any] | None = None  # the watchdog's kill record (measure.kill.Kill.to_dict)
     stack_note: str | None = None  # how the stack at death relates to the step that crossed the budget
     charged_at_death: int | None = None  # cgroup: the memory charged to the killed side when it died
     cgroup: dict[str, Any] | None = None  # cgroup: the kernel's memory.events counters at the end

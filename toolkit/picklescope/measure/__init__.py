@@ -1,2 +1,2 @@
 """Measurement: warm child processes, the sides' bodies, sampling on one clock, budgets, the watchdog,
-verdicts. A measured run is started, fed and folded into a result here."""
+the one kill record, verdicts. A measured run is started, fed and folded into a result here."""

@@ -52,6 +52,7 @@ from picklescope.core import procmem
 from picklescope.core.events import Event
 from picklescope.core.procmem import StatmReader
 from picklescope.core.result import Series, Timeline
+from picklescope.measure.kill import Kill
 from picklescope.measure.sampler import hold_gc, raise_priority
 from picklescope.measure.watchdog import dump_stack_then_kill
 
@@ -112,39 +113,6 @@ class TrainingStep:
     node_bytes: int | None = None  # node total above the node baseline at the step's end (sampled)
     driver_bytes: int | None = None  # the driver's private memory above its baseline at the end (exact)
     per_process_bytes: dict[str, int] = field(default_factory=dict)  # at the step's end, above baselines
-
-
-@dataclass
-class KillRecord:
-    """Whom the budget check killed, when, and what every process held at that moment."""
-
-    process: str
-    pid: int
-    t_s: float
-    node_bytes: int  # node total above its baseline when the budget was crossed
-    budget_bytes: int
-    training_step: int | None
-    step: str | None  # the innermost step open in the killed process (or the driver's) at the kill
-    oom_scores: dict[str, int] = field(default_factory=dict)
-    memory_bytes: dict[str, int] = field(default_factory=dict)  # per process (private) and "store", absolute
-    stack: str | None = None
-    sigkill_t_s: float | None = None
-    step_of: str | None = None  # whose step ``step`` is: the killed process's, or "driver" (a worker between steps)
-
-    def during(self) -> str:
-        """Where the kill landed, in words (:func:`kill_during`)."""
-        return kill_during(self.process, self.step, self.step_of)
-
-
-def kill_during(process: str, step: str | None, step_of: str | None) -> str:
-    """Where a kill landed, in words that never put the driver's step in a worker's mouth: ``during
-    consolidate`` for the killed process's own step, ``while the driver was in consolidate`` for a
-    worker killed between its steps. Takes plain values, so a saved result's document words it too."""
-    if step is None:
-        return "between steps"
-    if step_of in (None, process):
-        return f"during {step}"
-    return f"while the {step_of} was in {step}"
 
 
 @dataclass
@@ -245,7 +213,7 @@ class Session:
         self.store_baseline: int | None = None
         self.baseline_s: float | None = None
         self.training_steps: list[TrainingStep] = []
-        self.kill: KillRecord | None = None
+        self.kill: Kill | None = None
         self.priority = "normal"
         self._readers: dict[str, Reader] = {}
         self._store_reader: Reader | None = None
@@ -399,8 +367,9 @@ class Session:
         step, step_of = self.step_at_kill(victim)
         memory = {n: v for n, v in self._last.items()}
         memory["store"] = self._last_store
-        kill = KillRecord(victim, rec.pid, t, over, int(self.budget_bytes or 0), self.current_training_step(),
-                          step, scores, memory, step_of=step_of)
+        kill = Kill(victim, t, int(self.budget_bytes or 0), rec.pid, node_bytes=over,
+                    training_step=self.current_training_step(), step=step, step_of=step_of, oom_scores=scores,
+                    memory_bytes=memory)
         self.kill = kill
         dump_stack_then_kill(rec.pid, os.path.join(self.run_dir, f"{victim}.stack"), self.t0, kill)
 

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from picklescope.core.result import RunResult, Side, Step
 from picklescope.core.units import fmt_bytes
 
-if TYPE_CHECKING:  # a sibling: the watchdog makes the kill, the verdict reads it
-    from picklescope.measure.watchdog import Kill
+if TYPE_CHECKING:  # a sibling: the watchdog makes the kill record, the verdict reads it
+    from picklescope.measure.kill import Kill
 
 
 @dataclass(frozen=True)
@@ -181,8 +181,8 @@ def _trim_at_peak(side: Side, since_s: float | None) -> None:
 
 
 def apply_kill(r: RunResult, kill: Kill, enforcement: str) -> None:
-    """Turn a watchdog kill (see :class:`picklescope.measure.watchdog.Kill`) into the run's verdict."""
-    side = r.sides[kill.side]
+    """Turn a watchdog kill (see :class:`picklescope.measure.kill.Kill`) into the run's verdict."""
+    side = r.sides[kill.process]
     _trim(side, kill.sigkill_t_s)
     step = side.step(kill.step) if kill.step else None
     if step is None and kill.reason == "budget":
@@ -190,7 +190,7 @@ def apply_kill(r: RunResult, kill: Kill, enforcement: str) -> None:
     if step is None:
         step = step_at(side, kill.t_s) or innermost_open(side)
     conclude(r, "oom-killed")
-    r.killed_side = kill.side
+    r.killed_side = kill.process
     r.killed_in_step = step.name if step else None
     r.enforcement = enforcement
     r.memory_at_death_bytes = _memory_at_death(side, kill.t_s, kill.above_baseline_bytes)
@@ -204,10 +204,10 @@ def apply_kill(r: RunResult, kill: Kill, enforcement: str) -> None:
                                  "by the time the watchdog saw it; the stack shows where the side was when killed")
     where = f" in step {r.killed_in_step}" if r.killed_in_step else " before its first step"
     if kill.reason == "machine":
-        r.error = (f"{kill.side} killed{where}: the machine's available memory fell under the reserve picklescope "
+        r.error = (f"{kill.process} killed{where}: the machine's available memory fell under the reserve picklescope "
                    f"keeps for the parent (SIGKILL from the machine guard)")
     else:
-        r.error = (f"{kill.side} killed{where}: its memory reached {fmt_bytes(kill.above_baseline_bytes)} above "
+        r.error = (f"{kill.process} killed{where}: its memory reached {fmt_bytes(kill.above_baseline_bytes)} above "
                    f"baseline, over its budget of {fmt_bytes(kill.budget_bytes)} (seen by {kill.via}; "
                    f"SIGKILL, no Python exception, like the kernel's OOM killer)")
     side.killed = True
@@ -316,7 +316,7 @@ def time_out(r: HasOutcome, what: str = "the run") -> None:
     conclude(r, "timeout", f"{what} exceeded its wall-clock limit")
 
 
-def decide(r: RunResult, errors: list[dict[str, Any]], done: dict[str, bool], kills: dict[str, Any],
+def decide(r: RunResult, errors: list[dict[str, Any]], done: dict[str, bool], kills: dict[str, Kill],
            enforcement: str | None, counters: dict[str, dict[str, int]]) -> None:
     """Override the run's generic verdict when memory ran out; leave every other outcome alone.
 

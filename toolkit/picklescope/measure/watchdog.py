@@ -21,35 +21,16 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from typing import Any
 
 from picklescope.core.events import Event
 from picklescope.core.procmem import machine_memory
 from picklescope.measure.budget import BudgetBelowBaseline, Limits
+from picklescope.measure.kill import Kill
 
 EventHook = Callable[[Event], None]
 STACK_WAIT_S = 0.1  # longest wait for the stack dump before SIGKILL
 STACK_STABLE_S = 0.005  # the dump is complete once its size has not changed for this long
 MEMINFO_EVERY_S = 0.01
-
-
-@dataclass
-class Kill:
-    """Why, when and at what memory the watchdog killed one side."""
-
-    side: str
-    reason: str  # "budget" | "machine"
-    via: str  # what saw the crossing: sampled RSS, kernel peak, exact step peak, available memory
-    t_s: float  # run clock (seconds since the run started)
-    above_baseline_bytes: int | None
-    budget_bytes: int | None
-    step: str | None = None  # the step whose exact peak crossed, when that is what saw it
-    stack: str | None = None  # the side's Python stack at death (faulthandler), if it was written
-    sigkill_t_s: float | None = None  # run clock when SIGKILL was sent: the side's timeline ends here
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _hwm_from(fd: int) -> int | None:
@@ -151,8 +132,8 @@ class Watchdog:
         with self._lock:
             if side in self.kills or side not in self.pids:
                 return
-            kill = Kill(side, reason, via, round(time.monotonic() - self.t0, 6), above,
-                        self.limits.budgets.get(side), step)
+            kill = Kill(side, round(time.monotonic() - self.t0, 6), self.limits.budgets.get(side), self.pids[side],
+                        reason, via, above, step=step)
             self.kills[side] = kill
         dump_stack_then_kill(self.pids[side], os.path.join(self.run_dir, f"{side}.stack"), self.t0, kill)
 
@@ -173,7 +154,7 @@ class Watchdog:
         self._status = {}
 
 
-def dump_stack_then_kill(pid: int, path: str, t0: float, kill: Any) -> None:
+def dump_stack_then_kill(pid: int, path: str, t0: float, kill: Kill) -> None:
     """SIGUSR1 (the process's faulthandler writes its Python stack to ``path``), then SIGKILL the moment the
     dump is written; sets ``kill.sigkill_t_s`` (seconds since ``t0``) and ``kill.stack``. Shared by every
     budget that kills. The process runs on while its stack is written, so SIGKILL follows the end of the

@@ -22,7 +22,8 @@ from typing import Any
 from picklescope.core import cgroup
 from picklescope.investigate.node.result import NodeResult
 from picklescope.investigate.node.tracking import Tracking
-from picklescope.measure.session import KillRecord, Session
+from picklescope.measure.kill import Kill
+from picklescope.measure.session import Session
 from picklescope.ray.cluster import running, start_ticks
 
 
@@ -113,8 +114,9 @@ def record_kill(session: Session, result: NodeResult, tracking: Tracking) -> Non
                 else (session.node.t_s or [t])[-1])
     step, step_of = session.step_at_kill(victim, at=last)  # the step it died in, closed since or not
     memory, node_now = _moment(session, _before_fall(session, victim, last))
-    session.kill = KillRecord(victim, named[victim], t, node_now, int(tracking.budget or 0),
-                              session.current_training_step(last), step, {}, memory, step_of=step_of)
+    session.kill = Kill(victim, t, int(tracking.budget or 0), named[victim], node_bytes=node_now,
+                        training_step=session.current_training_step(last), step=step, step_of=step_of,
+                        memory_bytes=memory)
     result.cgroup["killed_by"] = "the kernel's OOM killer in the run's memory cgroup"
     result.killed_by = "kernel"
     if len(dead) > 1:
@@ -219,8 +221,9 @@ def record_ray_kill(session: Session, result: NodeResult, tracking: Tracking, ev
     last = rec.timeline.t_s[-1] if rec is not None and rec.timeline.t_s else t
     step, step_of = session.step_at_kill(victim, at=last) if rec is not None else (None, None)
     memory, node_now = _moment(session, _before_fall(session, victim, last))
-    session.kill = KillRecord(victim, named.get(victim, 0), t, node_now, int(tracking.budget or 0),
-                              session.current_training_step(last), step, {}, memory, step_of=step_of)
+    session.kill = Kill(victim, t, int(tracking.budget or 0), named.get(victim, 0), node_bytes=node_now,
+                        training_step=session.current_training_step(last), step=step, step_of=step_of,
+                        memory_bytes=memory)
     result.killed_by, result.killed_message = "ray", message
     result.cgroup["killed_by"] = "Ray's memory monitor"
     result.cgroup["ray_worker_id"] = said["worker_id"]

@@ -12,7 +12,8 @@ from typing import Any
 
 from picklescope.core.result import Series
 from picklescope.core.units import fmt_bytes
-from picklescope.measure.session import KillRecord, ProcessRecord, StepRecord, TrainingStep
+from picklescope.measure.kill import Kill
+from picklescope.measure.session import ProcessRecord, StepRecord, TrainingStep
 
 
 @dataclass
@@ -36,7 +37,7 @@ class NodeResult:
     engine_info: dict[str, Any] = field(default_factory=dict)  # what split, called and joined (see docs/node.md)
     outcome: str = "ok"  # ok | oom-killed | error | timeout | interrupted
     error: str | None = None
-    killed: KillRecord | None = None
+    killed: Kill | None = None
     killed_by: str | None = None  # "ray" or "kernel" when they chose; None: the watchdog (picklescope's check)
     killed_message: str | None = None  # --enforcement ray: Ray's own words (the OutOfMemoryError's message)
     budget_bytes: int | None = None
@@ -69,11 +70,7 @@ class NodeResult:
         """The ``--json`` document (see docs/node.md for every key)."""
         killed = None
         if self.killed is not None:
-            k = self.killed
-            killed = {"process": k.process, "training_step": k.training_step, "step": k.step, "step_of": k.step_of,
-                      "t_s": k.t_s,
-                      "node_bytes": k.node_bytes, "memory_bytes": k.memory_bytes, "oom_scores": k.oom_scores,
-                      "stack": k.stack, "by": self.killed_by or "watchdog", "message": self.killed_message}
+            killed = {**self.killed.to_dict(), "by": self.killed_by or "watchdog", "message": self.killed_message}
         procs = {}
         for name, p in self.processes.items():
             procs[name] = {
@@ -133,9 +130,8 @@ class NodeResult:
                 full_collections=n.get("full_collections") or {}, data_plane=config.get("data_plane", "dataproto"))
         if doc.get("killed"):
             k = doc["killed"]
-            r.killed = KillRecord(k["process"], 0, k["t_s"], k["node_bytes"], n.get("budget_bytes") or 0,
-                                  k["training_step"], k["step"], k.get("oom_scores") or {}, k.get("memory_bytes") or {},
-                                  k.get("stack"), step_of=k.get("step_of"))
+            # a document without the record's own budget has the node's
+            r.killed = Kill.from_dict({"budget_bytes": n.get("budget_bytes"), **k})
             r.killed_by = k.get("by") if k.get("by") != "watchdog" else None
             r.killed_message = k.get("message")
         for name, p in doc["processes"].items():
