@@ -30,9 +30,25 @@ FLOW_SCALE = 0.05  # about 24 MiB of payload: quick, and far above the noise of 
 
 
 def measured_processes() -> list[psutil.Process]:
-    """Children of this process's children (the forkserver's forks): the measured processes."""
+    """Children of this process's children (the forkserver's forks): the measured processes. The session's
+    shared Ray cluster (``ray_cluster`` in tests/conftest.py, a ``ray start`` child of this process) is not
+    one of them: a test of another file that ran before in this process, or on this xdist worker, started it."""
     me = psutil.Process()
-    return [c for c in me.children(recursive=True) if c.ppid() != me.pid]
+    shared = set()
+    for c in me.children():
+        try:
+            if "ray.scripts.scripts" in c.cmdline():
+                shared.add(c.pid)
+        except psutil.Error:
+            pass
+    out = []
+    for c in me.children(recursive=True):
+        try:
+            if c.ppid() != me.pid and not shared & {p.pid for p in c.parents()}:
+                out.append(c)
+        except psutil.Error:  # ended while we looked: not left behind
+            pass
+    return out
 
 
 def gone(pid: int | None) -> bool:
