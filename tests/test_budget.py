@@ -140,11 +140,11 @@ def test_sigkilled_run_keeps_its_timeline_up_to_the_kill():
     s = r.sender
     kill_t = r.kill["t_s"]
     assert s.baseline_bytes and len(s.timeline.t_s) > 10
-    after_baseline = [v for t, v in zip(s.timeline.t_s, s.timeline.rss_bytes) if t <= kill_t]
+    after_baseline = [v for t, v in zip(s.timeline.t_s, s.timeline.bytes) if t <= kill_t]
     assert max(after_baseline) - s.baseline_bytes > 0.5 * r.payload_bytes  # the climb up to the kill is there
     # it ends at the SIGKILL: the teardown samples of a dying process are not part of the curve
     assert kill_t - 0.05 <= s.timeline.t_s[-1] <= r.kill["sigkill_t_s"]
-    assert s.timeline.rss_bytes[-1] - s.baseline_bytes > 0.45 * r.payload_bytes
+    assert s.timeline.bytes[-1] - s.baseline_bytes > 0.45 * r.payload_bytes
     # the steps that were open when the process died came through the pipe before the SIGKILL
     open_steps = [st.name for st in s.steps if st.end_s is None]
     assert open_steps == ["pickle.dumps", "__getstate__", "consolidate"]

@@ -43,7 +43,7 @@ def test_run_json_has_the_documented_fields(cli):
             assert key in s
         for st in s["steps"]:
             assert {"name", "start_s", "end_s", "peak_bytes", "added_bytes"} <= set(st)
-        assert set(s["timeline"]) == {"t_s", "rss_bytes"} and s["timeline"]["t_s"]
+        assert set(s["timeline"]) == {"t_s", "bytes"} and s["timeline"]["t_s"]
     assert "consolidate" in [st["name"] for st in d["sides"]["sender"]["steps"]]
 
 

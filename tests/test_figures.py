@@ -24,7 +24,7 @@ def traced_tiny():
 def killed_result() -> ps.RunResult:
     """A run whose sender was killed inside consolidate, with a budget: a partial timeline."""
     sender = ps.Side("sender", baseline_bytes=100 * MiB, budget_bytes=60 * MiB, exit_code=-9)
-    sender.timeline = ps.Timeline([0.0, 0.1, 0.2, 0.3], [100 * MiB, 110 * MiB, 150 * MiB, 170 * MiB])
+    sender.timeline = ps.Series([0.0, 0.1, 0.2, 0.3], [100 * MiB, 110 * MiB, 150 * MiB, 170 * MiB])
     sender.steps = [ps.Step("pickle.dumps", 0.05, None, None, None),
                     ps.Step("consolidate", 0.06, None, None, None, depth=1)]
     receiver = ps.Side("receiver", baseline_bytes=90 * MiB)
@@ -37,8 +37,8 @@ def test_timeline_model_round_trips_and_has_no_plotly(traced_tiny):
     tl = RunTimeline.from_result(traced_tiny)
     assert RunTimeline.from_json(tl.to_json()) == tl
     s = tl.sides["sender"]
-    assert s.rss.bytes[0] == traced_tiny.sender.timeline.rss_bytes[0] - traced_tiny.sender.baseline_bytes
-    assert [b.name for b in s.bands] == [st.name for st in traced_tiny.sender.steps]
+    assert s.rss.bytes[0] == traced_tiny.sender.timeline.bytes[0] - traced_tiny.sender.baseline_bytes
+    assert [st.name for st in s.steps] == [st.name for st in traced_tiny.sender.steps]
     assert set(s.tracers) == {"memray", "tracemalloc"}  # the sampler is the RSS curve itself
     assert s.cycle_held_bytes == traced_tiny.sender.cycle_held_bytes
     assert tl.attribution and tl.tracers["memray"]["available"]
@@ -104,7 +104,7 @@ def test_a_kill_that_lands_after_the_last_sample_draws_no_step_after_the_kill():
 
 def test_a_single_side_result_draws_one_row():
     cell = ps.Side("cell", baseline_bytes=0)
-    cell.timeline = ps.Timeline([0.0, 1.0], [0, MiB])
+    cell.timeline = ps.Series([0.0, 1.0], [0, MiB])
     r = ps.RunResult("cell", "-", "cell", 1.0, 0, sides={"cell": cell})
     fig = figures.timeline_figure(r)
     assert [t.yaxis for t in fig.data] == ["y"]

@@ -40,7 +40,7 @@ def short_steps_result() -> ps.RunResult:
     baseline just before its steps, and the sender's steps are short and back to back."""
     t = [round(0.002 * k, 3) for k in range(0, 800)]
     sender = ps.Side("sender", baseline_bytes=400 * MiB, baseline_s=0.995, peak_bytes=47 * MiB)
-    sender.timeline = ps.Timeline(t, [(0 if x < 0.97 else 400 if x < 1.0 else 447 if x < 1.2 else 400) * MiB
+    sender.timeline = ps.Series(t, [(0 if x < 0.97 else 400 if x < 1.0 else 447 if x < 1.2 else 400) * MiB
                                       for x in t])
     sender.steps = [ps.Step("pickle.dumps", 1.0, 1.035, 47 * MiB, 47 * MiB),
                     ps.Step("__getstate__", 1.0, 1.033, 47 * MiB, 47 * MiB, depth=1),
@@ -48,7 +48,7 @@ def short_steps_result() -> ps.RunResult:
                     ps.Step("to_numpy", 1.03, 1.033, 47 * MiB, 0, depth=2),
                     ps.Step("handoff", 1.035, 1.08, 47 * MiB, 0)]
     receiver = ps.Side("receiver", baseline_bytes=350 * MiB, baseline_s=1.449, peak_bytes=47 * MiB)
-    receiver.timeline = ps.Timeline(t, [(300 if x < 1.3 else 350 if x < 1.45 else 397) * MiB for x in t])
+    receiver.timeline = ps.Series(t, [(300 if x < 1.3 else 350 if x < 1.45 else 397) * MiB for x in t])
     receiver.steps = [ps.Step("pickle.loads", 1.45, 1.48, 47 * MiB, 47 * MiB),
                       ps.Step("__setstate__", 1.45, 1.48, 47 * MiB, 47 * MiB, depth=1),
                       ps.Step("frombuffer", 1.451, 1.479, 47 * MiB, 47 * MiB, depth=2)]
@@ -88,11 +88,11 @@ def test_real_run_records_its_baseline_time_and_axis_starts_there(budgeted_tiny)
             assert side.name == "receiver" and side.baseline_s is None
             continue
         assert side.baseline_s is not None and side.baseline_s <= side.steps[0].start_s
-        measured = [v - side.baseline_bytes for t, v in zip(side.timeline.t_s, side.timeline.rss_bytes)
+        measured = [v - side.baseline_bytes for t, v in zip(side.timeline.t_s, side.timeline.bytes)
                     if t >= side.baseline_s]
         lo, hi = y_range(fig, row)
         assert min(0.0, min(measured) / MiB) - 1.0 <= lo <= 0.0
-        setup = [v - side.baseline_bytes for t, v in zip(side.timeline.t_s, side.timeline.rss_bytes)
+        setup = [v - side.baseline_bytes for t, v in zip(side.timeline.t_s, side.timeline.bytes)
                  if t < side.baseline_s]
         if setup and min(setup) / MiB < lo:  # the set-up dipped below the axis: drawn grey, not black
             assert any(t.name == figures.SETUP_NAME and t.yaxis == ("y" if row == 1 else f"y{row}") for t in fig.data)

@@ -69,7 +69,7 @@ def test_cell_peak_is_exact_and_kernel_imports_come_along(ip, capsys):
     assert r.outcome == "ok", r.error
     peak = r.sides["cell"].peak_bytes
     assert 46 * MiB <= peak <= 52 * MiB  # exact (VmHWM) peak of one 48 MiB array, above the baseline
-    assert r.sides["cell"].timeline.rss_bytes, "the parent sampled the child"
+    assert r.sides["cell"].timeline.bytes, "the parent sampled the child"
     assert r.import_errors == []
     out = capsys.readouterr().out
     assert f'{{"n": {48 * MiB}}}' in out

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
+from picklescope.core.result import Step
 from picklescope.investigate.predict import fit as fitting
 from picklescope.investigate.predict import model as model_mod
 from picklescope.investigate.predict import prediction
 from picklescope.investigate.predict.fit import Replay, StepObs
-from picklescope.measure.session import StepRecord
 from picklescope.ray.transferqueue import missing
 from picklescope.workloads.spec import load_workload
 
@@ -291,7 +291,8 @@ def test_calls_are_timed_from_the_workers_named_steps_against_the_controllers_se
     that overlap count as two open at once, the driver's steps and other training steps not at all. The
     ratio is a call's mean span over the controller's mean time to send one chunk (its depth-0 sends)."""
     def proc(*spans):
-        return SimpleNamespace(steps=[StepRecord(n, a, b, depth=d, training_step=k) for n, a, b, k, d in spans])
+        return SimpleNamespace(steps=[Step(name=n, start_s=a, end_s=b, depth=d, training_step=k)
+                                      for n, a, b, k, d in spans])
 
     result = SimpleNamespace(data_plane="dataproto", processes={
         "driver": proc(("argument serialization", 0.0, 1.0, 1, 0), ("ray.serialize", 0.0, 0.5, 1, 1),

@@ -153,8 +153,8 @@ def test_figures_data_is_inline_and_matches_the_results(reproduced):
             x = values(tr["x"])
             if len(x) == len(t) and np.allclose(x, t):
                 ys = values(tr["y"])
-                assert np.allclose(ys, [(v - (base or 0)) / 2**20 for v in legacy.sender.timeline.rss_bytes],
-                                   atol=0.01) or np.allclose(ys, [v / 2**20 for v in legacy.sender.timeline.rss_bytes],
+                assert np.allclose(ys, [(v - (base or 0)) / 2**20 for v in legacy.sender.timeline.bytes],
+                                   atol=0.01) or np.allclose(ys, [v / 2**20 for v in legacy.sender.timeline.bytes],
                                                             atol=0.01)
                 shapes = f["layout"].get("shapes", [])
                 assert any(abs((s.get("y0") or 0) - budget_mib) < 0.01 for s in shapes)

@@ -12,6 +12,10 @@ from __future__ import annotations
 import pytest
 
 import picklescope as ps
+from picklescope.core.result import RunResult, Series, Side, Step
+from picklescope.investigate.node.result import NodeResult
+from picklescope.measure.session import ProcessRecord
+from picklescope.views.timeline import RunTimeline
 
 
 def ratio(n, r):
@@ -128,6 +132,42 @@ def test_every_value_of_a_result_is_a_field_and_results_saved_with_an_extra_dict
                                    "extra": {"headline": "h", "budget": "0.5x", "other": 1}})
     assert (inv.headline, inv.budget) == ("h", "0.5x")
     assert "extra" not in inv.to_dict() and Investigation.from_dict(inv.to_dict()) == inv
+
+
+def test_one_step_and_one_series_shape_and_documents_saved_before_them_still_load():
+    """A step is one :class:`Step` everywhere (a run's side, a node's process, a drawn timeline) and bytes over
+    time one :class:`Series`. Saved documents of the shapes before (a side's ``timeline`` with ``rss_bytes``, a
+    node process's steps without ``line``, a RunTimeline's ``bands``) load into them."""
+    step = Step(name="consolidate", start_s=1.0, end_s=None, peak_bytes=5, added_bytes=5, depth=1)
+    assert step.until(0.5) == 1.0 and step.until(2.0) == 2.0 and Step("s", 1.0, 3.0).until(9.0) == 3.0
+    side = Side("sender", baseline_bytes=10, steps=[step], timeline=Series([0.0, 0.1], [10, 25]))
+    r = RunResult("numpy", "pickle", "tiny", 1.0, 100, sides={"sender": side})
+    d = r.to_dict()
+    assert d["sides"]["sender"]["timeline"] == {"t_s": [0.0, 0.1], "bytes": [10, 25]}
+    assert RunResult.from_dict(d) == r and r.sender.sampled_peak_bytes == 15
+    old = r.to_dict()
+    old["sides"]["sender"]["timeline"] = {"t_s": [0.0, 0.1], "rss_bytes": [10, 25]}  # the Timeline of before
+    for s in old["sides"]["sender"]["steps"]:
+        del s["training_step"]
+    assert RunResult.from_dict(old) == r
+    # a RunTimeline saved with "bands" (a subset of a step's fields)
+    tl = RunTimeline.from_result(r)
+    assert tl.sides["sender"].steps == [step] and tl.sides["sender"].steps[0] is not step
+    old_tl = tl.to_dict()
+    old_tl["sides"]["sender"]["bands"] = [{k: b[k] for k in ("name", "start_s", "end_s", "depth", "peak_bytes",
+                                                              "added_bytes", "error")}
+                                          for b in old_tl["sides"]["sender"].pop("steps")]
+    assert RunTimeline.from_dict(old_tl) == tl == RunTimeline.from_json(tl.to_json())
+    # a node replay's process steps, saved as the session's StepRecord (training_step, no line)
+    node = NodeResult("numpy", "flowgrpo", 0.05, 2, 2, 1, "chunk", "off", "ray-arg", None)
+    node.processes["driver"] = ProcessRecord("driver", 1, "driver", steps=[
+        Step(name="ray.put", start_s=0.5, end_s=0.7, peak_bytes=3, depth=0, training_step=1)],
+        timeline=Series([0.5], [7]))
+    doc = node.to_json_dict()
+    for s in doc["processes"]["driver"]["steps"]:
+        del s["line"]
+    back = NodeResult.from_json_dict(doc).processes["driver"]
+    assert back.steps == node.processes["driver"].steps and back.timeline == Series([0.5], [7])
 
 
 def test_unknown_names_fail_before_any_process_starts():

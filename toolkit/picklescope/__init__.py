@@ -25,7 +25,7 @@ _PUBLIC: dict[str, str] = {
     "Batch": "picklescope.batch",
     "CODECS": "picklescope.codecs", "get_codec": "picklescope.codecs", "register_codec": "picklescope.codecs",
     "RunResult": "picklescope.core.result", "Side": "picklescope.core.result", "Step": "picklescope.core.result",
-    "Timeline": "picklescope.core.result",
+    "Series": "picklescope.core.result",
     "PicklescopeError": "picklescope.errors", "UnknownNameError": "picklescope.errors",
     "UnsupportedCase": "picklescope.errors",
     "run": "picklescope.measure.runner",
@@ -37,7 +37,7 @@ _PUBLIC: dict[str, str] = {
 if TYPE_CHECKING:  # for type checkers and editors: the same names, imported eagerly
     from picklescope.batch import Batch
     from picklescope.codecs import CODECS, get_codec, register_codec
-    from picklescope.core.result import RunResult, Side, Step, Timeline
+    from picklescope.core.result import RunResult, Series, Side, Step
     from picklescope.errors import PicklescopeError, UnknownNameError, UnsupportedCase
     from picklescope.investigate.node import NodeResult, node
     from picklescope.measure.runner import run
@@ -80,7 +80,7 @@ def load_ipython_extension(ipython: object) -> None:
 
 
 __all__ = [
-    "CODECS", "TRANSPORTS", "Batch", "NodeResult", "PicklescopeError", "RunResult", "Side", "Step", "Timeline",
+    "CODECS", "TRANSPORTS", "Batch", "NodeResult", "PicklescopeError", "RunResult", "Series", "Side", "Step",
     "UnknownNameError", "UnsupportedCase", "available_workloads", "get_codec", "get_transport",
     "load_workload", "node", "register_codec", "run",
 ]

@@ -31,21 +31,40 @@ def lift_old_extra(d: dict[str, Any], known: set[str]) -> dict[str, Any]:
 
 @dataclass
 class Step:
-    """One named step on one side, with its exact kernel peak."""
+    """One named step of one process, with the kernel's exact peak: the one shape of a step, from the
+    session's fold of the streamed events to a node replay's JSON and the figures' shaded intervals.
+
+    Fields other than the name and start have defaults because a step is first known by its start (a
+    ``step_start`` event) and filled in at its end; a step that never ended (the process was killed
+    inside it) keeps ``end_s = None``."""
 
     name: str
     start_s: float
-    end_s: float | None
-    peak_bytes: int | None  # above the side's baseline
-    added_bytes: int | None  # above the RSS at the step's start
+    end_s: float | None = None
+    peak_bytes: int | None = None  # above the process's baseline
+    added_bytes: int | None = None  # above the RSS at the step's start
     retained_bytes: int | None = None  # RSS at the end minus RSS at the start
     depth: int = 0
     error: str | None = None
-    line: int | None = None
+    line: int | None = None  # the source line the step was entered from (when a tracer knew it)
+    training_step: int | None = None  # a node replay: the training step it ran in
 
     @property
     def duration_s(self) -> float | None:
         return None if self.end_s is None else self.end_s - self.start_s
+
+    def until(self, fallback: float) -> float:
+        """Where to draw the step to: its end, or ``fallback`` if the step never ended (its process died in it)."""
+        return self.end_s if self.end_s is not None else max(fallback, self.start_s)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Step:
+        """A step from any saved form of one (a run's side, a node replay's process, a saved timeline's band):
+        keys this shape does not hold are dropped, missing ones take their defaults."""
+        return cls(**{k: v for k, v in d.items() if k in _STEP_FIELDS})
+
+
+_STEP_FIELDS = frozenset(f.name for f in fields(Step))
 
 
 @dataclass
@@ -65,15 +84,6 @@ class Series:
 
 
 @dataclass
-class Timeline:
-    """RSS of one side of a pair, sampled from another process at about 1 ms: a :class:`Series` under the
-    name the saved results give its bytes (``rss_bytes``)."""
-
-    t_s: list[float] = field(default_factory=list)
-    rss_bytes: list[int] = field(default_factory=list)
-
-
-@dataclass
 class Side:
     """What one process (sender or receiver) spent."""
 
@@ -85,7 +95,7 @@ class Side:
     held_bytes: int | None = None  # still resident when the side finished
     cycle_held_bytes: int | None = None  # of which gc.collect() then freed (reference cycles)
     steps: list[Step] = field(default_factory=list)
-    timeline: Timeline = field(default_factory=Timeline)
+    timeline: Series = field(default_factory=Series)  # RSS sampled from the parent at about 1 ms (absolute)
     exit_code: int | None = None
     budget_bytes: int | None = None
     private_peak_bytes: int | None = None  # Ray sides: the exact peak minus the object-store pages it mapped
@@ -102,9 +112,10 @@ class Side:
 
     @property
     def sampled_peak_bytes(self) -> int | None:
-        if not self.timeline.rss_bytes or self.baseline_bytes is None:
+        peak = self.timeline.peak()
+        if peak is None or self.baseline_bytes is None:
             return None
-        return max(self.timeline.rss_bytes) - self.baseline_bytes
+        return peak - self.baseline_bytes
 
 
 @dataclass
@@ -279,7 +290,13 @@ class RunResult:
 def _side_from_dict(d: dict[str, Any]) -> Side:
     known = {f.name for f in fields(Side)}
     kw = {k: v for k, v in lift_old_extra(d, known).items() if k in known}
-    step_fields = {f.name for f in fields(Step)}
-    kw["steps"] = [Step(**{k: v for k, v in s.items() if k in step_fields}) for s in d.get("steps", [])]
-    kw["timeline"] = Timeline(**d.get("timeline", {}))
+    kw["steps"] = [Step.from_dict(s) for s in d.get("steps", [])]
+    kw["timeline"] = series_from_dict(d.get("timeline") or {})
     return Side(**kw)
+
+
+def series_from_dict(d: dict[str, Any]) -> Series:
+    """A :class:`Series` from its JSON: ``{t_s, bytes}``, or a run's side saved before the one series shape,
+    whose timeline named its bytes ``rss_bytes``."""
+    values = d.get("bytes", d.get("rss_bytes", []))
+    return Series(list(d.get("t_s", [])), list(values))

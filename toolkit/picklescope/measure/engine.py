@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from picklescope.core.events import Release
-from picklescope.core.result import Timeline
+from picklescope.core.result import Series
 from picklescope.measure import launcher
 from picklescope.measure.session import Drain, Handler, Session, Watcher
 
@@ -90,7 +90,7 @@ class MeasuredRun:
         return self.session.follow(self.conns if conns is None else conns, self.procs, handler, deadline, decided,
                                    poll_s=poll_s)
 
-    def stop_sampling(self) -> dict[str, Timeline]:
+    def stop_sampling(self) -> dict[str, Series]:
         """Stop the session (idempotent); each sampled process's curve."""
         if not self._stopped:
             self._stopped = True

@@ -43,7 +43,7 @@ class RunFold:
             side.baseline_bytes = ev["baseline_bytes"]
             side.baseline_s = ev.get("t_s")
         elif kind == "step_start":
-            st = Step(ev["name"], ev["t_s"], None, None, None, depth=ev["depth"])
+            st = Step(name=ev["name"], start_s=ev["t_s"], depth=ev["depth"])
             side.steps.append(st)
             self.open_steps[ev["side"]].append(st)
         elif kind == "step_end" and self.open_steps[ev["side"]]:

@@ -51,7 +51,7 @@ from typing import Any, Protocol
 from picklescope.core import procmem
 from picklescope.core.events import Event
 from picklescope.core.procmem import StatmReader
-from picklescope.core.result import Series, Timeline
+from picklescope.core.result import Series, Step
 from picklescope.measure.kill import Kill
 from picklescope.measure.sampler import hold_gc, raise_priority
 from picklescope.measure.watchdog import dump_stack_then_kill
@@ -89,21 +89,6 @@ def raise_if_cancelled() -> None:
 
 
 @dataclass
-class StepRecord:
-    """One named step of one process, with the kernel's exact peak (above that process's baseline)."""
-
-    name: str
-    start_s: float
-    end_s: float | None = None
-    depth: int = 0
-    training_step: int | None = None
-    peak_bytes: int | None = None
-    added_bytes: int | None = None
-    retained_bytes: int | None = None
-    error: str | None = None
-
-
-@dataclass
 class TrainingStep:
     """One training step as the driver saw it (start and end on the session clock)."""
 
@@ -129,9 +114,9 @@ class ProcessRecord:
     peak_bytes: int | None = None  # exact: VmHWM above its baseline over the measured phase
     held_bytes: int | None = None
     cycle_held_bytes: int | None = None
-    steps: list[StepRecord] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
     timeline: Series = field(default_factory=Series)
-    open_steps: list[StepRecord] = field(default_factory=list)
+    open_steps: list[Step] = field(default_factory=list)
     done: bool = False
     error: str | None = None
     exit_code: int | None = None
@@ -273,9 +258,10 @@ class Session:
 
     store_attached = False  # set_store() was called: the store has a curve (maybe still empty)
 
-    def timelines(self) -> dict[str, Timeline]:
-        """Each sampled process's curve as a :class:`~picklescope.core.result.Timeline` (same lists, no copy)."""
-        return {name: Timeline(rec.timeline.t_s, rec.timeline.bytes)
+    def timelines(self) -> dict[str, Series]:
+        """Each sampled process's curve, for its side of a result: a :class:`Series` of its own over the same
+        lists (no copy of a long curve; a view that rebinds a side's lists leaves the session's record alone)."""
+        return {name: Series(rec.timeline.t_s, rec.timeline.bytes)
                 for name, rec in self.processes.items() if rec.sampled}
 
     def start(self) -> Session:
@@ -412,12 +398,12 @@ class Session:
         if kind == "baseline":
             rec.exact_baseline_bytes = ev.get("baseline_bytes")
         elif kind == "step_start":
-            s = StepRecord(ev["name"], ev["t_s"], depth=ev.get("depth", 0),
-                           training_step=self.current_training_step(ev["t_s"]))
+            s = Step(name=ev["name"], start_s=ev["t_s"], depth=ev.get("depth", 0),
+                     training_step=self.current_training_step(ev["t_s"]))
             rec.open_steps.append(s)
             rec.steps.append(s)
         elif kind == "step_end":
-            s = rec.open_steps.pop() if rec.open_steps else StepRecord(ev["name"], ev["start_s"])
+            s = rec.open_steps.pop() if rec.open_steps else Step(name=ev["name"], start_s=ev["start_s"])
             s.end_s, s.peak_bytes = ev["end_s"], ev.get("peak_bytes")
             s.added_bytes, s.retained_bytes, s.error = ev.get("added_bytes"), ev.get("retained_bytes"), ev.get("error")
             if s.peak_bytes is not None:

@@ -148,10 +148,10 @@ def _memory_at_death(side: Side, since_s: float | None, fallback: int | None) ->
     keeps sampling a shrinking process until it is gone.
     """
     tl = side.timeline
-    if not tl.rss_bytes or side.baseline_bytes is None:
+    if not tl.bytes or side.baseline_bytes is None:
         return fallback
     since = since_s if since_s is not None else -1.0
-    window = [v for t, v in zip(tl.t_s, tl.rss_bytes) if t >= since - 0.002]
+    window = [v for t, v in zip(tl.t_s, tl.bytes) if t >= since - 0.002]
     best = max(window) - side.baseline_bytes if window else None
     if fallback is not None and (best is None or fallback > best):
         return fallback
@@ -168,7 +168,7 @@ def _trim(side: Side, until_s: float | None) -> None:
     if until_s is None or not tl.t_s:
         return
     keep = sum(1 for t in tl.t_s if t <= until_s)
-    del tl.t_s[keep:], tl.rss_bytes[keep:]
+    del tl.t_s[keep:], tl.bytes[keep:]
 
 
 def _trim_at_peak(side: Side, since_s: float | None) -> None:
@@ -176,8 +176,8 @@ def _trim_at_peak(side: Side, since_s: float | None) -> None:
     tl = side.timeline
     idx = [i for i, t in enumerate(tl.t_s) if since_s is None or t >= since_s]
     if idx:
-        top = max(idx, key=lambda i: (tl.rss_bytes[i], i))
-        del tl.t_s[top + 1:], tl.rss_bytes[top + 1:]
+        top = max(idx, key=lambda i: (tl.bytes[i], i))
+        del tl.t_s[top + 1:], tl.bytes[top + 1:]
 
 
 def apply_kill(r: RunResult, kill: Kill, enforcement: str) -> None:

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from picklescope.core.result import RunResult, Timeline
+from picklescope.core.result import RunResult, Series
 
 
 @dataclass
@@ -54,7 +54,7 @@ class ParentContext:
     result: RunResult
     run_dir: str
     t0: float
-    timelines: dict[str, Timeline]
+    timelines: dict[str, Series]
     blocks: dict[str, list[dict[str, Any]]]  # side -> step blocks (name, file, function, lines)
 
     def run_time_from_epoch(self, epoch_s: float) -> float:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from picklescope.core.events import Event
-from picklescope.core.result import RunResult, Step, Timeline
+from picklescope.core.result import RunResult, Series, Step
 from picklescope.tracers.base import ParentContext, SideData, Tracer
 from picklescope.tracers.catalog import TRACERS
 from picklescope.tracers.compare import add_notes
@@ -118,7 +118,7 @@ class Collector:
 
         return h
 
-    def collect(self, result: RunResult, run_dir: str, t0: float, timelines: dict[str, Timeline]) -> None:
+    def collect(self, result: RunResult, run_dir: str, t0: float, timelines: dict[str, Series]) -> None:
         """Fill ``result.tracers`` and ``result.attribution``; never raises."""
         ctx = ParentContext(result, run_dir, t0, timelines,
                             {side: list(b.values()) for side, b in self.blocks.items()})

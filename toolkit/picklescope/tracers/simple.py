@@ -38,7 +38,7 @@ class SamplerTracer(Tracer):
         base = ctx.result.sides[side].baseline_bytes if side in ctx.result.sides else None
         if tl is None or not tl.t_s or base is None:
             return {"reason": "no samples were taken for this side"}
-        values = [v - base for v in tl.rss_bytes]
+        values = [v - base for v in tl.bytes]
         exact: dict[str, int | None] = {}
         for st in ctx.result.sides[side].steps:
             exact.setdefault(st.name, st.added_bytes)

@@ -134,7 +134,7 @@ def timeline_figure(result: RunResult | RunTimeline, *, show_tracers: bool = Tru
             fig.add_vline(x=end, line={"color": "#D62728", "width": 2},
                           annotation_text=killed_where(tl, side),
                           annotation_position="bottom right", row=i, col=1, exclude_empty_subplots=False)
-        if tl.killed_side and tl.killed_side != name and side.peak_bytes is None and not side.bands:
+        if tl.killed_side and tl.killed_side != name and side.peak_bytes is None and not side.steps:
             # a side that never got the bytes has no curve: say so in the panel, not with an empty 0-1 MiB axis
             fig.update_yaxes(showticklabels=False, showgrid=False, title_text="", row=i, col=1)
             fig.add_annotation(text=f"nothing to draw: the {name} never received the bytes", showarrow=False,
@@ -168,10 +168,10 @@ def run_title(result: Any, tl: RunTimeline) -> str:
 def killed_where(tl: RunTimeline, side: Any) -> str:
     """Where a killed side died, in words. The budget is crossed in one step (``killed_in_step``),
     but the kill lands a moment later: on a small batch the side may have finished that step and
-    begun the next, whose band is still open."""
+    begun the next, which is still open."""
     crossed = tl.killed_in_step
-    open_bands = [b.name for b in side.bands if b.end_s is None]
-    died_in = open_bands[-1] if open_bands else crossed
+    still_open = [st.name for st in side.steps if st.end_s is None]
+    died_in = still_open[-1] if still_open else crossed
     if crossed and died_in and died_in != crossed:
         return f"killed in {died_in} (over its budget since {crossed})"
     return f"killed in {died_in or crossed or 'its set-up'}"
@@ -198,16 +198,16 @@ def side_title(tl: RunTimeline, name: str, death_bytes: int | None = None) -> st
             extra.append(f"budget {fmt_bytes(s.budget_bytes)}")
         extra = [x for x in extra if x]
         return text + (f" ({'; '.join(extra)})" if extra else "")
-    if tl.killed_side and s.peak_bytes is None and not s.bands:
+    if tl.killed_side and s.peak_bytes is None and not s.steps:
         return f"{name} never started: the {tl.killed_side} was killed first"
     if tl.outcome == "running":
-        open_steps = [b.name for b in s.bands if b.peak_bytes is None]
+        open_steps = [st.name for st in s.steps if st.peak_bytes is None]
         now = s.rss.bytes[-1] if s.rss.bytes else None
         where = f", in {open_steps[-1]}" if open_steps else (", done" if s.peak_bytes is not None else ", setting up")
         return f"{name}: running{where}" + (f", {fmt_bytes(now)} above its start" if now is not None else "")
     if s.peak_bytes is not None:
         return f"{name}: peaked at {amount(s.peak_bytes)} above its start"
-    if not s.bands and not s.rss.bytes:
+    if not s.steps and not s.rss.bytes:
         return f"{name} did not start ({tl.outcome})"
     return f"{name}: stopped before its peak could be read ({tl.outcome})"
 
@@ -220,9 +220,9 @@ def measured_range(tl: RunTimeline) -> tuple[float, float]:
     """
     starts, ends = [], []
     for side in tl.sides.values():
-        for b in side.bands:
-            starts.append(b.start_s)
-            ends.append(b.until(side.end_s))
+        for st in side.steps:
+            starts.append(st.start_s)
+            ends.append(st.until(side.end_s))
         if tl.killed_side == side.name and side.rss.end_s is not None:
             ends.append(side.rss.end_s)
     if not starts:
@@ -252,7 +252,7 @@ def y_range(tl: RunTimeline, side: Any, x0: float, x1: float, label_rows: int = 
     values = [v for t, v in zip(side.rss.t_s, side.rss.bytes) if x0 <= t <= x1 and t >= since]
     for series in side.tracers.values():
         values += [v for t, v in zip(series.t_s, series.bytes) if x0 <= t <= x1 and t >= since]
-    values += [b.peak_bytes for b in side.bands if b.peak_bytes is not None]
+    values += [st.peak_bytes for st in side.steps if st.peak_bytes is not None]
     if side.budget_bytes:
         values.append(side.budget_bytes)
     lo, hi = (min(values), max(values)) if values else (0, MiB)
@@ -308,13 +308,13 @@ def draw_bands(fig: go.Figure, side: Any, row: int, end: float, min_width: float
     ``min_width`` are not labelled (their names are in the hover of their exact-peak lines).
     """
     labels = []
-    for band in side.bands:
-        x1 = band.until(end)
-        _vrect(fig, row, band.start_s, max(x1, band.start_s + 1e-4), fillcolor=_step_color(band.name),
-               opacity=0.10 + 0.06 * min(band.depth, 3), line_width=0, layer="below")
-        if x1 - band.start_s >= min_width:
-            labels.append(steplabels.Label(band.name + (" (killed here)" if band.end_s is None else ""),
-                                           band.start_s, x1, band.depth, key=band.name))
+    for st in side.steps:
+        x1 = st.until(end)
+        _vrect(fig, row, st.start_s, max(x1, st.start_s + 1e-4), fillcolor=_step_color(st.name),
+               opacity=0.10 + 0.06 * min(st.depth, 3), line_width=0, layer="below")
+        if x1 - st.start_s >= min_width:
+            labels.append(steplabels.Label(st.name + (" (killed here)" if st.end_s is None else ""),
+                                           st.start_s, x1, st.depth, key=st.name))
     if window is None:
         window = (min((lab.start for lab in labels), default=0.0), max((lab.end for lab in labels), default=1.0))
     placed = steplabels.place(labels, *window)
@@ -330,13 +330,13 @@ def draw_step_peaks(fig: go.Figure, side: Any, row: int, end: float) -> None:
     xs: list[float | None] = []
     ys: list[float | None] = []
     text: list[str | None] = []
-    for band in side.bands:
-        if band.peak_bytes is None:
+    for st in side.steps:
+        if st.peak_bytes is None:
             continue
-        x1 = band.until(end)
-        xs += [band.start_s, x1, None]
-        ys += [_mib(band.peak_bytes)] * 2 + [None]
-        text += [plain(band.name)] * 2 + [None]
+        x1 = st.until(end)
+        xs += [st.start_s, x1, None]
+        ys += [_mib(st.peak_bytes)] * 2 + [None]
+        text += [plain(st.name)] * 2 + [None]
     if xs:
         fig.add_trace(go.Scatter(x=xs, y=ys, text=text, mode="lines", name="exact step peak (VmHWM)",
                                  line={"color": "#D62728", "width": 1, "dash": "dot"}, legendgroup="exact",

@@ -13,7 +13,7 @@ import copy
 import threading
 from typing import Any
 
-from picklescope.core.result import RunResult, Side, Timeline
+from picklescope.core.result import RunResult, Series, Side
 from picklescope.measure.fold import RunFold
 
 
@@ -24,7 +24,7 @@ class LiveRun:
         self._lock = threading.Lock()
         self._result = result
         self._fold = RunFold(result, None)
-        self._timelines: dict[str, Timeline] = {}
+        self._timelines: dict[str, Series] = {}
         self.version = 0  # bumped on every change, so a redraw loop can skip idle ticks
 
     @classmethod
@@ -48,10 +48,10 @@ class LiveRun:
         """Record one RSS sample (called from the sampler thread: kept to two appends)."""
         tl = self._timelines.get(side)
         if tl is None:
-            tl = self._timelines.setdefault(side, Timeline())
+            tl = self._timelines.setdefault(side, Series())
         with self._lock:
             tl.t_s.append(round(t_s, 6))
-            tl.rss_bytes.append(rss_bytes)
+            tl.bytes.append(rss_bytes)
             self.version += 1
 
     def snapshot(self) -> RunResult:
@@ -60,8 +60,8 @@ class LiveRun:
             r = copy.deepcopy(self._result)
             for name, tl in self._timelines.items():
                 if name in r.sides:
-                    n = min(len(tl.t_s), len(tl.rss_bytes))
-                    r.sides[name].timeline = Timeline(tl.t_s[:n], tl.rss_bytes[:n])
+                    n = min(len(tl.t_s), len(tl.bytes))
+                    r.sides[name].timeline = Series(tl.t_s[:n], tl.bytes[:n])
         now = max((s.timeline.t_s[-1] for s in r.sides.values() if s.timeline.t_s), default=None)
         for side in r.sides.values():
             for st in side.steps:

@@ -44,7 +44,7 @@ def truncated(result: RunResult, t_end: float) -> RunResult:
     for side in r.sides.values():
         keep = [i for i, t in enumerate(side.timeline.t_s) if t <= t_end]
         side.timeline.t_s = [side.timeline.t_s[i] for i in keep]
-        side.timeline.rss_bytes = [side.timeline.rss_bytes[i] for i in keep]
+        side.timeline.bytes = [side.timeline.bytes[i] for i in keep]
         side.steps = [st for st in side.steps if st.start_s <= t_end]
         for st in side.steps:
             if st.end_s is not None and st.end_s > t_end:

@@ -6,35 +6,20 @@ held / cycle-held bytes, plus the run's attribution rows and verdict. It is buil
 :class:`~picklescope.core.result.RunResult` (:meth:`RunTimeline.from_result`), round-trips through JSON
 (``to_json`` / ``from_json``) and imports nothing from plotly: figures are views of it.
 
-A step that never ended (the side was killed inside it) keeps ``end_s = None``; :meth:`Band.until`
-gives the end to draw it to.
+Each side's steps are the run's own :class:`~picklescope.core.result.Step` records (copies). A step
+that never ended (the side was killed inside it) keeps ``end_s = None``;
+:meth:`~picklescope.core.result.Step.until` gives the end to draw it to. A timeline saved before the
+one step shape kept them under ``bands``; :meth:`RunTimeline.from_dict` still reads that.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from picklescope.core.result import RunResult, Series
+from picklescope.core.result import RunResult, Series, Step, series_from_dict
 from picklescope.core.units import fmt_bytes
-
-
-@dataclass
-class Band:
-    """One step as an interval on the time axis, with the kernel's exact figures for it."""
-
-    name: str
-    start_s: float
-    end_s: float | None
-    depth: int = 0
-    peak_bytes: int | None = None  # above the side's baseline
-    added_bytes: int | None = None  # above the RSS at the step's start
-    error: str | None = None
-
-    def until(self, fallback: float) -> float:
-        """Where to draw the band to: its end, or ``fallback`` if the step never ended."""
-        return self.end_s if self.end_s is not None else max(fallback, self.start_s)
 
 
 @dataclass
@@ -45,7 +30,7 @@ class SideTimeline:
     baseline_bytes: int | None = None
     baseline_s: float | None = None  # when the baseline was taken; samples before it are set-up
     rss: Series = field(default_factory=Series)  # sampled RSS minus the baseline
-    bands: list[Band] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)  # drawn as shaded intervals, with their exact peaks
     peak_bytes: int | None = None
     held_bytes: int | None = None
     cycle_held_bytes: int | None = None
@@ -55,7 +40,7 @@ class SideTimeline:
 
     @property
     def end_s(self) -> float:
-        ends = [self.rss.end_s or 0.0] + [b.end_s or b.start_s for b in self.bands]
+        ends = [self.rss.end_s or 0.0] + [s.end_s or s.start_s for s in self.steps]
         ends += [s.end_s or 0.0 for s in self.tracers.values()]
         return max(ends)
 
@@ -83,14 +68,12 @@ class RunTimeline:
                  attribution=[dict(row) for row in r.attribution])
         for name, side in r.sides.items():
             base = side.baseline_bytes
-            rss = Series(list(side.timeline.t_s), [v - base for v in side.timeline.rss_bytes]) if base is not None \
+            rss = Series(list(side.timeline.t_s), [v - base for v in side.timeline.bytes]) if base is not None \
                 else Series()
             st = SideTimeline(name=name, baseline_bytes=base, baseline_s=side.baseline_s, rss=rss,
                               peak_bytes=side.peak_bytes, held_bytes=side.held_bytes,
                               cycle_held_bytes=side.cycle_held_bytes, budget_bytes=side.budget_bytes,
-                              exit_code=side.exit_code)
-            st.bands = [Band(s.name, s.start_s, s.end_s, s.depth, s.peak_bytes, s.added_bytes, s.error)
-                        for s in side.steps]
+                              exit_code=side.exit_code, steps=[replace(s) for s in side.steps])
             for tracer, entry in r.tracers.items():
                 view = (entry.get("sides") or {}).get(name) or {}
                 series = view.get("series")
@@ -120,7 +103,7 @@ class RunTimeline:
 
 def _side_from_dict(d: dict[str, Any]) -> SideTimeline:
     kw = {k: v for k, v in d.items() if k in {f.name for f in fields(SideTimeline)}}
-    kw["rss"] = Series(**d.get("rss", {}))
-    kw["bands"] = [Band(**b) for b in d.get("bands", [])]
+    kw["rss"] = series_from_dict(d.get("rss") or {})
+    kw["steps"] = [Step.from_dict(s) for s in d.get("steps", d.get("bands", []))]  # "bands": saved before
     kw["tracers"] = {n: Series(**s) for n, s in d.get("tracers", {}).items()}
     return SideTimeline(**kw)

@@ -384,7 +384,7 @@ class Explorer(widgets.VBox):
         parts = []
         for side in r.sides.values():
             open_steps = [st.name for st in side.steps if st.end_s is None or st.peak_bytes is None]
-            rss = side.timeline.rss_bytes[-1] - side.baseline_bytes if side.timeline.rss_bytes and \
+            rss = side.timeline.bytes[-1] - side.baseline_bytes if side.timeline.bytes and \
                 side.baseline_bytes is not None else None
             if open_steps:
                 where = open_steps[-1]

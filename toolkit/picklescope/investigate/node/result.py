@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from picklescope.core.result import Series
+from picklescope.core.result import Series, Step
 from picklescope.core.units import fmt_bytes
 from picklescope.measure.kill import Kill
-from picklescope.measure.session import ProcessRecord, StepRecord, TrainingStep
+from picklescope.measure.session import ProcessRecord, TrainingStep
 
 
 @dataclass
@@ -137,7 +137,7 @@ class NodeResult:
         for name, p in doc["processes"].items():
             r.processes[name] = ProcessRecord(
                 name, p["pid"], p["role"], p["node_id"], p["sampled"], p["baseline_bytes"], None, p["peak_bytes"],
-                p["held_bytes"], p["cycle_held_bytes"], [StepRecord(**s) for s in p["steps"]],
+                p["held_bytes"], p["cycle_held_bytes"], [Step.from_dict(s) for s in p["steps"]],
                 Series(p["timeline"]["t_s"], p["timeline"]["bytes"]), error=p.get("error"))
         for s in doc["training_steps"]:
             r.training_steps.append(TrainingStep(s["index"], s["start_s"], s["end_s"], s["node_bytes"],
