@@ -9,10 +9,12 @@ its chunk, and the node is their sum.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -395,6 +397,30 @@ def test_the_fit_the_check_and_the_models_group_codecs_by_one_rule(monkeypatch):
     fitted = prediction.models(("numpy-legacy", "numpy"), "flowgrpo", "off", data_plane="transferqueue")
     assert calls == fitting.replay_groups(("numpy-legacy", "numpy"), "transferqueue")
     assert set(fitted) == {"numpy-legacy", "numpy"}
+
+    def fake_sized_replays(group, workload, gc, scales, workers, steps, **kw):  # one per size, as the fit needs
+        calls.append(list(group))
+        return [synthetic(int(400 * s) * MiB, w, steps, codec=c) for c in group for w in workers for s in scales]
+
+    monkeypatch.setattr(fitting, "replays", fake_sized_replays)
+    checks = _benchmark("predict_checks")  # benchmarks/predict_checks.py: the fit and the held-out replay alike
+    for plane in ("dataproto", "transferqueue"):
+        chosen = codecs if plane == "dataproto" else ("numpy-legacy", "numpy")
+        calls.clear()
+        models, held = checks.fitted_and_held_out(chosen, "flowgrpo", "off", (0.05, 0.1, 0.2), (2, 4), 0.5, 4, 3,
+                                                  address=None, plane=plane, log=lambda line: None)
+        assert calls == 2 * fitting.replay_groups(chosen, plane), plane
+        assert set(models) == set(held) == set(chosen)
+
+
+def _benchmark(name: str) -> Any:
+    """A script of benchmarks/ as a module (the folder is no package)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_baselines_count_in_the_node_total():
