@@ -106,26 +106,20 @@ def _caller_workers(args: list[str]) -> str | None:
     return None
 
 
-def _workers(args: list[str]) -> list[str]:
+def _workers(args: list[str]) -> tuple[list[str], Path | None]:
     """``-n WORKERS --dist loadgroup`` when ``$PICKLESCOPE_TEST_WORKERS`` asks for workers and the caller
     did not choose; with workers, a short ``--basetemp`` of its own: xdist puts every test's folder one
     level deeper (``popen-gw0/``), and a Ray session's socket paths under it must stay within the 107
-    characters of an AF_UNIX path."""
-    given, out = _caller_workers(args), []
+    characters of an AF_UNIX path. Also returns that folder (None if the caller gave one or there are no
+    workers), to remove after a passing run: pytest prunes its own numbered folders, not one named for
+    it, and a failed run's stays to be read."""
+    given, out, own = _caller_workers(args), [], None
     if given is None and "no:xdist" not in args and WORKERS not in ("", "0"):
         given, out = WORKERS, ["-n", WORKERS, "--dist", "loadgroup"]
     if given not in (None, "0") and not any(a.startswith("--basetemp") for a in args):
-        out.append(f"--basetemp={tempfile.mkdtemp(prefix='pst-')}")
-    return out
-
-
-def _own_basetemp(pytest_args: list[str]) -> Path | None:
-    """The short ``--basetemp`` :func:`_workers` made (not one the caller gave), to remove after a passing
-    run: pytest prunes its own numbered folders, not one named for it, and a failed run's stays to be read."""
-    for a in pytest_args:
-        if a.startswith("--basetemp=") and Path(a.split("=", 1)[1]).name.startswith("pst-"):
-            return Path(a.split("=", 1)[1])
-    return None
+        own = Path(tempfile.mkdtemp(prefix="pst-"))
+        out.append(f"--basetemp={own}")
+    return out, own
 
 
 def _pytest(py: Path, args: list[str], env: dict[str, str]) -> int:
@@ -136,9 +130,8 @@ def _pytest(py: Path, args: list[str], env: dict[str, str]) -> int:
     Python child count), then combines the children's files and prints the report."""
     quick, cover = "--quick" in args, "--coverage" in args
     rest = [a for a in args if a not in ("--quick", "--coverage")]
-    workers = _workers(rest)
+    workers, own = _workers(rest)
     pytest_args = (["-m", QUICK] if quick else []) + workers + rest
-    own = _own_basetemp(workers)
     if not cover:
         rc = subprocess.call([str(py), "-m", "pytest", *pytest_args], env=env, cwd=ROOT)
         if rc == 0 and own is not None:

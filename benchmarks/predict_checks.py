@@ -28,13 +28,13 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from picklescope.investigate.node import tq_plane
 from picklescope.investigate.predict import fit as fitting
-from picklescope.investigate.predict.model import fit as fit_model
-from picklescope.investigate.predict.model import released_at
-from picklescope.investigate.predict.prediction import fit_scales, fit_set, leaf_row_bytes, play_node
+from picklescope.investigate.predict.model import Model, released_at
+from picklescope.investigate.predict.prediction import fit_scales, models, play_node
 from picklescope.ray.local_cluster import LocalCluster
 from picklescope.ray.startup import RayStartError
 from picklescope.workloads.spec import load_workload
@@ -51,6 +51,24 @@ def _start_cluster(attempts: int, num_cpus: int = 1) -> LocalCluster:
         except (RuntimeError, RayStartError) as exc:  # a failed start is a RayStartError: try again
             failures.append(str(exc)[-200:])
     sys.exit(f"predict_checks: the local Ray cluster did not start in {attempts} attempts: {failures[-1]}")
+
+
+def fitted_and_held_out(codecs: Sequence[str], workload: str, gc: str, scales: Sequence[float],
+                        workers: Sequence[int], scale: float, held_workers: int, steps: int, *,
+                        address: str | None, plane: str,
+                        log: Callable[[str], None] = print) -> tuple[dict[str, Model], dict[str, fitting.Replay]]:
+    """Each codec's model, fitted as ``predict`` fits it (:func:`~picklescope.investigate.predict.prediction.models`:
+    its replays gathered in :func:`~picklescope.investigate.predict.fit.replay_groups` and the codec fitted on
+    its fit set), and each codec's held-out replay, replayed in the same groups: the one rule, so that the
+    check here replays as the fit and ``predict --check`` do."""
+    fitted = models(codecs, workload, gc, scales=scales, workers=workers, steps=fitting.FIT_STEPS,
+                    ray_address=address, data_plane=plane, log=log)
+    held: dict[str, fitting.Replay] = {}
+    for group in fitting.replay_groups(codecs, plane):
+        for rep in fitting.replays(group, workload, gc, (scale,), (held_workers,), steps, ray_address=address,
+                                   data_plane=plane, log=log):
+            held[rep.codec] = rep
+    return fitted, held
 
 
 def main() -> None:
@@ -81,47 +99,38 @@ def main() -> None:
     t0 = time.monotonic()
     try:
         for gc in args.gc.split(","):
-            if plane == "dataproto":
-                groups = [[c for c in codecs if not c.startswith("verl-")]] + [[c] for c in codecs
-                                                                              if c.startswith("verl-")]
-            else:  # one group: fitting.replays replays each codec alone on this plane, and the fit pools them
-                groups = [list(codecs)]
-            for group in [g for g in groups if g]:
-                fit_at = fit_scales(wl, group[0], scales, workers)
-                reps = fitting.replays(group, args.workload, gc, fit_at, workers, fitting.FIT_STEPS,
-                                       ray_address=address, data_plane=plane, log=print)
-                held = fitting.replays(group, args.workload, gc, (args.scale,), (args.workers,), args.steps,
-                                       ray_address=address, data_plane=plane, log=print)
-                for codec in group:
-                    model = fit_model(fit_set(reps, codec, plane), leaf_row_bytes(wl))
-                    real = next(r for r in held if r.codec == codec)
-                    played = play_node(model, wl, real.rows, real.payload_bytes, args.workers, args.steps, {}, None,
-                                       0.95)
-                    pred_node, pred_ctl = played["node_peak"], played["peaks"]["controller"]
-                    row = {"codec": codec, "gc": gc, "data_plane": plane, "workload": wl.name, "fit_scales": fit_at,
-                           "fit_workers": workers,
-                           "scale": args.scale, "workers": args.workers, "steps": args.steps,
-                           "payload_bytes": real.payload_bytes,
-                           "node_peak": {"predicted": pred_node, "measured": real.node_peak_bytes},
-                           "controller_peak": {"predicted": pred_ctl, "measured": real.controller_own_peak_bytes},
-                           "release_steps": {"predicted": played["releases"], "measured": released_at(real)},
-                           "terms": model.terms_table()}
-                    if plane != "dataproto":
-                        row["storage_peak"] = {"predicted": played["peaks"]["storage"],
-                                               "measured": max(s.peak.get("storage", 0) for s in real.per_step)}
-                    for key in [k for k in ("node_peak", "controller_peak", "storage_peak") if k in row]:
-                        m = row[key]["measured"]
-                        row[key]["error"] = None if not m else round((row[key]["predicted"] - m) / m, 4)
-                    rows_out.append(row)
-                    p = real.payload_bytes
-                    ctl_err = _pct(row["controller_peak"]["error"])
-                    print(f"{codec:>18} gc {gc:<7} node {pred_node / p:.2f}x vs {real.node_peak_bytes / p:.2f}x "
-                          f"({_pct(row['node_peak']['error'])}); controller {pred_ctl / p:.2f}x vs "
-                          f"{(real.controller_own_peak_bytes or 0) / p:.2f}x ({ctl_err}); "
-                          f"falls back at {played['releases']} vs {released_at(real)}"
-                          + (f"; storage {row['storage_peak']['predicted'] / p:.2f}x vs "
-                             f"{row['storage_peak']['measured'] / p:.2f}x ({_pct(row['storage_peak']['error'])})"
-                             if "storage_peak" in row else ""), flush=True)
+            fitted, held = fitted_and_held_out(codecs, args.workload, gc, scales, workers, args.scale, args.workers,
+                                               args.steps, address=address, plane=plane)
+            for codec in codecs:
+                model, real = fitted[codec], held[codec]
+                fit_at = fit_scales(wl, codec, scales, workers)
+                played = play_node(model, wl, real.rows, real.payload_bytes, args.workers, args.steps, {}, None,
+                                   0.95)
+                pred_node, pred_ctl = played["node_peak"], played["peaks"]["controller"]
+                row = {"codec": codec, "gc": gc, "data_plane": plane, "workload": wl.name, "fit_scales": fit_at,
+                       "fit_workers": workers,
+                       "scale": args.scale, "workers": args.workers, "steps": args.steps,
+                       "payload_bytes": real.payload_bytes,
+                       "node_peak": {"predicted": pred_node, "measured": real.node_peak_bytes},
+                       "controller_peak": {"predicted": pred_ctl, "measured": real.controller_own_peak_bytes},
+                       "release_steps": {"predicted": played["releases"], "measured": released_at(real)},
+                       "terms": model.terms_table()}
+                if plane != "dataproto":
+                    row["storage_peak"] = {"predicted": played["peaks"]["storage"],
+                                           "measured": max(s.peak.get("storage", 0) for s in real.per_step)}
+                for key in [k for k in ("node_peak", "controller_peak", "storage_peak") if k in row]:
+                    m = row[key]["measured"]
+                    row[key]["error"] = None if not m else round((row[key]["predicted"] - m) / m, 4)
+                rows_out.append(row)
+                p = real.payload_bytes
+                ctl_err = _pct(row["controller_peak"]["error"])
+                print(f"{codec:>18} gc {gc:<7} node {pred_node / p:.2f}x vs {real.node_peak_bytes / p:.2f}x "
+                      f"({_pct(row['node_peak']['error'])}); controller {pred_ctl / p:.2f}x vs "
+                      f"{(real.controller_own_peak_bytes or 0) / p:.2f}x ({ctl_err}); "
+                      f"falls back at {played['releases']} vs {released_at(real)}"
+                      + (f"; storage {row['storage_peak']['predicted'] / p:.2f}x vs "
+                         f"{row['storage_peak']['measured'] / p:.2f}x ({_pct(row['storage_peak']['error'])})"
+                         if "storage_peak" in row else ""), flush=True)
     finally:
         report = cluster.stop() if cluster else {"remaining": [], "note": "every replay came from the cache"}
     doc = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},

@@ -301,6 +301,7 @@ from picklescope.workloads.spec import load_workload  # noqa: E402
 
 your_payload = "44GB"  # the batch's tensor payload (verl-omni #402: 512 videos of about 86 MB)
 your_workers, your_steps, your_node_memory = 8, 120, "1507GB"
+your_store_capacity = None  # your cluster's object_store_memory, e.g. "100GB"; None: Ray's default for the node
 your_gc = "default"
 your_planes = ["dataproto"]  # and/or "transferqueue" (built-in codecs only: the tensors skip the codec there)
 wl_fit = load_workload(workload)
@@ -313,9 +314,11 @@ if missing:
           f"workers, data plane {plane}). Run once, outside the notebook:\n"
           f"  picklescope predict --workload {workload} --codec {legacy},{fixed} --gc {your_gc} "
           f"--data-plane {','.join(your_planes)} --payload {your_payload} --workers {your_workers} "
-          f"--steps {your_steps} --node-memory {your_node_memory}")
+          f"--steps {your_steps} --node-memory {your_node_memory}"
+          + (f" --store-capacity {your_store_capacity}" if your_store_capacity else ""))
 else:
     for plane in your_planes:
         for p in predict((legacy, fixed), workload, payload=your_payload, workers=your_workers, steps=your_steps,
-                         gc=your_gc, node_memory=your_node_memory, data_plane=plane):
+                         gc=your_gc, node_memory=your_node_memory, store_capacity=your_store_capacity,
+                         data_plane=plane):
             print(p.summary(), end="\n\n")

@@ -9,10 +9,12 @@ its chunk, and the node is their sum.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -226,38 +228,6 @@ def test_one_slow_step_does_not_set_the_calls_open_at_once():
     assert model_mod.call_to_send(halves) == pytest.approx(2.5)  # of an even count, the side of more calls
 
 
-def test_the_store_is_a_high_water_mark_within_its_capacity():
-    """The store holds the controller's held steps' objects (a payload per step, freed at each release
-    every third step). Its pages are never given back, so after a release its level stays at the highest it
-    has been, and the next steps reuse those pages; and it never holds more than its capacity (Ray spills
-    the rest to disk). ``play_node`` bounds it by the capacity Ray gives the node: 0.3 of its memory, at
-    most 200 GB."""
-    reps = fit_set(release_every=3)
-    for rep in reps:
-        for s in rep.per_step:
-            s.end["store"] = s.peak["store"] = s.end["controller"] - rep.payload_bytes // 2
-            s.end["node"] = s.peak["node"] = s.end["controller"] + s.end["workers"] + s.end["store"]
-    m = model_mod.fit(reps)
-    pay = 200 * MiB
-    store = [lvl / pay for lvl, _ in m.play(pay, 64, 4, 6, 2)["store"]]
-    assert store == pytest.approx([1, 2, 2, 2, 3, 3], abs=1e-3)
-    capped = m.play(pay, 64, 4, 6, 2, store_capacity=2.5 * pay)
-    assert [lvl / pay for lvl, _ in capped["store"]] == pytest.approx([1, 2, 2, 2, 2.5, 2.5], abs=1e-3)
-    assert all(peak <= 2.5 * pay for _, peak in capped["store"])
-    ctl = [lvl for lvl, _ in capped["controller"]]
-    assert [lvl for lvl, _ in capped["node"]][4] == pytest.approx(ctl[4] + capped["workers"][4][0] + 2.5 * pay)
-    assert prediction.store_capacity(1507 * 10**9) == 200 * 10**9
-    assert prediction.store_capacity(100 * 10**9) == 30 * 10**9 and prediction.store_capacity(None) is None
-    wl, per_row, pay = _flowgrpo_batch(512)
-    reps = fit_set()  # the collector off: the store keeps a payload per step, nothing is released
-    for rep in reps:
-        for s in rep.per_step:
-            s.end["store"] = s.peak["store"] = s.end["controller"]
-    gc_off = model_mod.fit(reps)
-    out = prediction.play_node(gc_off, wl, 512, pay, 4, 120, {"store": pay}, 40 * pay, 0.95)
-    assert out["peaks"]["store"] <= 12 * pay  # 0.3 x 40 payloads, the store's baseline within it
-
-
 def test_a_growth_within_the_steps_noise_or_below_a_samples_resolution_is_none():
     """The store's level moved by whole blocks between steps (rises of 2, -2, 3, -2 and 1 units): the median
     rise, one unit, is within the rises' scatter (median absolute deviation two units), so it is no growth;
@@ -429,6 +399,30 @@ def test_the_fit_the_check_and_the_models_group_codecs_by_one_rule(monkeypatch):
     assert calls == fitting.replay_groups(("numpy-legacy", "numpy"), "transferqueue")
     assert set(fitted) == {"numpy-legacy", "numpy"}
 
+    def fake_sized_replays(group, workload, gc, scales, workers, steps, **kw):  # one per size, as the fit needs
+        calls.append(list(group))
+        return [synthetic(int(400 * s) * MiB, w, steps, codec=c) for c in group for w in workers for s in scales]
+
+    monkeypatch.setattr(fitting, "replays", fake_sized_replays)
+    checks = _benchmark("predict_checks")  # benchmarks/predict_checks.py: the fit and the held-out replay alike
+    for plane in ("dataproto", "transferqueue"):
+        chosen = codecs if plane == "dataproto" else ("numpy-legacy", "numpy")
+        calls.clear()
+        models, held = checks.fitted_and_held_out(chosen, "flowgrpo", "off", (0.05, 0.1, 0.2), (2, 4), 0.5, 4, 3,
+                                                  address=None, plane=plane, log=lambda line: None)
+        assert calls == 2 * fitting.replay_groups(chosen, plane), plane
+        assert set(models) == set(held) == set(chosen)
+
+
+def _benchmark(name: str) -> Any:
+    """A script of benchmarks/ as a module (the folder is no package)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 
 def test_baselines_count_in_the_node_total():
     assert prediction.parse_baselines(["controller=379GB", "worker=40GB", "reward=51GB"], 2) == {
@@ -479,6 +473,10 @@ NO_TQ = "no-transferqueue-here"
     (["--process-baseline", "controller"], "is not role=size"),
     (["--ray-threshold", "1.5"], "--ray-threshold"),
     (["--node-memory", "lots"], "--node-memory"),
+    (["--store-capacity", "lots"], "--store-capacity 'lots' is not a size"),
+    (["--store-capacity", "0GB"], "--store-capacity '0GB' must be above zero"),
+    (["--store-capacity", "0.5x"], "needs bytes, not a payload multiple"),
+    (["--node-memory", "100GB", "--store-capacity", "200GB"], "is more than the node's memory"),
     (["--payload", "44GB", "--check"], "would not fit this machine's free memory"),
     (["--data-plane", "shared-memory"], "is not one of dataproto, transferqueue"),
     (["--data-plane", "dataproto,transferqueue", "--codec", "verl-0.9.1:numpy"], "never a verl DataProto"),

@@ -353,7 +353,7 @@ class Session:
         step, step_of = self.step_at_kill(victim)
         memory = {n: v for n, v in self._last.items()}
         memory["store"] = self._last_store
-        kill = Kill(victim, t, int(self.budget_bytes or 0), rec.pid, node_bytes=over,
+        kill = Kill(process=victim, t_s=t, budget_bytes=int(self.budget_bytes or 0), pid=rec.pid, node_bytes=over,
                     training_step=self.current_training_step(), step=step, step_of=step_of, oom_scores=scores,
                     memory_bytes=memory)
         self.kill = kill

@@ -132,8 +132,9 @@ class Watchdog:
         with self._lock:
             if side in self.kills or side not in self.pids:
                 return
-            kill = Kill(side, round(time.monotonic() - self.t0, 6), self.limits.budgets.get(side), self.pids[side],
-                        reason, via, above, step=step)
+            kill = Kill(process=side, t_s=round(time.monotonic() - self.t0, 6),
+                        budget_bytes=self.limits.budgets.get(side), pid=self.pids[side], reason=reason, via=via,
+                        above_baseline_bytes=above, step=step)
             self.kills[side] = kill
         dump_stack_then_kill(self.pids[side], os.path.join(self.run_dir, f"{side}.stack"), self.t0, kill)
 

@@ -87,12 +87,11 @@ class _Listener:
 class RayRun:
     """One run's state on the parent: processes, event bookkeeping, cleanup record."""
 
-    def __init__(self, state: RunFold, cfg: RayPairConfig, options: dict[str, Any]) -> None:
+    def __init__(self, state: RunFold, cfg: RayPairConfig) -> None:
         self.state = state
         self.result: RunResult = state.result
         self.cfg = cfg
-        self.address = options.get("ray_address")
-        self.tracking: dict[str, Any] = {"address": self.address or "local", "driver_pid": None,
+        self.tracking: dict[str, Any] = {"address": cfg.ray_address or "local", "driver_pid": None,
                                          "cluster_pids": {}, "left_after_driver": [], "killed": [],
                                          "remaining": [], "timing": {}}
         self.shm: dict[str, dict[str, Any]] = {s: {"stack": [], "added": [], "baseline": None, "end": None}
@@ -194,7 +193,7 @@ class RayRun:
     # -- cleanup ----------------------------------------------------------------------------------
     def reap_cluster(self) -> None:
         """Kill every process of a cluster we started that is still alive; record what was found."""
-        if self.address or self.tracking["driver_pid"] is None:
+        if self.cfg.ray_address or self.tracking["driver_pid"] is None:
             return
         known = [p for pids in self.tracking["cluster_pids"].values() for p in pids]
         args = (self.tracking["driver_pid"], self.driver_start, known, self.cfg.ray_temp_dir)
@@ -237,7 +236,7 @@ def run_sides(state: RunFold, pair: PairConfig, *, ray_path: str, timeout_s: flo
                         events_address=listener.address, events_key=listener.key.hex(), machine=machine_id(),
                         t0_wall=time.time() - (time.monotonic() - t0), ray_env=ray_env(remote),
                         deadline_wall=time.time() + (t0 + timeout_s - time.monotonic()))  # bounds Ray's start-up
-    run = RayRun(state, cfg, options)
+    run = RayRun(state, cfg)
     run.guard = guard
     result.ray = run.tracking
     # the sides' curves are their whole RSS; the store (plasma file or TransferQueue's unit) on the same tick

@@ -51,6 +51,10 @@ def register(sub: Any) -> None:
                    help="how the batch reaches the workers: dataproto (through the controller, verl's default) or "
                         "transferqueue (through TransferQueue's storage units); both joined by a comma side by side")
     p.add_argument("--node-memory", default=None, help="the node's memory, e.g. 1507GB (for Ray's threshold)")
+    p.add_argument("--store-capacity", default=None,
+                   help="the object store's size where your cluster sets it (ray.init(object_store_memory=...), ray "
+                        "start --object-store-memory), e.g. 100GB; default Ray's: 0.3 of --node-memory, at most "
+                        "200GB")
     p.add_argument("--ray-threshold", type=float, default=0.95,
                    help="RAY_memory_usage_threshold: Ray's monitor kills above this share; default 0.95")
     p.add_argument("--process-baseline", action="append", default=[], metavar="ROLE=SIZE",
@@ -91,7 +95,8 @@ def main(args: argparse.Namespace) -> int:
     for plane in planes:
         preds += predict(codecs, args.workload, scale=args.scale, batch_size=args.batch_size, payload=args.payload,
                          workers=args.workers, steps=args.steps, gc=args.gc, node_memory=args.node_memory,
-                         threshold=args.ray_threshold, process_baselines=args.process_baseline,
+                         store_capacity=args.store_capacity, threshold=args.ray_threshold,
+                         process_baselines=args.process_baseline,
                          fit_scales_=args.fit_scales or fit.FIT_SCALES,
                          fit_workers=args.fit_workers or fit.FIT_WORKERS, fit_steps=args.fit_steps or fit.FIT_STEPS,
                          check=args.check, refresh=args.refit, timeout_s=args.timeout, ray_address=args.ray_address,

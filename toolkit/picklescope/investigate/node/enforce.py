@@ -80,6 +80,19 @@ def _moment(session: Session, at: float) -> tuple[dict[str, int], int]:
     return memory, (session.value_at(session.node, at) or 0) - (session.node_baseline or 0)
 
 
+def _node_kill(session: Session, tracking: Tracking, victim: str, pid: int, t: float, last: float,
+               in_step: bool = True) -> Kill:
+    """The node's kill record, whoever killed (the kernel's OOM killer or Ray's monitor): the victim, the
+    step it died in (closed since or not: it is read after the fact; none when ``in_step`` is false, for a
+    victim Ray did not name as one of the run's processes) and what each process and the node held just
+    before the victim's memory fell away (``last``: when the victim was last seen)."""
+    step, step_of = session.step_at_kill(victim, at=last) if in_step else (None, None)
+    memory, node_now = _moment(session, _before_fall(session, victim, last))
+    return Kill(process=victim, t_s=t, budget_bytes=int(tracking.budget or 0), pid=pid, node_bytes=node_now,
+                training_step=session.current_training_step(last), step=step, step_of=step_of,
+                memory_bytes=memory)
+
+
 def record_kill(session: Session, result: NodeResult, tracking: Tracking) -> None:
     """After the kernel's OOM killer fired in the run's cgroup: record which process it killed, and when."""
     path = tracking.cgroup
@@ -112,11 +125,7 @@ def record_kill(session: Session, result: NodeResult, tracking: Tracking) -> Non
         driver = session.processes.get("driver")
         last = (driver.timeline.t_s[-1] if driver is not None and driver.timeline.t_s
                 else (session.node.t_s or [t])[-1])
-    step, step_of = session.step_at_kill(victim, at=last)  # the step it died in, closed since or not
-    memory, node_now = _moment(session, _before_fall(session, victim, last))
-    session.kill = Kill(victim, t, int(tracking.budget or 0), named[victim], node_bytes=node_now,
-                        training_step=session.current_training_step(last), step=step, step_of=step_of,
-                        memory_bytes=memory)
+    session.kill = _node_kill(session, tracking, victim, named[victim], t, last)
     result.cgroup["killed_by"] = "the kernel's OOM killer in the run's memory cgroup"
     result.killed_by = "kernel"
     if len(dead) > 1:
@@ -219,11 +228,7 @@ def record_ray_kill(session: Session, result: NodeResult, tracking: Tracking, ev
     victim = first_gone or (listed[0] if listed else "a Ray worker")
     rec = session.processes.get(victim)
     last = rec.timeline.t_s[-1] if rec is not None and rec.timeline.t_s else t
-    step, step_of = session.step_at_kill(victim, at=last) if rec is not None else (None, None)
-    memory, node_now = _moment(session, _before_fall(session, victim, last))
-    session.kill = Kill(victim, t, int(tracking.budget or 0), named.get(victim, 0), node_bytes=node_now,
-                        training_step=session.current_training_step(last), step=step, step_of=step_of,
-                        memory_bytes=memory)
+    session.kill = _node_kill(session, tracking, victim, named.get(victim, 0), t, last, in_step=rec is not None)
     result.killed_by, result.killed_message = "ray", message
     result.cgroup["killed_by"] = "Ray's memory monitor"
     result.cgroup["ray_worker_id"] = said["worker_id"]

@@ -43,12 +43,44 @@ RAY_STORE_SHARE = 0.3
 RAY_STORE_MAX_BYTES = 200 * 10**9
 
 
-def store_capacity(node_memory: int | None) -> int | None:
+STORE_DEFAULT_SOURCE = "ray default: 0.3 x node memory"
+STORE_GIVEN_SOURCE = "--store-capacity"
+
+
+def ray_store_capacity(node_memory: int | None) -> int | None:
     """The object store's capacity Ray gives a node of ``node_memory`` bytes by default (None: unknown, the
     store's level is then unbounded)."""
     if not node_memory:
         return None
     return min(int(RAY_STORE_SHARE * node_memory), RAY_STORE_MAX_BYTES)
+
+
+def resolve_store_capacity(given: Any, node_memory: int | None) -> tuple[int | None, str | None]:
+    """(capacity in bytes, where it came from) of the node's object store.
+
+    A cluster started with ``object_store_memory`` (``ray.init(object_store_memory=...)``, ``ray start
+    --object-store-memory``), as verl's users often start theirs, has that store and not Ray's default, so a
+    capacity given (``--store-capacity``) wins; without one, Ray's default for ``node_memory``
+    (:func:`ray_store_capacity`, None when the node's memory is not given either: the store is then
+    unbounded). A given capacity above the node's memory is refused: Ray could not map it, and the prediction
+    would never cap the store."""
+    if given is None:
+        cap = ray_store_capacity(node_memory)
+        if cap is None:
+            return None, None
+        capped = node_memory is not None and RAY_STORE_SHARE * node_memory > RAY_STORE_MAX_BYTES
+        return cap, STORE_DEFAULT_SOURCE + (f", at most {RAY_STORE_MAX_BYTES // 10**9} GB" if capped else "")
+    size = parse_size(given, "--store-capacity")
+    if size.bytes is None:
+        raise PicklescopeError(f"--store-capacity {given!r} needs bytes, not a payload multiple",
+                               "give your cluster's object_store_memory, e.g. --store-capacity 100GB")
+    if node_memory is not None and size.bytes > node_memory:
+        raise PicklescopeError(f"--store-capacity {fmt_bytes(size.bytes)} is more than the node's memory "
+                               f"({fmt_bytes(node_memory)})",
+                               "give your cluster's object_store_memory, at most --node-memory")
+    return size.bytes, STORE_GIVEN_SOURCE
+
+
 KILL_POLICY = ("Ray's memory monitor kills a worker (a task's or an actor's process), never the raylet nor the "
                "driver: retriable tasks first, then the most recently scheduled; no process here is retriable, so "
                "the victim is the step's last worker call")
@@ -106,6 +138,9 @@ class CodecPrediction:
     fitted_on: list[str]
     check: Check | None = None
     data_plane: str = "dataproto"
+    store_capacity_bytes: int | None = None  # the object store's capacity the prediction capped it at (None: none)
+    store_capacity_source: str | None = None  # STORE_DEFAULT_SOURCE (maybe "..., at most 200 GB") or STORE_GIVEN_SOURCE
+    store_full_step: int | None = None  # the first training step at which the store was at its capacity
 
     def to_json_dict(self) -> dict[str, Any]:
         return {"codec": self.codec, "gc": self.gc, "payload_bytes": self.payload_bytes, "rows": self.rows,
@@ -117,6 +152,8 @@ class CodecPrediction:
                 "release_steps": self.release_steps,
                 "terms": [{"role": r, "term": t, "value": v} for r, t, v in self.terms],
                 "fitted_on": self.fitted_on, "data_plane": self.data_plane,
+                "store_capacity_bytes": self.store_capacity_bytes,
+                "store_capacity_source": self.store_capacity_source, "store_full_step": self.store_full_step,
                 "kill_policy": KILL_POLICY if self.data_plane == "dataproto" else KILL_POLICY_TQ,
                 "check": self.check.to_json_dict() if self.check else None}
 
@@ -138,6 +175,7 @@ class CodecPrediction:
             if self.largest_surviving_payload_bytes is not None:
                 out.append(f"  largest payload that survives {self.steps} steps: "
                            f"{fmt_bytes(self.largest_surviving_payload_bytes)}")
+        out.append("  " + self.store_text())
         if self.release_steps:
             shown = ", ".join(map(str, self.release_steps[:8])) + (", ..." if len(self.release_steps) > 8 else "")
             out.append(f"  controller memory falls back (a collection frees held copies) at steps {shown}")
@@ -152,6 +190,18 @@ class CodecPrediction:
                        f"predicted {c.predicted_release_steps or 'none'}, "
                        f"measured {c.measured_release_steps or 'none'}")
         return "\n".join(out)
+
+    def store_text(self) -> str:
+        """The object store's predicted peak against the capacity it was capped at, and where that came from."""
+        peak = fmt_bytes(self.processes.get("store", 0))
+        if self.store_capacity_bytes is None:
+            return f"object store: peak {peak}, unbounded (no --node-memory nor --store-capacity)"
+        out = (f"object store: peak {peak} of its capacity {fmt_bytes(self.store_capacity_bytes)} "
+               f"({self.store_capacity_source})")
+        if self.store_full_step is not None:
+            out += (f", full from training step {self.store_full_step} (Ray spills the rest to disk, not counted "
+                    "in the node)")
+        return out
 
 
 def _pct(e: float | None) -> str:
@@ -268,13 +318,16 @@ def fit_set(reps: Sequence[fitting.Replay], codec: str, data_plane: str = "datap
 
 
 def play_node(model: Model, wl: Workload, rows: int, payload: int, workers: int, steps: int,
-              baselines: dict[str, int], node_memory: int | None, threshold: float) -> dict[str, Any]:
+              baselines: dict[str, int], node_memory: int | None, threshold: float,
+              store_capacity: int | None = None) -> dict[str, Any]:
     """The model at one size: per step node and controller bytes, per process peaks, Ray's kill. The object
-    store is bounded by the capacity Ray gives ``node_memory`` (:func:`store_capacity`), less what the store
-    holds before the batch (its baseline, if given)."""
+    store is bounded by ``store_capacity`` (the cluster's ``object_store_memory``; None: the capacity Ray gives
+    ``node_memory`` by default, :func:`ray_store_capacity`), less what the store holds before the batch (its
+    baseline, if given); ``store_full_step`` is the first step it is at that bound."""
     obj = len(wl.non_tensor)
-    cap = store_capacity(node_memory)
-    played = model.play(payload, rows, workers, steps, obj, None if cap is None else cap - baselines.get("store", 0))
+    cap = ray_store_capacity(node_memory) if store_capacity is None else store_capacity
+    room = None if cap is None else cap - baselines.get("store", 0)
+    played = model.play(payload, rows, workers, steps, obj, room)
     names = ["controller"] + [f"worker-{i}" for i in range(workers)]
     base_of = {n: baselines.get(n, 0) for n in names}
     shared = ["store"] if model.data_plane == "dataproto" else ["store", "producer", "storage", "tq-controller"]
@@ -301,19 +354,21 @@ def play_node(model: Model, wl: Workload, rows: int, payload: int, workers: int,
                       "node_bytes": int(node_peak), "limit_bytes": int(limit)}
             break
     x = model.features(payload, rows, workers, obj)
-    return {"steps": steps_out, "killed": killed, "peaks": peaks,
+    full = None if room is None else next((k + 1 for k, (lvl, _) in enumerate(played.get("store", [])[:len(steps_out)])
+                                           if lvl >= max(0, room)), None)
+    return {"steps": steps_out, "killed": killed, "peaks": peaks, "store_full_step": full,
             "node_peak": max(s["node_bytes"] for s in steps_out), "releases": model.release_steps(x, steps)}
 
 
 def largest_surviving(model: Model, wl: Workload, workers: int, steps: int, baselines: dict[str, int],
-                      node_memory: int, threshold: float) -> int | None:
-    """The largest payload (whole rows) whose node stays under the threshold for ``steps`` steps; None if even
-    one row crosses it."""
+                      node_memory: int, threshold: float, store_capacity: int | None = None) -> int | None:
+    """The largest payload (whole rows) whose node stays under the threshold for ``steps`` steps (the store
+    bounded as in :func:`play_node`); None if even one row crosses it."""
     per_row = wl.payload_bytes(1.0) / wl.rows(1.0)
 
     def survives(rows: int) -> bool:
         return play_node(model, wl, rows, int(rows * per_row), workers, steps, baselines, node_memory,
-                         threshold)["killed"] is None
+                         threshold, store_capacity)["killed"] is None
 
     if not survives(1):
         return None
@@ -331,12 +386,17 @@ def largest_surviving(model: Model, wl: Workload, workers: int, steps: int, base
 
 def predict(codecs: Sequence[str] = ("numpy-legacy", "numpy"), workload: str = "flowgrpo", *,
             scale: float | None = None, batch_size: int | None = None, payload: Any = None, workers: int = 4,
-            steps: int = 4, gc: str = "default", node_memory: Any = None, threshold: float = RAY_THRESHOLD,
+            steps: int = 4, gc: str = "default", node_memory: Any = None, store_capacity: Any = None,
+            threshold: float = RAY_THRESHOLD,
             process_baselines: Sequence[str] = (), fit_scales_: Sequence[float] = fitting.FIT_SCALES,
             fit_workers: Sequence[int] = fitting.FIT_WORKERS, fit_steps: int = fitting.FIT_STEPS,
             check: bool = False, refresh: bool = False, timeout_s: float = 900.0, ray_address: str | None = None,
             data_plane: str = "dataproto", log: Callable[[str], None] | None = None) -> list[CodecPrediction]:
     """Predict the node for each codec (see the module doc); with ``check``, replay the size and compare.
+
+    ``store_capacity`` is the object store's size where the cluster sets ``object_store_memory`` (bytes or a
+    size such as ``"100GB"``); without it the store is capped at Ray's default for ``node_memory``
+    (:func:`resolve_store_capacity`).
 
     ``data_plane`` is the node replay's (``dataproto`` or ``transferqueue``): the fit replays that plane
     and is cached apart; a combination the node replay refuses for it is refused here by the same check."""
@@ -361,6 +421,7 @@ def predict(codecs: Sequence[str] = ("numpy-legacy", "numpy"), workload: str = "
         if size.bytes is None:
             raise PicklescopeError(f"--node-memory {node_memory!r} needs bytes", "use e.g. --node-memory 1507GB")
         mem = size.bytes
+    cap, cap_source = resolve_store_capacity(store_capacity, mem)
     baselines = parse_baselines(process_baselines, workers)
     if check:
         _refuse_a_check_that_cannot_fit(pay, steps)
@@ -369,12 +430,14 @@ def predict(codecs: Sequence[str] = ("numpy-legacy", "numpy"), workload: str = "
     out = []
     for codec in codecs:
         model = fitted[codec]
-        played = play_node(model, wl, rows, pay, workers, steps, baselines, mem, threshold)
-        largest = largest_surviving(model, wl, workers, steps, baselines, mem, threshold) if mem else None
+        played = play_node(model, wl, rows, pay, workers, steps, baselines, mem, threshold, cap)
+        largest = largest_surviving(model, wl, workers, steps, baselines, mem, threshold, cap) if mem else None
         peaks = played["peaks"]
         out.append(CodecPrediction(codec, gc, pay, rows, workers, steps, mem, threshold, baselines,
                                    played["node_peak"], peaks, played["steps"], played["killed"], largest,
-                                   played["releases"], model.terms_table(), model.fitted_on, data_plane=data_plane))
+                                   played["releases"], model.terms_table(), model.fitted_on, data_plane=data_plane,
+                                   store_capacity_bytes=cap, store_capacity_source=cap_source,
+                                   store_full_step=played["store_full_step"]))
     if check:
         _check(out, codecs, workload, the_scale, workers, steps, gc, wl, timeout_s, ray_address, log, data_plane)
     return out
