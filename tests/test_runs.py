@@ -158,7 +158,7 @@ def test_one_step_and_one_series_shape_and_documents_saved_before_them_still_loa
                                                               "added_bytes", "error")}
                                           for b in old_tl["sides"]["sender"].pop("steps")]
     assert RunTimeline.from_dict(old_tl) == tl == RunTimeline.from_json(tl.to_json())
-    # a node replay's process steps, saved as the session's StepRecord (training_step, no line)
+    # a node document whose process steps carry training_step and no line
     node = NodeResult("numpy", "flowgrpo", 0.05, 2, 2, 1, "chunk", "off", "ray-arg", None)
     node.processes["driver"] = ProcessRecord("driver", 1, "driver", steps=[
         Step(name="ray.put", start_s=0.5, end_s=0.7, peak_bytes=3, depth=0, training_step=1)],

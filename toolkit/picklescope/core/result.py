@@ -53,6 +53,12 @@ class Step:
     def duration_s(self) -> float | None:
         return None if self.end_s is None else self.end_s - self.start_s
 
+    def close(self, ev: dict[str, Any]) -> None:
+        """Take a ``step_end`` event's exact figures: the one reading of that event, for a pair's, a cell's and
+        a node's fold alike."""
+        self.end_s, self.peak_bytes, self.added_bytes = ev["end_s"], ev.get("peak_bytes"), ev.get("added_bytes")
+        self.retained_bytes, self.error, self.line = ev.get("retained_bytes"), ev.get("error"), ev.get("line")
+
     def until(self, fallback: float) -> float:
         """Where to draw the step to: its end, or ``fallback`` if the step never ended (its process died in it)."""
         return self.end_s if self.end_s is not None else max(fallback, self.start_s)

@@ -47,9 +47,7 @@ class RunFold:
             side.steps.append(st)
             self.open_steps[ev["side"]].append(st)
         elif kind == "step_end" and self.open_steps[ev["side"]]:
-            st = self.open_steps[ev["side"]].pop()
-            st.end_s, st.peak_bytes, st.added_bytes = ev["end_s"], ev["peak_bytes"], ev["added_bytes"]
-            st.retained_bytes, st.error, st.line = ev["retained_bytes"], ev["error"], ev.get("line")
+            self.open_steps[ev["side"]].pop().close(ev)
         elif kind == "output":  # a cell's print()s, in order
             self.result.output.append((ev["stream"], ev["text"]))
         elif kind == "error":

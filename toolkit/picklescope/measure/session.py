@@ -404,8 +404,7 @@ class Session:
             rec.steps.append(s)
         elif kind == "step_end":
             s = rec.open_steps.pop() if rec.open_steps else Step(name=ev["name"], start_s=ev["start_s"])
-            s.end_s, s.peak_bytes = ev["end_s"], ev.get("peak_bytes")
-            s.added_bytes, s.retained_bytes, s.error = ev.get("added_bytes"), ev.get("retained_bytes"), ev.get("error")
+            s.close(ev)
             if s.peak_bytes is not None:
                 rec.peak_bytes = max(rec.peak_bytes or 0, s.peak_bytes)
         elif kind == "train_step_start":
