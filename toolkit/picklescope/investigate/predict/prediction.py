@@ -41,8 +41,6 @@ RAY_THRESHOLD = 0.95
 # not known here.
 RAY_STORE_SHARE = 0.3
 RAY_STORE_MAX_BYTES = 200 * 10**9
-
-
 STORE_DEFAULT_SOURCE = "ray default: 0.3 x node memory"
 STORE_GIVEN_SOURCE = "--store-capacity"
 
