@@ -364,8 +364,11 @@ def test_real_verl_0_9_0_grows_and_0_9_1_does_not(runs, verl_envs):
             assert {s.training_step for s in inner} == set(range(1, STEPS + 1)), marker
             outers = [s for s in steps_ if s.name == outer]
             assert all(any(o.start_s <= s.start_s and s.end_s <= o.end_s for o in outers) for s in inner), marker
-    old, new = runs("verl-0.9.0:numpy", "off"), runs("verl-0.9.1:numpy", "off")
+    # with the collector off every chunk's copy stays, one payload per step whatever the worker count: two
+    # workers (half the processes to start, each importing verl) keep the same payload per step
+    old, new = runs("verl-0.9.0:numpy", "off", workers=2), runs("verl-0.9.1:numpy", "off", workers=2)
     assert old.outcome == new.outcome == "ok", (old.error, new.error)
+    assert old.payload_bytes == new.payload_bytes == payload and old.workers == new.workers == 2
     assert old.own_peak_bytes() - new.own_peak_bytes() >= 0.9 * payload
     grew = {r.codec: (r.training_steps[-1].driver_bytes - r.training_steps[0].driver_bytes) / payload
             for r in (old, new)}
