@@ -159,7 +159,6 @@ COST: dict[str, float] = {
     "test_hostile_inspect.py": 82.0,
     "test_browser_views.py": 80.0,
     "test_node.py::test_two_node_cluster_groups_processes_by_ray_node_and_takes_a_workload_path": 54.0,
-    "test_node.py::test_a_series_replays_each_codec_on_the_same_processes_from_a_clean_start": 45.0,
 }
 
 

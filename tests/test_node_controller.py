@@ -75,7 +75,9 @@ def test_json_names_the_controller_and_reads_back():
 @ray_only
 @pytest.mark.ray
 def test_the_actor_runs_the_loop_and_is_measured_as_the_driver():
-    # a series: the second replay's session finds the actor again (the same processes, measured again)
+    # a series: the second replay's session finds the actor again (the same processes, measured again).
+    # A cluster of the run's own, not the shared one: its clean-up (cleanup["remaining"], only reported for a
+    # cluster the run starts and ends) is checked below with the actor in it
     legacy, fixed = node_series(("numpy-legacy", "numpy"), "flowgrpo", 0.05, workers=2, steps=2, gc="off",
                                 controller="actor")
     for r in (legacy, fixed):
@@ -106,6 +108,9 @@ def test_the_actor_runs_the_loop_and_is_measured_as_the_driver():
 @pytest.mark.ray
 def test_verls_worker_group_runs_from_the_actor(verl_envs):
     """--engine verl with --controller actor: verl's RayWorkerGroup is built and called from the actor."""
+    # A cluster of the run's own, not the shared one (as tests/test_node.py's --engine verl test): it is
+    # sized for verl's resource pool (a CPU bundle per worker, one more for the actor), and what verl's
+    # worker group leaves behind is checked when that cluster ends.
     r = node("verl-0.9.0:numpy", scale=0.0625, workers=2, steps=2, engine="verl", gc="off", controller="actor")
     assert r.outcome == "ok", (r.error, r.notes)
     assert r.engine_info["worker_group"] == "verl.single_controller.ray.base.RayWorkerGroup", r.engine_info
@@ -123,6 +128,8 @@ def test_verls_worker_group_runs_from_the_actor(verl_envs):
 def test_under_rays_monitor_the_actor_is_among_what_ray_considers_and_names():
     """--enforcement ray: with the loop in an actor, Ray's message lists the controller as users see it
     (``ray::TaskRunner.run`` among the top memory users; verl #3453), whichever process it kills."""
+    # A cluster of the run's own by design: --enforcement ray puts the cluster it starts in a memory cgroup
+    # and sets Ray's monitor at that start; a joined cluster is refused (its processes are not the run's).
     why = _usable()
     if why:
         pytest.skip(f"--enforcement ray is unavailable here: {why}")

@@ -11,6 +11,8 @@ Every figure is a ratio to the payload measured in the same run, or a fact about
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -43,21 +45,47 @@ SMALL = ["--codec", "numpy", "--workers", str(WORKERS), "--scale", str(SCALE), "
 
 
 @pytest.fixture(scope="module")
-def planes(ray_cluster) -> dict[tuple[str, str], NodeResult]:
-    """Both codecs on both data planes on the shared cluster: (plane, codec) -> result.
+def clean_run() -> tuple[int, dict, str]:
+    """``picklescope node --data-plane transferqueue --json`` (numpy, x0.05, 2 workers, 2 steps) through the
+    command's main() in this process (the session's warm forkserver, no interpreter of its own to start):
+    (exit code, its JSON document, what it wrote to stderr).
 
-    The DataProto plane's pair is one series (the same driver and workers); each TransferQueue replay
-    starts its own processes: in a series the unmeasured steps before a replay leave the storage
-    units' allocator holding a step's batch (freed by ``kv_clear``, kept resident for the next write),
-    so their memory would sit in the baseline and not show above it (docs/node.md)."""
+    It must own its cluster: it is the default path (a run that starts and ends a cluster of its own,
+    docs/testing.md), whose clean-up ``test_a_clean_run_leaves_no_transferqueue_or_ray_process`` checks.
+    Its options are those of the TransferQueue plane's numpy replay in ``planes``, so its result is that
+    replay too (made once for both)."""
+    from picklescope.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(["node", *SMALL, "--steps", str(STEPS), "--json"])
+    return rc, (json.loads(out.getvalue()) if out.getvalue().strip() else {}), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def planes(ray_cluster, clean_run) -> dict[tuple[str, str], NodeResult]:
+    """Both codecs on both data planes: (plane, codec) -> result.
+
+    The DataProto plane's pair is one series (the same driver and workers) on the shared cluster; each
+    TransferQueue replay starts its own processes: in a series the unmeasured steps before a replay leave
+    the storage units' allocator holding a step's batch (freed by ``kv_clear``, kept resident for the next
+    write), so their memory would sit in the baseline and not show above it (docs/node.md). The legacy
+    codec's TransferQueue replay joins the shared cluster; the numpy codec's is ``clean_run``'s (the same
+    options, on the cluster that run starts and ends), read back from its JSON document."""
     out = {}
     for r in node_series(PAIR, workers=WORKERS, steps=STEPS, scale=SCALE, ray_address=ray_cluster.address,
                          timeout_s=600):
         out[("dataproto", r.codec)] = r
-    for codec in PAIR:
-        out[("transferqueue", codec)] = node(codec, workers=WORKERS, steps=STEPS, scale=SCALE,
-                                             ray_address=ray_cluster.address, data_plane="transferqueue",
-                                             timeout_s=600)
+    out[("transferqueue", "numpy-legacy")] = node("numpy-legacy", workers=WORKERS, steps=STEPS, scale=SCALE,
+                                                  ray_address=ray_cluster.address, data_plane="transferqueue",
+                                                  timeout_s=600)
+    rc, doc, _ = clean_run
+    if rc == 0 and doc.get("outcome") == "ok":
+        out[("transferqueue", "numpy")] = NodeResult.from_json_dict(doc)
+    else:  # its own cluster did not start or the run failed: that test says why; these replay it here
+        out[("transferqueue", "numpy")] = node("numpy", workers=WORKERS, steps=STEPS, scale=SCALE,
+                                               ray_address=ray_cluster.address, data_plane="transferqueue",
+                                               timeout_s=600)
     return out
 
 
@@ -133,14 +161,19 @@ def test_bad_data_plane_options_are_one_line_before_anything_runs():
         assert "\n" not in str(err.value) and err.value.hint
 
 
-def test_missing_transferqueue_is_one_line_naming_the_install(tmp_path):
-    env = {**os.environ, "PICKLESCOPE_TQ_DIR": str(tmp_path / "no-transferqueue-here")}
-    p = subprocess.run(CLI + ["node", *SMALL], env=env, capture_output=True, text=True, timeout=600)
-    assert p.returncode == 2, (p.stdout, p.stderr)
-    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
+def test_missing_transferqueue_is_one_line_naming_the_install(tmp_path, monkeypatch, capsys):
+    """The command's main() in this process (as the other bad-input checks: no interpreter to start)."""
+    from picklescope.cli import main
+
+    monkeypatch.setenv("PICKLESCOPE_TQ_DIR", str(tmp_path / "no-transferqueue-here"))
+    capsys.readouterr()
+    rc = main(["node", *SMALL])
+    out, err = capsys.readouterr()
+    assert rc == 2, (out, err)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
     assert "no-transferqueue-here" in lines[0] and "pip install --no-deps --target" in lines[0], lines[0]
-    assert p.stdout == ""
+    assert out == ""
 
 
 def _cmd(q: psutil.Process) -> str:
@@ -148,14 +181,11 @@ def _cmd(q: psutil.Process) -> str:
 
 
 @needs_tq
-def test_a_clean_run_leaves_no_transferqueue_or_ray_process(capfd):
-    from picklescope.cli import main
-
-    capfd.readouterr()
-    rc = main(["node", *SMALL, "--steps", "2", "--json"])
-    out, err = capfd.readouterr()
-    doc = json.loads(out) if out.strip() else {}
-    assert rc == 0, (err, doc.get("node", {}).get("error"))
+def test_a_clean_run_leaves_no_transferqueue_or_ray_process(clean_run):
+    """A run on a cluster of its own (the default path) exits 0, its clean-up leaves nothing, and every
+    process it measured (TransferQueue's storage units, controller and producer among them) is gone."""
+    rc, doc, err = clean_run
+    assert rc == 0, (err[-3000:], doc.get("node", {}).get("error"))
     assert doc["outcome"] == "ok" and doc["node"]["cleanup"]["remaining"] == [], doc["node"]["cleanup"]
     assert {"storage-0", "storage-1", "tq-controller", "producer"} <= set(doc["processes"])
     assert gone([v["pid"] for v in doc["processes"].values()], wait_s=60) == []
