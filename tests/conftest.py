@@ -67,7 +67,7 @@ QUICK = "quick and not (" + " or ".join(TIERS) + ")"  # the -m expression of `de
 # variables) is left to the full run too.
 QUICK_FILES = ("test_architecture.py", "test_basics.py", "test_bad_input.py", "test_cli.py", "test_codecs.py",
                "test_events.py", "test_runs.py", "test_ray_bad_input.py", "test_ray_transferqueue.py",
-               "test_setup.py", "test_tiers.py", "test_parallel_suite.py")
+               "test_setup.py", "test_tiers.py", "test_parallel_suite.py", "test_predict.py", "test_predict_store.py")
 
 # Files whose every test carries these markers.
 FILE_MARKERS: dict[str, tuple[str, ...]] = {

@@ -11,15 +11,13 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from picklescope.cli import main
 from picklescope.core.result import Step
 from picklescope.investigate.predict import fit as fitting
 from picklescope.investigate.predict import model as model_mod
@@ -475,8 +473,13 @@ NO_TQ = "no-transferqueue-here"
     (["--node-memory", "lots"], "--node-memory"),
     (["--store-capacity", "lots"], "--store-capacity 'lots' is not a size"),
     (["--store-capacity", "0GB"], "--store-capacity '0GB' must be above zero"),
-    (["--store-capacity", "0.5x"], "needs bytes, not a payload multiple"),
+    (["--store-capacity", "0.5x"], "needs plain bytes, not a payload multiple"),
+    (["--store-capacity", "total:100GB"], "needs plain bytes, not total:"),
+    (["--node-memory", "2x"], "--node-memory '2x' needs plain bytes, not a payload multiple"),
+    (["--node-memory", "total:1507GB"], "--node-memory 'total:1507GB' needs plain bytes, not total:"),
     (["--node-memory", "100GB", "--store-capacity", "200GB"], "is more than the node's memory"),
+    (["--node-memory", "100GB", "--store-capacity", "20GB", "--process-baseline", "store=30GB"],
+     "is more than the object store's capacity"),
     (["--payload", "44GB", "--check"], "would not fit this machine's free memory"),
     (["--data-plane", "shared-memory"], "is not one of dataproto, transferqueue"),
     (["--data-plane", "dataproto,transferqueue", "--codec", "verl-0.9.1:numpy"], "never a verl DataProto"),
@@ -484,17 +487,21 @@ NO_TQ = "no-transferqueue-here"
     # the same line as picklescope node's when the package is absent (tests/test_node_transferqueue.py)
     (["--data-plane", "transferqueue", "--tq-dir-missing"], "install it with pip install --no-deps --target"),
 ])
-def test_bad_input_is_one_line_and_exit_2(args, words, tmp_path):
-    env = {**os.environ, "PICKLESCOPE_CACHE": str(tmp_path)}
+def test_bad_input_is_one_line_and_exit_2(args, words, tmp_path, monkeypatch, capsys):
+    """Through the command's main() in this process: each case is refused before any replay, so no
+    interpreter of its own (torch imported again) is needed to check its line."""
+    monkeypatch.setenv("PICKLESCOPE_CACHE", str(tmp_path))
     if "--tq-dir-missing" in args:
         args = [a for a in args if a != "--tq-dir-missing"]
-        env["PICKLESCOPE_TQ_DIR"] = str(tmp_path / NO_TQ)
+        monkeypatch.setenv("PICKLESCOPE_TQ_DIR", str(tmp_path / NO_TQ))
         words = f"{NO_TQ} or on sys.path"  # names where it looked; the hint names the install (below)
-    p = subprocess.run([sys.executable, "-m", "picklescope", "predict", *args], capture_output=True, text=True,
-                       env=env, timeout=300)
-    assert p.returncode == 2, p.stderr
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and words in lines[0] and "Traceback" not in p.stderr
+    capsys.readouterr()
+    rc = main(["predict", *args])
+    out, err = capsys.readouterr()
+    assert rc == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0] and "Traceback" not in err, err
+    assert out == ""
     if NO_TQ in words:
         assert "pip install --no-deps --target" in lines[0], lines[0]
 

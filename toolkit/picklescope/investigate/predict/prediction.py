@@ -68,15 +68,22 @@ def resolve_store_capacity(given: Any, node_memory: int | None) -> tuple[int | N
             return None, None
         capped = node_memory is not None and RAY_STORE_SHARE * node_memory > RAY_STORE_MAX_BYTES
         return cap, STORE_DEFAULT_SOURCE + (f", at most {RAY_STORE_MAX_BYTES // 10**9} GB" if capped else "")
-    size = parse_size(given, "--store-capacity")
-    if size.bytes is None:
-        raise PicklescopeError(f"--store-capacity {given!r} needs bytes, not a payload multiple",
-                               "give your cluster's object_store_memory, e.g. --store-capacity 100GB")
-    if node_memory is not None and size.bytes > node_memory:
-        raise PicklescopeError(f"--store-capacity {fmt_bytes(size.bytes)} is more than the node's memory "
+    cap = node_bytes(given, "--store-capacity", "give your cluster's object_store_memory, e.g. --store-capacity 100GB")
+    if node_memory is not None and cap > node_memory:
+        raise PicklescopeError(f"--store-capacity {fmt_bytes(cap)} is more than the node's memory "
                                f"({fmt_bytes(node_memory)})",
                                "give your cluster's object_store_memory, at most --node-memory")
-    return size.bytes, STORE_GIVEN_SOURCE
+    return cap, STORE_GIVEN_SOURCE
+
+
+def node_bytes(given: Any, option: str, way_out: str) -> int:
+    """A size of the node (its memory, its store's capacity) in bytes. A payload multiple or a ``total:``
+    (a process budget's form) means nothing for the node: refused in one line naming ``way_out``."""
+    size = parse_size(given, option)
+    if size.bytes is None or size.total:
+        form = "a payload multiple" if size.bytes is None else "total: (a process budget's form)"
+        raise PicklescopeError(f"{option} {given!r} needs plain bytes, not {form}", way_out)
+    return size.bytes
 
 
 KILL_POLICY = ("Ray's memory monitor kills a worker (a task's or an actor's process), never the raylet nor the "
@@ -413,14 +420,13 @@ def predict(codecs: Sequence[str] = ("numpy-legacy", "numpy"), workload: str = "
     if rows < workers:
         raise PicklescopeError(f"{rows} rows cannot be chunked among {workers} workers",
                                "use fewer workers or a larger batch")
-    mem = None
-    if node_memory is not None:
-        size = parse_size(node_memory, "--node-memory")
-        if size.bytes is None:
-            raise PicklescopeError(f"--node-memory {node_memory!r} needs bytes", "use e.g. --node-memory 1507GB")
-        mem = size.bytes
+    mem = None if node_memory is None else node_bytes(node_memory, "--node-memory", "use e.g. --node-memory 1507GB")
     cap, cap_source = resolve_store_capacity(store_capacity, mem)
     baselines = parse_baselines(process_baselines, workers)
+    if cap is not None and baselines.get("store", 0) > cap:
+        raise PicklescopeError(f"--process-baseline store={fmt_bytes(baselines['store'])} is more than the object "
+                               f"store's capacity ({fmt_bytes(cap)}, {cap_source})",
+                               "give what the store holds before the batch, at most its capacity (--store-capacity)")
     if check:
         _refuse_a_check_that_cannot_fit(pay, steps)
     fitted = models(codecs, workload, gc, scales=fit_scales_, workers=fit_workers, steps=fit_steps,
