@@ -24,6 +24,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from picklescope.cli import main
 from picklescope.errors import PicklescopeError
 from picklescope.investigate.node import NodeResult, node, node_series
 from picklescope.investigate.node.tq_plane import STORAGE_UNITS, TQEngine, cpus_needed, plane_lines
@@ -54,8 +55,6 @@ def clean_run() -> tuple[int, dict, str]:
     docs/testing.md), whose clean-up ``test_a_clean_run_leaves_no_transferqueue_or_ray_process`` checks.
     Its options are those of the TransferQueue plane's numpy replay in ``planes``, so its result is that
     replay too (made once for both)."""
-    from picklescope.cli import main
-
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         rc = main(["node", *SMALL, "--steps", str(STEPS), "--json"])
@@ -163,8 +162,6 @@ def test_bad_data_plane_options_are_one_line_before_anything_runs():
 
 def test_missing_transferqueue_is_one_line_naming_the_install(tmp_path, monkeypatch, capsys):
     """The command's main() in this process (as the other bad-input checks: no interpreter to start)."""
-    from picklescope.cli import main
-
     monkeypatch.setenv("PICKLESCOPE_TQ_DIR", str(tmp_path / "no-transferqueue-here"))
     capsys.readouterr()
     rc = main(["node", *SMALL])
