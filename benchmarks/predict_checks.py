@@ -105,7 +105,7 @@ def main() -> None:
                 model, real = fitted[codec], held[codec]
                 fit_at = fit_scales(wl, codec, scales, workers)
                 played = play_node(model, wl, real.rows, real.payload_bytes, args.workers, args.steps, {}, None,
-                                   0.95)
+                                   0.95, store_capacity=None)
                 pred_node, pred_ctl = played["node_peak"], played["peaks"]["controller"]
                 row = {"codec": codec, "gc": gc, "data_plane": plane, "workload": wl.name, "fit_scales": fit_at,
                        "fit_workers": workers,

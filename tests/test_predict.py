@@ -291,16 +291,19 @@ def test_ray_kills_the_last_scheduled_worker_at_the_first_crossing_and_largest_b
     rows = 512
     wl, per_row, pay = _flowgrpo_batch(rows)
     node_mem = int(6 * pay)  # the node reaches 0.95 x 6P when the controller holds about 4.2 payloads
-    out = prediction.play_node(m, wl, rows, pay, 8, 10, {}, node_mem, 0.95)
+    cap = prediction.ray_store_capacity(node_mem)  # what predict() resolves when no --store-capacity is given
+    out = prediction.play_node(m, wl, rows, pay, 8, 10, {}, node_mem, 0.95, store_capacity=cap)
     assert out["killed"]["by"] == "ray" and out["killed"]["process"] == "worker-7"
     k = out["killed"]["training_step"]
     assert out["steps"][k - 1]["node_bytes"] >= 0.95 * node_mem > out["steps"][k - 2]["node_bytes"]
-    largest = prediction.largest_surviving(m, wl, 8, 10, {}, node_mem, 0.95)
+    largest = prediction.largest_surviving(m, wl, 8, 10, {}, node_mem, 0.95, store_capacity=cap)
     assert largest is not None and largest < pay
     rows_ok = round(largest / per_row)
-    assert prediction.play_node(m, wl, rows_ok, largest, 8, 10, {}, node_mem, 0.95)["killed"] is None
+    ok = prediction.play_node(m, wl, rows_ok, largest, 8, 10, {}, node_mem, 0.95, store_capacity=cap)
+    assert ok["killed"] is None
     bigger = int((rows_ok + 1) * per_row)
-    assert prediction.play_node(m, wl, rows_ok + 1, bigger, 8, 10, {}, node_mem, 0.95)["killed"] is not None
+    over = prediction.play_node(m, wl, rows_ok + 1, bigger, 8, 10, {}, node_mem, 0.95, store_capacity=cap)
+    assert over["killed"] is not None
 
 
 def test_tq_plane_node_is_the_sum_of_its_parts_storage_included():
@@ -327,13 +330,15 @@ def test_tq_plane_prediction_names_its_processes_and_ray_kills_the_last_worker()
     m = model_mod.fit(tq_fit_set())
     rows = 512
     wl, per_row, pay = _flowgrpo_batch(rows)
-    out = prediction.play_node(m, wl, rows, pay, 8, 10, {"storage": 10**9}, None, 0.95)
+    out = prediction.play_node(m, wl, rows, pay, 8, 10, {"storage": 10**9}, None, 0.95, store_capacity=None)
     assert {"controller", "producer", "storage", "tq-controller", "store", "worker-7"} <= set(out["peaks"])
     assert out["peaks"]["storage"] >= 10**9 + pay  # the batch in flight, above the storage units' baseline
-    alone = prediction.play_node(m, wl, rows, pay, 8, 10, {}, None, 0.95)
+    alone = prediction.play_node(m, wl, rows, pay, 8, 10, {}, None, 0.95, store_capacity=None)
     assert out["node_peak"] - alone["node_peak"] == 10**9  # the storage units' baseline counts in the node
     # the node ends step k at about (1.81 + 0.05 k) P and peaks a payload above: it crosses 0.95 x 2.17 P at step 5
-    out = prediction.play_node(m, wl, rows, pay, 8, 10, {}, int(2.17 * pay), 0.95)
+    small = int(2.17 * pay)
+    out = prediction.play_node(m, wl, rows, pay, 8, 10, {}, small, 0.95,
+                               store_capacity=prediction.ray_store_capacity(small))
     assert out["killed"] is not None and out["killed"]["process"] == "worker-7"
     k = out["killed"]["training_step"]
     assert out["steps"][k - 1]["node_bytes"] >= 0.95 * 2.17 * pay > out["steps"][k - 2]["node_bytes"]
@@ -427,8 +432,9 @@ def test_baselines_count_in_the_node_total():
         "controller": 379 * 10**9, "worker-0": 40 * 10**9, "worker-1": 40 * 10**9, "reward": 51 * 10**9}
     wl = load_workload("flowgrpo")
     m = model_mod.fit(fit_set())
-    base = prediction.play_node(m, wl, 64, 10**9, 2, 2, {}, None, 0.95)
-    more = prediction.play_node(m, wl, 64, 10**9, 2, 2, {"controller": 10**10, "reward": 10**9}, None, 0.95)
+    base = prediction.play_node(m, wl, 64, 10**9, 2, 2, {}, None, 0.95, store_capacity=None)
+    more = prediction.play_node(m, wl, 64, 10**9, 2, 2, {"controller": 10**10, "reward": 10**9}, None, 0.95,
+                                store_capacity=None)
     assert more["node_peak"] - base["node_peak"] == 11 * 10**9
     assert more["peaks"]["controller"] - base["peaks"]["controller"] == 10**10
 
@@ -572,7 +578,8 @@ def test_the_figure_is_drawn_from_the_plain_data():
     m = model_mod.fit(fit_set())
     per_row = wl.payload_bytes(1.0) / wl.rows(1.0)
     pay = int(512 * per_row)
-    out = prediction.play_node(m, wl, 512, pay, 8, 10, {}, 6 * pay, 0.95)
+    out = prediction.play_node(m, wl, 512, pay, 8, 10, {}, 6 * pay, 0.95,
+                               store_capacity=prediction.ray_store_capacity(6 * pay))
     p = prediction.CodecPrediction("numpy-legacy", "off", pay, 512, 8, 10, 6 * pay, 0.95, {}, out["node_peak"],
                                    out["peaks"], out["steps"], out["killed"], None, out["releases"], m.terms_table(),
                                    m.fitted_on)

@@ -23,8 +23,8 @@ def test_the_store_is_a_high_water_mark_within_its_capacity():
     """The store holds the controller's held steps' objects (a payload per step, freed at each release
     every third step). Its pages are never given back, so after a release its level stays at the highest it
     has been, and the next steps reuse those pages; and it never holds more than its capacity (Ray spills
-    the rest to disk). ``play_node`` bounds it by the capacity Ray gives the node: 0.3 of its memory, at
-    most 200 GB."""
+    the rest to disk). Without a capacity given, ``resolve_store_capacity`` takes the one Ray gives the node
+    (0.3 of its memory, at most 200 GB) and ``play_node`` bounds the store by it."""
     reps = fit_set(release_every=3)
     for rep in reps:
         for s in rep.per_step:
@@ -47,7 +47,8 @@ def test_the_store_is_a_high_water_mark_within_its_capacity():
         for s in rep.per_step:
             s.end["store"] = s.peak["store"] = s.end["controller"]
     gc_off = model_mod.fit(reps)
-    out = prediction.play_node(gc_off, wl, 512, pay, 4, 120, {"store": pay}, 40 * pay, 0.95)
+    cap, _ = prediction.resolve_store_capacity(None, 40 * pay)
+    out = prediction.play_node(gc_off, wl, 512, pay, 4, 120, {"store": pay}, 40 * pay, 0.95, store_capacity=cap)
     assert out["peaks"]["store"] <= 12 * pay  # 0.3 x 40 payloads, the store's baseline within it
 
 

@@ -323,15 +323,15 @@ def fit_set(reps: Sequence[fitting.Replay], codec: str, data_plane: str = "datap
 
 
 def play_node(model: Model, wl: Workload, rows: int, payload: int, workers: int, steps: int,
-              baselines: dict[str, int], node_memory: int | None, threshold: float,
-              store_capacity: int | None = None) -> dict[str, Any]:
+              baselines: dict[str, int], node_memory: int | None, threshold: float, *,
+              store_capacity: int | None) -> dict[str, Any]:
     """The model at one size: per step node and controller bytes, per process peaks, Ray's kill. The object
-    store is bounded by ``store_capacity`` (the cluster's ``object_store_memory``; None: the capacity Ray gives
-    ``node_memory`` by default, :func:`ray_store_capacity`), less what the store holds before the batch (its
-    baseline, if given); ``store_full_step`` is the first step it is at that bound."""
+    store is bounded by ``store_capacity`` as :func:`resolve_store_capacity` decided it (None: unbounded), less
+    what the store holds before the batch (its baseline, if given); ``store_full_step`` is the first step it
+    is at that bound. The capacity is an argument, not worked out here, so that the default is decided in one
+    place."""
     obj = len(wl.non_tensor)
-    cap = ray_store_capacity(node_memory) if store_capacity is None else store_capacity
-    room = None if cap is None else cap - baselines.get("store", 0)
+    room = None if store_capacity is None else store_capacity - baselines.get("store", 0)
     played = model.play(payload, rows, workers, steps, obj, room)
     names = ["controller"] + [f"worker-{i}" for i in range(workers)]
     base_of = {n: baselines.get(n, 0) for n in names}
@@ -366,14 +366,14 @@ def play_node(model: Model, wl: Workload, rows: int, payload: int, workers: int,
 
 
 def largest_surviving(model: Model, wl: Workload, workers: int, steps: int, baselines: dict[str, int],
-                      node_memory: int, threshold: float, store_capacity: int | None = None) -> int | None:
+                      node_memory: int, threshold: float, *, store_capacity: int | None) -> int | None:
     """The largest payload (whole rows) whose node stays under the threshold for ``steps`` steps (the store
     bounded as in :func:`play_node`); None if even one row crosses it."""
     per_row = wl.payload_bytes(1.0) / wl.rows(1.0)
 
     def survives(rows: int) -> bool:
         return play_node(model, wl, rows, int(rows * per_row), workers, steps, baselines, node_memory,
-                         threshold, store_capacity)["killed"] is None
+                         threshold, store_capacity=store_capacity)["killed"] is None
 
     if not survives(1):
         return None
@@ -434,8 +434,9 @@ def predict(codecs: Sequence[str] = ("numpy-legacy", "numpy"), workload: str = "
     out = []
     for codec in codecs:
         model = fitted[codec]
-        played = play_node(model, wl, rows, pay, workers, steps, baselines, mem, threshold, cap)
-        largest = largest_surviving(model, wl, workers, steps, baselines, mem, threshold, cap) if mem else None
+        played = play_node(model, wl, rows, pay, workers, steps, baselines, mem, threshold, store_capacity=cap)
+        largest = largest_surviving(model, wl, workers, steps, baselines, mem, threshold,
+                                    store_capacity=cap) if mem else None
         peaks = played["peaks"]
         out.append(CodecPrediction(codec, gc, pay, rows, workers, steps, mem, threshold, baselines,
                                    played["node_peak"], peaks, played["steps"], played["killed"], largest,
