@@ -389,7 +389,8 @@ def test_the_fit_the_check_and_the_models_group_codecs_by_one_rule(monkeypatch):
     preds = [prediction.CodecPrediction(c, "off", 1, 1, 2, 3, None, 0.95, {}, 1, {"controller": 1}, [], None, None,
                                         [], [], []) for c in codecs]
     wl = load_workload("flowgrpo")
-    prediction._check(preds, codecs, "flowgrpo", 0.05, 2, 3, "off", wl, 60.0, None, None)
+    fitted_any = model_mod.fit(fit_set())
+    prediction._check(preds, dict.fromkeys(codecs, fitted_any), "flowgrpo", 0.05, "off", wl, 60.0, None, None)
     assert series == fitting.replay_groups(codecs, "dataproto")
     calls: list[list[str]] = []
 
@@ -415,6 +416,37 @@ def test_the_fit_the_check_and_the_models_group_codecs_by_one_rule(monkeypatch):
                                                   address=None, plane=plane, log=lambda line: None)
         assert calls == 2 * fitting.replay_groups(chosen, plane), plane
         assert set(models) == set(held) == set(chosen)
+
+
+def test_the_check_compares_the_replay_with_the_model_at_its_size_not_with_the_users_capped_node(monkeypatch):
+    """``--check`` replays the batch on a cluster whose store holds every step's objects and with no process
+    baselines, so its predicted figures are the model played that way. A user's prediction whose node is
+    bounded by a small store capacity, carries baselines and is killed at an early step must not be what the
+    replay is held to (here with the replay stubbed: no cluster starts)."""
+    m = model_mod.fit(fit_set())  # the collector off: the controller and the store keep a payload per step
+    rows = 512
+    wl, _, pay = _flowgrpo_batch(rows)
+    base = {"controller": 10**9, "store": pay // 4}
+    small, cap = 5 * pay, pay // 2
+    played = prediction.play_node(m, wl, rows, pay, 4, 8, base, small, 0.95, store_capacity=cap)
+    assert played["killed"] is not None  # the user's node dies early: its peak stops at that step
+    p = prediction.CodecPrediction("numpy-legacy", "off", pay, rows, 4, 8, small, 0.95, base, played["node_peak"],
+                                   played["peaks"], played["steps"], played["killed"], None, played["releases"],
+                                   m.terms_table(), m.fitted_on, store_capacity_bytes=cap)
+
+    def fake_series(group, workload, scale, workers, steps, **kw):
+        assert (workers, steps) == (4, 8)
+        return [SimpleNamespace(outcome="ok", node_peak_bytes=123, processes={}) for _ in group]
+
+    monkeypatch.setattr(prediction, "node_series", fake_series)
+    monkeypatch.setattr(fitting, "observe", lambda result, wl: synthetic(20 * MiB, 2, 3))
+    prediction._check([p], {"numpy-legacy": m}, "flowgrpo", 0.5, "off", wl, 60.0, None, None)
+    bare = prediction.play_node(m, wl, rows, pay, 4, 8, {}, None, 0.95, store_capacity=None)
+    assert p.check is not None and p.check.measured_node_peak_bytes == 123
+    assert p.check.predicted_node_peak_bytes == bare["node_peak"]
+    assert p.check.predicted_controller_peak_bytes == bare["peaks"]["controller"]
+    assert bare["node_peak"] > p.node_peak_bytes - sum(base.values())  # the capped, killed node was lower
+    assert p.check.predicted_release_steps == bare["releases"]
 
 
 def _benchmark(name: str) -> Any:

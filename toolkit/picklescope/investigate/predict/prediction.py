@@ -444,17 +444,25 @@ def predict(codecs: Sequence[str] = ("numpy-legacy", "numpy"), workload: str = "
                                    store_capacity_bytes=cap, store_capacity_source=cap_source,
                                    store_full_step=played["store_full_step"]))
     if check:
-        _check(out, codecs, workload, the_scale, workers, steps, gc, wl, timeout_s, ray_address, log, data_plane)
+        _check(out, fitted, workload, the_scale, gc, wl, timeout_s, ray_address, log, data_plane)
     return out
 
 
-def _check(preds: list[CodecPrediction], codecs: Sequence[str], workload: str, scale: float, workers: int,
-           steps: int, gc: str, wl: Workload, timeout_s: float, ray_address: str | None,
-           log: Callable[[str], None] | None, data_plane: str = "dataproto") -> None:
+def _check(preds: list[CodecPrediction], fitted: dict[str, Model], workload: str, scale: float, gc: str,
+           wl: Workload, timeout_s: float, ray_address: str | None, log: Callable[[str], None] | None,
+           data_plane: str = "dataproto") -> None:
     """Replay the predicted size for real, in the groups the fit replays in (:func:`~.fit.replay_groups`),
-    and set each prediction's check."""
+    and set each prediction's check.
+
+    The check compares like with like: the replay runs with no process baselines and on a cluster whose
+    object store holds every step's objects (a node replay sizes its own cluster's store so), so its
+    prediction is the model played at the same size without the baselines and without the store's
+    capacity. The user's prediction can differ from it only where ``--process-baseline`` or the store's
+    capacity (``--store-capacity`` or Ray's default for ``--node-memory``) bound it."""
     by_codec = {p.codec: p for p in preds}
-    for group in fitting.replay_groups(codecs, data_plane):
+    first = preds[0]
+    workers, steps = first.workers, first.steps
+    for group in fitting.replay_groups(list(by_codec), data_plane):
         if log:
             log(f"checking: replaying {','.join(group)} at x{scale:g}, {workers} workers, {steps} steps, gc {gc}")
         t = time.monotonic()
@@ -464,11 +472,13 @@ def _check(preds: list[CodecPrediction], codecs: Sequence[str], workload: str, s
             log(f"  replayed in {time.monotonic() - t:.0f} s")
         for codec, r in zip(group, results):
             p = by_codec[codec]
+            bare = play_node(fitted[codec], wl, p.rows, p.payload_bytes, workers, steps, {}, None, p.threshold,
+                             store_capacity=None)
             rep = fitting.observe(r, wl)
-            p.check = Check(r.node_peak_bytes, p.node_peak_bytes - sum(p.baselines.values()),
+            p.check = Check(r.node_peak_bytes, bare["node_peak"],
                             r.own_peak_bytes("driver") if "driver" in r.processes else None,
-                            p.processes["controller"] - p.baselines.get("controller", 0),
-                            released_at(rep) if rep.per_step else [], p.release_steps, r.outcome)
+                            bare["peaks"]["controller"],
+                            released_at(rep) if rep.per_step else [], bare["releases"], r.outcome)
 
 
 def _refuse_a_check_that_cannot_fit(payload: int, steps: int) -> None:
