@@ -610,16 +610,26 @@ def test_the_figure_is_drawn_from_the_plain_data():
     m = model_mod.fit(fit_set())
     per_row = wl.payload_bytes(1.0) / wl.rows(1.0)
     pay = int(512 * per_row)
-    out = prediction.play_node(m, wl, 512, pay, 8, 10, {}, 6 * pay, 0.95,
-                               store_capacity=prediction.ray_store_capacity(6 * pay))
-    p = prediction.CodecPrediction("numpy-legacy", "off", pay, 512, 8, 10, 6 * pay, 0.95, {}, out["node_peak"],
-                                   out["peaks"], out["steps"], out["killed"], None, out["releases"], m.terms_table(),
-                                   m.fitted_on)
-    fig = figures.predict_figure([p.to_json_dict()])
+    cap, source = prediction.resolve_store_capacity(None, 6 * pay)
+    out = prediction.play_node(m, wl, 512, pay, 8, 10, {"store": pay // 8}, 6 * pay, 0.95, store_capacity=cap)
+    p = prediction.CodecPrediction("numpy-legacy", "off", pay, 512, 8, 10, 6 * pay, 0.95, {"store": pay // 8},
+                                   out["node_peak"], out["peaks"], out["steps"], out["killed"], None, out["releases"],
+                                   m.terms_table(), m.fitted_on, store_capacity_bytes=cap, store_capacity_source=source)
+    doc = p.to_json_dict()
+    fig = figures.predict_figure([doc])
     names = [t.name for t in fig.data]
     assert "numpy-legacy: node" in names and "numpy-legacy: controller" in names
     assert any(t.text and "Ray kills worker-7" in t.text[0] for t in fig.data)  # the kill's marker
-    assert fig.layout.shapes, "Ray's threshold line is missing"
+    # the store per step, its baseline included, never above its capacity; the capacity is a line named by its source
+    store = next(t for t in fig.data if t.name == "numpy-legacy: object store")
+    assert list(store.y) == pytest.approx([s["store_bytes"] / 2**30 for s in doc["training_steps"]])
+    assert all(pay // 8 <= s["store_bytes"] <= cap for s in doc["training_steps"])
+    lines = {a.text for a in fig.layout.annotations}
+    assert f"object store's capacity ({source})" in lines and any("Ray's threshold" in t for t in lines)
+    assert len(fig.layout.shapes) == 2
+    for s in doc["training_steps"]:  # a document saved before the store was kept per step draws without it
+        del s["store_bytes"]
+    assert "numpy-legacy: object store" not in [t.name for t in figures.predict_figure([doc]).data]
 
 
 def test_a_tiny_coefficient_is_printed_with_the_digits_that_matter():

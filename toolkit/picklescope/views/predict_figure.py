@@ -1,8 +1,11 @@
-"""A prediction as one figure: the node's total and the controller per training step, one line per codec.
+"""A prediction as one figure: the node's total, the controller and the object store per training step,
+one colour per codec.
 
 Drawn from the plain data of :class:`~picklescope.investigate.predict.prediction.CodecPrediction`
-(or its ``--json`` document), never measured here. Ray's threshold is a horizontal line; a predicted
-kill is a marker at the step and height of the crossing, labelled with the process Ray would kill.
+(or its ``--json`` document), never measured here. Ray's threshold and the store's capacity are
+horizontal lines; a predicted kill is a marker at the step and height of the crossing, labelled with
+the process Ray would kill. The store is drawn because a store at its capacity explains a node total
+that stops rising (Ray spills the rest to disk).
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ def _gib(v: float) -> float:
 
 
 def predict_figure(predictions: Sequence[Any]) -> go.Figure:
-    """Node total (solid) and controller (dotted) per training step for each codec, Ray's threshold, kills."""
+    """Node total (solid), controller (dotted) and object store (dashed) per training step for each codec,
+    Ray's threshold, the store's capacity, kills."""
     docs = [p if isinstance(p, dict) else p.to_json_dict() for p in predictions]
     fig = go.Figure()
     for i, doc in enumerate(docs):
@@ -33,6 +37,11 @@ def predict_figure(predictions: Sequence[Any]) -> go.Figure:
         fig.add_trace(go.Scatter(x=steps, y=[_gib(s["controller_bytes"]) for s in doc["training_steps"]],
                                  mode="lines", name=f"{label}: controller",
                                  line={"color": color, "dash": "dot"}))
+        store = [s.get("store_bytes") for s in doc["training_steps"]]
+        if any(v is not None for v in store):  # documents saved before the store was kept per step have none
+            fig.add_trace(go.Scatter(x=steps, y=[None if v is None else _gib(v) for v in store], mode="lines",
+                                     name=f"{label}: object store", line={"color": color, "dash": "dash",
+                                                                          "width": 1}))
         k = doc.get("killed")
         if k:
             fig.add_trace(go.Scatter(x=[k["training_step"]], y=[_gib(k["node_bytes"])], mode="markers+text",
@@ -43,6 +52,10 @@ def predict_figure(predictions: Sequence[Any]) -> go.Figure:
         limit = first["threshold"] * first["node_memory_bytes"]
         fig.add_hline(y=_gib(limit), line={"color": "#7f7f7f", "dash": "dash"},
                       annotation_text=f"Ray's threshold ({first['threshold']:g} of the node)")
+    caps = {d["store_capacity_bytes"]: d.get("store_capacity_source") for d in docs if d.get("store_capacity_bytes")}
+    for cap, source in caps.items():
+        fig.add_hline(y=_gib(cap), line={"color": "#bcbd22", "dash": "dot"}, annotation_position="bottom right",
+                      annotation_text=f"object store's capacity ({source})")
     fig.update_layout(title="Predicted node memory per training step", xaxis_title="training step",
                       yaxis_title="GiB (peak during the step)", template="plotly_white", height=420)
     return fig

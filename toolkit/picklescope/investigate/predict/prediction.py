@@ -346,8 +346,10 @@ def play_node(model: Model, wl: Workload, rows: int, payload: int, workers: int,
     for k in range(steps):
         node_peak = fixed + played["node"][k][1]
         ctl = base_of["controller"] + played["controller"][k][1]
+        store = baselines.get("store", 0) + played["store"][k][1] if "store" in played else None
         steps_out.append({"index": k + 1, "node_bytes": int(node_peak), "controller_bytes": int(ctl),
-                          "node_end_bytes": int(fixed + played["node"][k][0])})
+                          "node_end_bytes": int(fixed + played["node"][k][0]),
+                          "store_bytes": None if store is None else int(store)})
         peaks["controller"] = max(peaks["controller"], int(ctl))
         for n in names[1:]:
             peaks[n] = max(peaks[n], int(base_of[n] + played["worker"][k][1]))
