@@ -46,15 +46,15 @@ def predict_figure(predictions: Sequence[Any]) -> go.Figure:
         if k:
             fig.add_trace(go.Scatter(x=[k["training_step"]], y=[_gib(k["node_bytes"])], mode="markers+text",
                                      marker={"symbol": "x", "size": 14, "color": color}, showlegend=False,
-                                     text=[f"Ray kills {k['process']}"], textposition="top center"))
+                                     text=[f"Ray kills {k['process']}"], textposition="top left", cliponaxis=False))
     first = docs[0] if docs else {}
     if first.get("node_memory_bytes"):
         limit = first["threshold"] * first["node_memory_bytes"]
-        fig.add_hline(y=_gib(limit), line={"color": "#7f7f7f", "dash": "dash"},
+        fig.add_hline(y=_gib(limit), line={"color": "#7f7f7f", "dash": "dash"}, annotation_position="top left",
                       annotation_text=f"Ray's threshold ({first['threshold']:g} of the node)")
     caps = {d["store_capacity_bytes"]: d.get("store_capacity_source") for d in docs if d.get("store_capacity_bytes")}
     for cap, source in caps.items():
-        fig.add_hline(y=_gib(cap), line={"color": "#bcbd22", "dash": "dot"}, annotation_position="bottom right",
+        fig.add_hline(y=_gib(cap), line={"color": "#bcbd22", "dash": "dot"}, annotation_position="top left",
                       annotation_text=f"object store's capacity ({source})")
     fig.update_layout(title="Predicted node memory per training step", xaxis_title="training step",
                       yaxis_title="GiB (peak during the step)", template="plotly_white", height=420)
