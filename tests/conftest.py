@@ -194,15 +194,15 @@ def ray_cluster():
     """One local Ray cluster for the session (joined like a real one: pass ``.address`` as ``ray_address``).
 
     Started on first use, stopped after the last test; nothing of it may be left. Ray's own start-up
-    deadlines are sometimes missed on a loaded two-core machine: the start's own policy tries twice."""
+    deadlines are sometimes missed on a loaded two-core machine: the start's own policy tries again."""
     from picklescope.ray import ray_available
 
     if not ray_available():
         pytest.skip("ray is not installed (pip install 'picklescope[ray]')")
     from picklescope.ray.local_cluster import LocalCluster
 
-    # LocalCluster.start tries twice within its own deadlines (ray/startup.py) and raises
-    # one sentence with the reason and the load average when neither try came up
+    # LocalCluster.start tries up to four times within its own deadlines (ray/startup.py) and raises
+    # one sentence with the reason and the load average when no try came up
     c = LocalCluster(object_store_bytes=1024 * MiB, num_cpus=3).start()
     yield c
     report = c.stop()

@@ -622,7 +622,7 @@ def test_ray_start_failure_is_one_sentence_with_the_reason_and_the_load():
     again = pickle.loads(pickle.dumps(err))  # crosses from the driver to the parent whole
     assert str(again) == text and again.reasons == err.reasons
     assert list(startup.try_budgets(20.0))[0] <= 20.0  # never more than the run has left
-    assert len(list(startup.try_budgets(None))) == startup.TRIES == 2
+    assert len(list(startup.try_budgets(None))) == startup.TRIES  # no time passes between these tries
 
 
 @pytest.mark.slow

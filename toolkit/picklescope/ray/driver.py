@@ -85,7 +85,7 @@ def cluster_info() -> dict[str, Any]:
 
 def init_ray(conn: Any, cfg: RayConfig, args: dict[str, Any] | None = None) -> None:
     """``ray.init`` of our own cluster (or a join of the given one) under the start-up policy of
-    :mod:`.startup`: two tries, each bounded by what is left of the run's limit (``cfg.deadline_wall``,
+    :mod:`.startup`: a few tries, all of them bounded by what is left of the run's limit (``cfg.deadline_wall``,
     a ``time.time()``), the core processes watched while it runs; a failure is a :class:`RayStartError`.
 
     ``args`` replaces :func:`init_args` (the node's verl engine asks for more logical CPUs). Only the

@@ -58,8 +58,8 @@ class LocalCluster:
         self.watcher: subprocess.Popen | None = None  # removes the cluster if this process dies first
 
     def start(self, timeout_s: float | None = None) -> LocalCluster:
-        """Start the head node under the start-up policy of :mod:`.startup` (two tries, each bounded by
-        ``timeout_s`` in all, the core processes watched); a failure is one :class:`RayStartError`."""
+        """Start the head node under the start-up policy of :mod:`.startup` (a few tries, all of them
+        bounded by ``timeout_s``, the core processes watched); a failure is one :class:`RayStartError`."""
         self.failures: list[str] = []
         log = ""
         t0 = time.monotonic()

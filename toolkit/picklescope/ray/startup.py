@@ -6,8 +6,12 @@ holds the object store) and two agents. On an idle 2-core machine that takes sec
 average of 10 it can take minutes, and Ray's own waits are fixed (the driver gives the raylet 30 s to
 register with the GCS). So every start-up here follows one policy:
 
-- two tries (one retry), each bounded by :data:`TRY_TIMEOUT_S` and by what is left of the run's own
-  limit, so a start-up never runs the run past its ``--timeout``;
+- up to :data:`TRIES` tries, each bounded by :data:`TRY_TIMEOUT_S`, all of them together by
+  :data:`START_BUDGET_S` and by what is left of the run's own limit, so a start-up never runs the run
+  past its ``--timeout``. A failed try usually ends early (the raylet aborts when its dashboard agent
+  has not written its port file within Ray's fixed 15 s, and the watch below sees it within a second),
+  so on a busy machine several tries fit where one long one would not: each is a new draw of how
+  fast the agent's imports get the CPU;
 - while a try runs, the core processes are watched (:class:`ComponentWatch`): one that dies is
   noticed within a second and named ("the raylet died 0:41 into start-up"), instead of waiting out
   Ray's timeout;
@@ -29,8 +33,9 @@ from collections.abc import Callable, Iterable
 from picklescope.errors import PicklescopeError
 from picklescope.ray import cluster
 
-TRIES = 2  # one retry
+TRIES = 4  # up to three retries, while START_BUDGET_S lasts
 TRY_TIMEOUT_S = 150.0  # one try at most: a loaded 2-core machine has started Ray in 30-90 s
+START_BUDGET_S = 300.0  # all tries together when the caller sets no limit (two full tries' worth)
 MIN_TRY_S = 15.0  # a retry with less time than this left is not started
 # The core processes of a Ray node, by a part of their command line, and how a message names them.
 # The object store lives inside the raylet; each agent is fate-shared with it (the raylet exits when
@@ -112,17 +117,15 @@ def raylet_said(temp_dir: str | None) -> str | None:
 
 
 def try_budgets(left_s: float | None) -> Iterable[float]:
-    """How long each try may take, given ``left_s`` seconds before the caller's own limit (None: no limit).
+    """How long each try may take, given ``left_s`` seconds before the caller's own limit (None: none but
+    :data:`START_BUDGET_S`).
 
-    The first try gets up to :data:`TRY_TIMEOUT_S`, but never so much that no retry would fit when the
-    first fails early (Ray's fixed 30 s wait); the retry gets what is left, if that is at least
-    :data:`MIN_TRY_S`."""
+    Each try gets up to :data:`TRY_TIMEOUT_S` of what is left; a retry is made while at least
+    :data:`MIN_TRY_S` is left, up to :data:`TRIES` tries in all."""
     start = time.monotonic()
+    total = START_BUDGET_S if left_s is None else min(float(left_s), START_BUDGET_S)
     for i in range(TRIES):
-        if left_s is None:
-            yield TRY_TIMEOUT_S
-            continue
-        left = left_s - (time.monotonic() - start)
+        left = total - (time.monotonic() - start)
         if i and left < MIN_TRY_S:
             return
         yield max(1.0, min(TRY_TIMEOUT_S, left))

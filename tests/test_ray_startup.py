@@ -1,0 +1,82 @@
+"""Ray's start-up on a busy machine (ray/startup.py, docs/ray.md "Starting on a busy machine").
+
+On a loaded two-core machine the usual failure is Ray's own: the raylet aborts when its dashboard agent
+has not written its port file within a fixed 15 s (ray-project/ray#65983). Such a try ends early, so
+the policy makes several short tries within one budget. The second test holds the agent back at
+start-up (a ``sitecustomize`` on the cluster's ``PYTHONPATH`` sleeps inside the agent's process before
+it imports anything) for the first two starts: the same failure as on a busy machine, without
+loading the machine for the other tests.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from picklescope.ray import ray_available, startup
+from picklescope.ray.local_cluster import LocalCluster
+
+MiB = 2**20
+
+HOLD_BACK = '''
+import os, time
+try:
+    _cmd = open("/proc/self/cmdline", "rb").read()
+except OSError:
+    _cmd = b""
+if b"dashboard/agent.py" in _cmd:
+    _count = os.path.join(os.environ["PS_TEST_AGENT_DIR"], "held")
+    with open(_count, "a") as _f:
+        _f.write("x")
+    if os.path.getsize(_count) <= int(os.environ["PS_TEST_AGENT_HOLD_STARTS"]):
+        time.sleep(float(os.environ["PS_TEST_AGENT_HOLD_S"]))
+'''
+
+
+def test_tries_fit_the_budget_and_early_failures_leave_room_for_more(monkeypatch):
+    """Each try gets at most TRY_TIMEOUT_S of what is left; all together at most START_BUDGET_S or the
+    caller's limit; a retry only with MIN_TRY_S left. Tries that fail early (20 s each, as when the
+    raylet gives up on its agent) make all TRIES tries; tries that use their whole budget make two."""
+    now = [1000.0]
+    monkeypatch.setattr(startup.time, "monotonic", lambda: now[0])
+
+    def spend(left_s, each_s):
+        budgets = []
+        for budget in startup.try_budgets(left_s):
+            budgets.append(budget)
+            now[0] += min(budget, each_s)
+        return budgets
+
+    assert spend(None, 20.0) == [startup.TRY_TIMEOUT_S] * startup.TRIES
+    assert startup.TRIES >= 4
+    assert spend(None, 1e9) == [startup.TRY_TIMEOUT_S, startup.START_BUDGET_S - startup.TRY_TIMEOUT_S]
+    limited = spend(100.0, 1e9)
+    assert limited == [100.0]  # nothing left for a retry: never past the caller's limit
+    assert spend(160.0, 1e9) == [150.0]  # 10 s left is under MIN_TRY_S: no retry
+    assert sum(spend(170.0, 1e9)) == 170.0  # 20 s left is enough for one more
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_a_cluster_whose_agent_misses_rays_deadline_twice_starts_on_a_later_try(tmp_path, monkeypatch):
+    if not ray_available():
+        pytest.skip("ray is not installed (pip install 'picklescope[ray]')")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(HOLD_BACK)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p))
+    monkeypatch.setenv("PS_TEST_AGENT_DIR", str(tmp_path))
+    monkeypatch.setenv("PS_TEST_AGENT_HOLD_STARTS", "2")
+    monkeypatch.setenv("PS_TEST_AGENT_HOLD_S", "25")  # past the raylet's fixed 15 s
+    cluster = LocalCluster(object_store_bytes=100 * MiB, num_cpus=1)
+    try:
+        cluster.start()
+        assert len(cluster.failures) == 2, cluster.failures
+        for reason in cluster.failures:  # each failed try named the raylet and why it gave up
+            assert "raylet" in reason and "dashboard agent" in reason, cluster.failures
+        assert Path(tmp_path / "held").read_text() == "xxx"  # three agents started: two held back, one not
+    finally:
+        report = cluster.stop()
+    assert report["remaining"] == [], report
