@@ -15,7 +15,7 @@ register with the GCS). So every start-up here follows one policy:
 - while a try runs, the core processes are watched (:class:`ComponentWatch`): one that dies is
   noticed within a second and named ("the raylet died 0:41 into start-up"), instead of waiting out
   Ray's timeout;
-- when both tries fail, :class:`RayStartError` says so in one sentence, with the reason and the
+- when every try fails, :class:`RayStartError` says so in one sentence, with the reason and the
   machine's load average. It is a :class:`~picklescope.errors.PicklescopeError`, raised in the caller's
   process the same way for every caller (``run --transport ray``, ``node``, a ``LocalCluster``).
 
