@@ -317,8 +317,12 @@ if missing:
           f"--steps {your_steps} --node-memory {your_node_memory}"
           + (f" --store-capacity {your_store_capacity}" if your_store_capacity else ""))
 else:
-    for plane in your_planes:
-        for p in predict((legacy, fixed), workload, payload=your_payload, workers=your_workers, steps=your_steps,
-                         gc=your_gc, node_memory=your_node_memory, store_capacity=your_store_capacity,
-                         data_plane=plane):
-            print(p.summary(), end="\n\n")
+    yours = [p for plane in your_planes
+             for p in predict((legacy, fixed), workload, payload=your_payload, workers=your_workers, steps=your_steps,
+                              gc=your_gc, node_memory=your_node_memory, store_capacity=your_store_capacity,
+                              data_plane=plane)]
+    for p in yours:
+        print(p.summary(), end="\n\n")
+    # per codec: the node (solid), the controller (dotted) and the object store (dashed) per training step,
+    # Ray's threshold, the store's capacity and where Ray would kill
+    display(figures.predict_figure(yours))
