@@ -18,7 +18,9 @@ from typing import Any
 import pytest
 
 from picklescope.cli import main
+from picklescope.cli.commands import predict as predict_cmd
 from picklescope.core.result import Step
+from picklescope.errors import PicklescopeError
 from picklescope.investigate.predict import fit as fitting
 from picklescope.investigate.predict import model as model_mod
 from picklescope.investigate.predict import prediction
@@ -641,3 +643,58 @@ def test_a_tiny_coefficient_is_printed_with_the_digits_that_matter():
     assert model_mod.Term("t", ("P", "1"), [0.25, 3 * mib]).describe(mib) == "0.250 x payload +3.00 MiB"
     zeros = model_mod.Term("t", ("P", "1"), [1e-13, -1e-3])  # what least squares leaves of a zero
     assert zeros.describe(mib) == "0.000 x payload +0.00 MiB"
+
+
+def _two_codecs_on_a_small_node() -> list[prediction.CodecPrediction]:
+    """numpy-legacy killed by Ray, numpy surviving: the collector-off fit set played on a node of 6 payloads."""
+    m = model_mod.fit(fit_set())
+    wl, _, pay = _flowgrpo_batch(512)
+    cap, source = prediction.resolve_store_capacity(None, 6 * pay)
+    out = []
+    for codec, model in (("numpy-legacy", m), ("numpy", model_mod.fit(fit_set(grow=0.0, codec="numpy")))):
+        played = prediction.play_node(model, wl, 512, pay, 8, 10, {}, 6 * pay, 0.95, store_capacity=cap)
+        largest = prediction.largest_surviving(model, wl, 8, 10, {}, 6 * pay, 0.95, store_capacity=cap)
+        out.append(prediction.CodecPrediction(codec, "off", pay, 512, 8, 10, 6 * pay, 0.95, {}, played["node_peak"],
+                                              played["peaks"], played["steps"], played["killed"], largest,
+                                              played["releases"], model.terms_table(), model.fitted_on,
+                                              store_capacity_bytes=cap, store_capacity_source=source))
+    return out
+
+
+def test_out_writes_a_report_that_answers_in_words_and_the_json_beside_it(tmp_path, monkeypatch, capsys):
+    """``predict --out DIR`` writes report.html (one self-contained page: the answer per codec in words first,
+    the figure, each process, the store, every step, the terms, the command) and results.json (the ``--json``
+    list). A folder holding other files is refused before any fit; a run that fails removes the folder it
+    made (the fit is stubbed here: no replay runs)."""
+    preds = _two_codecs_on_a_small_node()
+    assert preds[0].killed is not None and preds[1].killed is None
+    monkeypatch.setattr(predict_cmd, "predict", lambda *a, **kw: preds)
+    out = tmp_path / "out"
+    assert main(["predict", "--workers", "8", "--steps", "10", "--out", str(out)]) == 0
+    html = (out / "report.html").read_text()
+    killed = preds[0].killed
+    first = html.index("class='headline'")
+    assert html.index(f"numpy-legacy: Ray&#x27;s memory monitor would kill {killed['process']} in training step "
+                      f"{killed['training_step']} of 10") > first
+    assert html.index("numpy: survives all 10 training steps") > first
+    assert "The largest payload that survives 10 steps is" in html
+    assert html.count("data-figure=") == 1 and "Figure unavailable" not in html
+    for heading in ("Each process's peak", "The object store", "Every training step", "The model's terms",
+                    "Reproduce"):
+        assert f"<h2>{heading}</h2>" in html, heading
+    assert "https://" not in html.split("<script>", 1)[0]  # nothing fetched: plotly.js is inline
+    assert json.loads((out / "results.json").read_text()) == [p.to_json_dict() for p in preds]
+    assert "report: " in capsys.readouterr().err
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine")
+    assert main(["predict", "--out", str(tmp_path / "busy")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "already holds other files" in err[0], err
+    assert (tmp_path / "busy" / "notes.txt").read_text() == "mine"
+
+    def fails(*a, **kw):
+        raise PicklescopeError("the fit failed", "try again")
+
+    monkeypatch.setattr(predict_cmd, "predict", fails)
+    assert main(["predict", "--out", str(tmp_path / "new")]) == 2
+    assert not (tmp_path / "new").exists()  # made by the run that failed: removed

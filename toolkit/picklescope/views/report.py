@@ -1,4 +1,5 @@
-"""The postmortem: one self-contained HTML file an engineer can attach to a ticket and open offline.
+"""The postmortem: one self-contained HTML file an engineer can attach to a ticket and open offline
+(``reproduce``'s and ``postmortem``'s report, and ``predict --out``'s).
 
 Everything is inside the file: plotly.js itself (inlined once), each figure's data as an inline JSON
 block, the tables, the stacks, the environment and the command that reproduces it. Nothing is
@@ -14,12 +15,13 @@ import html
 import json
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from picklescope.core.result import RunResult
 from picklescope.core.units import fmt_bytes
 from picklescope.errors import PicklescopeError
+from picklescope.investigate.predict.prediction import CodecPrediction
 from picklescope.investigate.reproduce import (
     Investigation,
     budgeted_results,
@@ -29,6 +31,7 @@ from picklescope.investigate.reproduce import (
 )
 from picklescope.measure import verdicts
 from picklescope.views import figures, table
+from picklescope.views.predict_figure import predict_figure
 
 OWN_FILES = ("report.html", "results.json")
 
@@ -266,8 +269,6 @@ def _node_section(inv: Investigation, figs: _Figures) -> str:
 
 def render(inv: Investigation) -> str:
     """The whole report as one HTML string (plotly.js inlined)."""
-    from plotly.offline import get_plotlyjs
-
     figs = _Figures()
     matrix = matrix_results(inv)
     budgeted = budgeted_results(inv)
@@ -359,6 +360,13 @@ def render(inv: Investigation) -> str:
     cmd = inv.command or reproduce_command(inv)
     parts.append(f"<pre>{e(cmd)}</pre>")
 
+    return _page(title, parts)
+
+
+def _page(title: str, parts: list[str]) -> str:
+    """One self-contained HTML page: plotly.js inlined once, each figure drawn from its inline JSON."""
+    from plotly.offline import get_plotlyjs
+
     body = "\n".join(parts)
     return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{e(title)}</title>"
             f"<style>{_CSS}</style><script>{get_plotlyjs()}</script></head><body>\n{body}\n"
@@ -381,4 +389,101 @@ def write_report(inv: Investigation, path: str) -> str:
     text = render(inv)
     with open(path, "w", encoding="utf-8") as f:
         f.write(text)
+    return path
+
+
+# -- picklescope predict --out ---------------------------------------------------------------------
+
+
+def prediction_sentence(p: CodecPrediction) -> str:
+    """One codec's answer in words: where Ray's monitor would kill and whom, or that the node survives, and the
+    largest payload that survives."""
+    plane = "" if p.data_plane == "dataproto" else f" (data plane {p.data_plane})"
+    if p.node_memory_bytes is None:
+        text = (f"{p.codec}{plane}: the node peaks at {fmt_bytes(p.node_peak_bytes)} over {p.steps} training steps "
+                "(no --node-memory, so no threshold to cross)")
+    elif p.killed:
+        k = p.killed
+        text = (f"{p.codec}{plane}: Ray's memory monitor would kill {k['process']} in training step "
+                f"{k['training_step']} of {p.steps}, when the node reaches {fmt_bytes(k['node_bytes'])}, over "
+                f"{p.threshold:g} of its {fmt_bytes(p.node_memory_bytes)}")
+    else:
+        text = (f"{p.codec}{plane}: survives all {p.steps} training steps; the node peaks at "
+                f"{fmt_bytes(p.node_peak_bytes)}, under {p.threshold:g} of its {fmt_bytes(p.node_memory_bytes)}")
+    if p.largest_surviving_payload_bytes is not None:
+        text += (f". The largest payload that survives {p.steps} steps is "
+                 f"{fmt_bytes(p.largest_surviving_payload_bytes)} (this batch: {fmt_bytes(p.payload_bytes)})")
+    return text + "."
+
+
+def render_predictions(preds: Sequence[CodecPrediction], workload: str, command: str) -> str:
+    """``picklescope predict --out``'s report: the answer per codec in words, the figure, every training step,
+    each process's peak, the object store, the model's terms, the checks, and the command."""
+    figs = _Figures()
+    first = preds[0]
+    title = f"picklescope predict report: {workload}"
+    node = "no node memory given" if first.node_memory_bytes is None else \
+        f"a node of {fmt_bytes(first.node_memory_bytes)}, Ray's threshold {first.threshold:g}"
+    parts = [f"<h1>{e(title)}</h1>",
+             f"<p class='note'>Payload {e(fmt_bytes(first.payload_bytes))} ({first.rows} rows), {first.workers} "
+             f"workers, {first.steps} training steps, collector {e(first.gc)}; {e(node)}. Predicted by a model "
+             f"fitted on node replays at {e(', '.join(first.fitted_on))}, not measured; written "
+             f"{e(time.strftime('%Y-%m-%d %H:%M:%S'))}.</p>",
+             "<p class='headline'>" + "<br>".join(e(prediction_sentence(p)) for p in preds) + "</p>",
+             figs.block(predict_figure, list(preds),
+                        caption="Per codec: the node's total (solid), the controller (dotted) and the object store "
+                                "(dashed) at each training step's peak; Ray's threshold and the store's capacity as "
+                                "lines; a cross where Ray would kill.")]
+    parts.append("<h2>Each process's peak</h2><p class='note'>The controller runs the training loop and holds the "
+                 "batch (verl's single controller, its TaskRunner); worker-N are the Ray actors it sends a chunk of "
+                 "the batch to at each training step; the store is Ray's object store on the node, which holds the "
+                 "chunks on their way.</p>")
+    names = list(dict.fromkeys(n for p in preds for n in p.processes))
+    parts.append(_table([{"process": n, **{_column(p): fmt_bytes(p.processes[n]) if n in p.processes else ""
+                                           for p in preds}} for n in names]))
+    parts.append("<h2>The object store</h2>")
+    parts.append("<ul>" + "".join(f"<li>{e(_column(p))}: {e(p.store_text().removeprefix('object store: '))}</li>"
+                                  for p in preds) + "</ul>")
+    parts.append("<h2>Every training step</h2><p class='note'>The node's total and the controller at each step's "
+                 "peak; a step after Ray's kill is not predicted.</p>")
+    steps = sorted({s["index"] for p in preds for s in p.training_steps})
+    rows = []
+    for k in steps:
+        row: dict[str, Any] = {"step": k}
+        for p in preds:
+            s = next((s for s in p.training_steps if s["index"] == k), None)
+            row[f"{_column(p)}: node"] = fmt_bytes(s["node_bytes"]) if s else ""
+            row[f"{_column(p)}: controller"] = fmt_bytes(s["controller_bytes"]) if s else ""
+        rows.append(row)
+    parts.append(_table(rows))
+    parts.append("<h2>The model's terms</h2>")
+    for p in preds:
+        parts.append(f"<h3>{e(_column(p))}</h3>")
+        parts.append(_table([{"role": r, "term": t, "value": v} for r, t, v in p.terms]))
+    checked = [p for p in preds if p.check is not None]
+    if checked:
+        parts.append("<h2>Checked against a real replay</h2>")
+        parts.append("<ul>" + "".join(f"<li>{e(p.summary().splitlines()[-1].strip())} ({e(_column(p))})</li>"
+                                      for p in checked) + "</ul>")
+    parts.append("<h2>What the model cannot know</h2><p>Everything on the node that is not the batch (model "
+                 "weights, optimizer state, rollout engines: give them with --process-baseline), what the workers "
+                 "compute, and when Python's collector runs in a process that does more than the replay: see "
+                 "docs/predict.md.</p>")
+    parts.append("<h2>Reproduce</h2>")
+    parts.append(f"<pre>{e(command)}</pre>")
+    return _page(title, parts)
+
+
+def _column(p: CodecPrediction) -> str:
+    return p.codec + ("" if p.data_plane == "dataproto" else f" ({p.data_plane})")
+
+
+def write_predictions(preds: Sequence[CodecPrediction], workload: str, command: str, folder: str) -> str:
+    """``report.html`` and ``results.json`` (the ``--json`` list) of a prediction in ``folder``; returns the
+    report's path."""
+    path = os.path.join(folder, "report.html")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(render_predictions(preds, workload, command))
+    with open(os.path.join(folder, "results.json"), "w", encoding="utf-8") as f:
+        json.dump([p.to_json_dict() for p in preds], f, indent=1)
     return path

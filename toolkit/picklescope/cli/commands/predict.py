@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from typing import Any
 
 from picklescope.cli.commands.common import print_json, seconds
+from picklescope.core.paths import OutFolder
 from picklescope.errors import PicklescopeError
 from picklescope.investigate.node import tq_plane
 from picklescope.investigate.predict import fit
 from picklescope.investigate.predict.prediction import predict
+from picklescope.views.report import OWN_FILES, prepare_out_dir, write_predictions
 
 ORDER = 26
 
@@ -71,6 +74,10 @@ def register(sub: Any) -> None:
                         "must hold every step's chunks with --gc off)")
     p.add_argument("--timeout", type=seconds, default=900.0, help="wall-clock limit of each replay; default 900")
     p.add_argument("--json", action="store_true", help="print the predictions as one JSON list")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="also write report.html (the answer, the figure, every step, the model's terms) and "
+                        "results.json (the --json list) into this folder, to share or attach to a ticket")
+    p.add_argument("--force", action="store_true", help="write into --out even if it holds other files")
     p.set_defaults(func=main)
 
 
@@ -88,6 +95,17 @@ def main(args: argparse.Namespace) -> int:
     for plane in planes:  # every plane refused before the first one's fit starts (the node replay's own check)
         tq_plane.check(plane, codecs, engine="replica", dispatch="chunk", transport="ray-arg")
 
+    if args.out is None:
+        return _predict(args, codecs, planes)
+    # locked while this run writes it, and removed again if this run made it and stops before writing
+    with OutFolder(args.out, own=tuple(OWN_FILES)) as folder:
+        prepare_out_dir(args.out, args.force)  # a folder holding other files is refused before any fit
+        code = _predict(args, codecs, planes)
+        folder.keep()
+    return code
+
+
+def _predict(args: argparse.Namespace, codecs: list[str], planes: list[str]) -> int:
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
@@ -101,6 +119,11 @@ def main(args: argparse.Namespace) -> int:
                          fit_workers=args.fit_workers or fit.FIT_WORKERS, fit_steps=args.fit_steps or fit.FIT_STEPS,
                          check=args.check, refresh=args.refit, timeout_s=args.timeout, ray_address=args.ray_address,
                          data_plane=plane, log=log)
+    if args.out is not None:
+        command = shlex.join(["picklescope", *sys.argv[1:]]) if sys.argv[1:2] == ["predict"] else \
+            "picklescope predict (from Python)"
+        path = write_predictions(preds, args.workload, command, args.out)
+        print(f"report: {path}", file=sys.stderr)
     if args.json:
         print_json([p.to_json_dict() for p in preds])
         return 0
