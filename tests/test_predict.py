@@ -526,6 +526,8 @@ NO_TQ = "no-transferqueue-here"
     (["--data-plane", "transferqueue,transferqueue"], "names a plane twice"),
     # the same line as picklescope node's when the package is absent (tests/test_node_transferqueue.py)
     (["--data-plane", "transferqueue", "--tq-dir-missing"], "install it with pip install --no-deps --target"),
+    (["--out", "FILE"], "exists and is not a folder"),
+    (["--out", "NEW", "--payload", "2x"], "--payload"),  # the folder the refused run made is removed
 ])
 def test_bad_input_is_one_line_and_exit_2(args, words, tmp_path, monkeypatch, capsys):
     """Through the command's main() in this process: each case is refused before any replay, so no
@@ -535,10 +537,13 @@ def test_bad_input_is_one_line_and_exit_2(args, words, tmp_path, monkeypatch, ca
         args = [a for a in args if a != "--tq-dir-missing"]
         monkeypatch.setenv("PICKLESCOPE_TQ_DIR", str(tmp_path / NO_TQ))
         words = f"{NO_TQ} or on sys.path"  # names where it looked; the hint names the install (below)
+    (tmp_path / "FILE").write_text("mine")
+    args = [str(tmp_path / a) if a in ("FILE", "NEW") else a for a in args]
     capsys.readouterr()
     rc = main(["predict", *args])
     out, err = capsys.readouterr()
     assert rc == 2, err
+    assert (tmp_path / "FILE").read_text() == "mine" and not (tmp_path / "NEW").exists()
     lines = err.strip().splitlines()
     assert len(lines) == 1 and words in lines[0] and "Traceback" not in err, err
     assert out == ""
