@@ -20,6 +20,7 @@ import pytest
 from picklescope.cli import main
 from picklescope.cli.commands import predict as predict_cmd
 from picklescope.core.result import Step
+from picklescope.core.units import fmt_bytes
 from picklescope.errors import PicklescopeError
 from picklescope.investigate.predict import fit as fitting
 from picklescope.investigate.predict import model as model_mod
@@ -682,7 +683,7 @@ def test_out_writes_a_report_that_answers_in_words_and_the_json_beside_it(tmp_pa
     assert html.index(f"numpy-legacy: Ray&#x27;s memory monitor would kill {killed['process']} in training step "
                       f"{killed['training_step']} of 10") > first
     assert html.index("numpy: survives all 10 training steps") > first
-    assert "The largest payload that survives 10 steps is" in html
+    assert "Largest payload that survives 10 steps: " in html
     assert html.count("data-figure=") == 1 and "Figure unavailable" not in html
     for heading in ("Each process's peak", "The object store", "Every training step", "The model's terms",
                     "Reproduce"):
@@ -703,3 +704,17 @@ def test_out_writes_a_report_that_answers_in_words_and_the_json_beside_it(tmp_pa
     monkeypatch.setattr(predict_cmd, "predict", fails)
     assert main(["predict", "--out", str(tmp_path / "new")]) == 2
     assert not (tmp_path / "new").exists()  # made by the run that failed: removed
+
+
+def test_a_codec_that_survives_the_whole_node_is_not_given_the_search_bound_as_its_largest_batch():
+    """The bisection for the largest surviving payload stops at the node's memory: a codec that survives there
+    survives any payload up to it, which the words say, rather than printing the search's bound as a figure."""
+    preds = _two_codecs_on_a_small_node()
+    legacy, fixed = preds
+    assert legacy.largest_text() == f"largest payload that survives 10 steps: " \
+                                    f"{fmt_bytes(legacy.largest_surviving_payload_bytes)}"
+    fixed.largest_surviving_payload_bytes = fixed.node_memory_bytes + 1
+    assert fixed.largest_text().startswith("any payload up to the node's whole memory (")
+    assert "any payload up to the node's whole memory" in fixed.summary()
+    fixed.node_memory_bytes = None
+    assert fixed.largest_text() is None

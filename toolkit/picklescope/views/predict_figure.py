@@ -54,7 +54,7 @@ def predict_figure(predictions: Sequence[Any]) -> go.Figure:
                       annotation_text=f"Ray's threshold ({first['threshold']:g} of the node)")
     caps = {d["store_capacity_bytes"]: d.get("store_capacity_source") for d in docs if d.get("store_capacity_bytes")}
     for cap, source in caps.items():
-        fig.add_hline(y=_gib(cap), line={"color": "#bcbd22", "dash": "dot"}, annotation_position="top left",
+        fig.add_hline(y=_gib(cap), line={"color": "#bcbd22", "dash": "dot"}, annotation_position="top right",
                       annotation_text=f"object store's capacity ({source})")
     fig.update_layout(title="Predicted node memory per training step", xaxis_title="training step",
                       yaxis_title="GiB (peak during the step)", template="plotly_white", height=420)

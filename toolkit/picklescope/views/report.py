@@ -410,9 +410,9 @@ def prediction_sentence(p: CodecPrediction) -> str:
     else:
         text = (f"{p.codec}{plane}: survives all {p.steps} training steps; the node peaks at "
                 f"{fmt_bytes(p.node_peak_bytes)}, under {p.threshold:g} of its {fmt_bytes(p.node_memory_bytes)}")
-    if p.largest_surviving_payload_bytes is not None:
-        text += (f". The largest payload that survives {p.steps} steps is "
-                 f"{fmt_bytes(p.largest_surviving_payload_bytes)} (this batch: {fmt_bytes(p.payload_bytes)})")
+    largest = p.largest_text()
+    if largest:
+        text += f". {largest[0].upper()}{largest[1:]} (this batch: {fmt_bytes(p.payload_bytes)})"
     return text + "."
 
 

@@ -177,9 +177,9 @@ class CodecPrediction:
                            f" = {fmt_bytes(limit)})")
             else:
                 out.append(f"  survives all {self.steps} steps (node stays under {fmt_bytes(limit)})")
-            if self.largest_surviving_payload_bytes is not None:
-                out.append(f"  largest payload that survives {self.steps} steps: "
-                           f"{fmt_bytes(self.largest_surviving_payload_bytes)}")
+            largest = self.largest_text()
+            if largest:
+                out.append(f"  {largest}")
         out.append("  " + self.store_text())
         if self.release_steps:
             shown = ", ".join(map(str, self.release_steps[:8])) + (", ..." if len(self.release_steps) > 8 else "")
@@ -195,6 +195,17 @@ class CodecPrediction:
                        f"predicted {c.predicted_release_steps or 'none'}, "
                        f"measured {c.measured_release_steps or 'none'}")
         return "\n".join(out)
+
+    def largest_text(self) -> str | None:
+        """The largest payload that survives, in words. The search stops at the node's whole memory, so a codec
+        that survives there is said to survive any payload up to it, not that one figure."""
+        largest, mem = self.largest_surviving_payload_bytes, self.node_memory_bytes
+        if largest is None or not mem:
+            return None
+        if largest >= mem:
+            return (f"any payload up to the node's whole memory ({fmt_bytes(mem)}) survives {self.steps} steps: "
+                    "the search for the largest stops there")
+        return f"largest payload that survives {self.steps} steps: {fmt_bytes(largest)}"
 
     def store_text(self) -> str:
         """The object store's predicted peak against the capacity it was capped at, and where that came from."""
