@@ -67,10 +67,8 @@ class RunTimeline:
                  killed_side=r.killed_side, killed_in_step=r.killed_in_step,
                  attribution=[dict(row) for row in r.attribution])
         for name, side in r.sides.items():
-            base = side.baseline_bytes
-            rss = Series(list(side.timeline.t_s), [v - base for v in side.timeline.bytes]) if base is not None \
-                else Series()
-            st = SideTimeline(name=name, baseline_bytes=base, baseline_s=side.baseline_s, rss=rss,
+            st = SideTimeline(name=name, baseline_bytes=side.baseline_bytes, baseline_s=side.baseline_s,
+                              rss=side.above_baseline(),
                               peak_bytes=side.peak_bytes, held_bytes=side.held_bytes,
                               cycle_held_bytes=side.cycle_held_bytes, budget_bytes=side.budget_bytes,
                               exit_code=side.exit_code, steps=[replace(s) for s in side.steps])
