@@ -37,9 +37,9 @@ def test_timeline_model_round_trips_and_has_no_plotly(traced_tiny):
     tl = RunTimeline.from_result(traced_tiny)
     assert RunTimeline.from_json(tl.to_json()) == tl
     s = tl.sides["sender"]
-    assert s.rss.bytes[0] == traced_tiny.sender.timeline.bytes[0] - traced_tiny.sender.baseline_bytes
+    assert s.above_baseline().bytes[0] == traced_tiny.sender.timeline.bytes[0] - traced_tiny.sender.baseline_bytes
     assert [st.name for st in s.steps] == [st.name for st in traced_tiny.sender.steps]
-    assert set(s.tracers) == {"memray", "tracemalloc"}  # the sampler is the RSS curve itself
+    assert set(tl.tracer_series["sender"]) == {"memray", "tracemalloc"}  # the sampler is the RSS curve itself
     assert s.cycle_held_bytes == traced_tiny.sender.cycle_held_bytes
     assert tl.attribution and tl.tracers["memray"]["available"]
     imports = [n for n in ast.walk(ast.parse(inspect.getsource(timeline)))

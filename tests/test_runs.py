@@ -138,7 +138,8 @@ def test_every_value_of_a_result_is_a_field_and_results_saved_with_an_extra_dict
 def test_one_step_and_one_series_shape_and_documents_saved_before_them_still_load():
     """A step is one :class:`Step` everywhere (a run's side, a node's process, a drawn timeline) and bytes over
     time one :class:`Series`. Saved documents of the shapes before (a side's ``timeline`` with ``rss_bytes``, a
-    node process's steps without ``line``, a RunTimeline's ``bands``) load into them."""
+    node process's steps without ``line``, a RunTimeline's ``bands``, a RunTimeline's sides of their own shape)
+    load into them."""
     step = Step(name="consolidate", start_s=1.0, end_s=None, peak_bytes=5, added_bytes=5, depth=1)
     assert step.until(0.5) == 1.0 and step.until(2.0) == 2.0 and Step("s", 1.0, 3.0).until(9.0) == 3.0
     side = Process("sender", baseline_bytes=10, steps=[step], timeline=Series([0.0, 0.1], [10, 25]))
@@ -151,14 +152,23 @@ def test_one_step_and_one_series_shape_and_documents_saved_before_them_still_loa
     for s in old["sides"]["sender"]["steps"]:
         del s["training_step"]
     assert RunResult.from_dict(old) == r
-    # a RunTimeline saved with "bands" (a subset of a step's fields)
+    # a RunTimeline holds the run's own records (copies), its tracers' series beside them
+    r.tracers = {"memray": {"available": True, "sides": {"sender": {"series": {"t_s": [0.05], "bytes": [3]}}}}}
     tl = RunTimeline.from_result(r)
-    assert tl.sides["sender"].steps == [step] and tl.sides["sender"].steps[0] is not step
-    old_tl = tl.to_dict()
-    old_tl["sides"]["sender"]["bands"] = [{k: b[k] for k in ("name", "start_s", "end_s", "depth", "peak_bytes",
-                                                              "added_bytes", "error")}
-                                          for b in old_tl["sides"]["sender"].pop("steps")]
-    assert RunTimeline.from_dict(old_tl) == tl == RunTimeline.from_json(tl.to_json())
+    assert tl.sides["sender"] == side and tl.sides["sender"].steps[0] is not step
+    assert tl.sides["sender"].above_baseline() == Series([0.0, 0.1], [0, 15]) and tl.end_s("sender") == 1.0
+    assert tl.tracer_series == {"sender": {"memray": Series([0.05], [3])}}
+    assert RunTimeline.from_json(tl.to_json()) == tl
+    # a RunTimeline saved when each side had a shape of its own (the curve above the baseline as "rss", the
+    # tracers' series beside it), with its steps as "bands" (a subset of a step's fields)
+    old_tl = {k: v for k, v in tl.to_dict().items() if k != "tracer_series"}
+    old_tl["sides"] = {"sender": {
+        "name": "sender", "baseline_bytes": 10, "baseline_s": None, "rss": {"t_s": [0.0, 0.1], "bytes": [0, 15]},
+        "bands": [{"name": "consolidate", "start_s": 1.0, "end_s": None, "depth": 1, "peak_bytes": 5,
+                   "added_bytes": 5, "error": None}],
+        "peak_bytes": None, "held_bytes": None, "cycle_held_bytes": None, "budget_bytes": None, "exit_code": None,
+        "tracers": {"memray": {"t_s": [0.05], "bytes": [3]}}}}
+    assert RunTimeline.from_dict(old_tl) == tl
     # a node document whose process steps carry training_step and no line
     node = NodeResult("numpy", "flowgrpo", 0.05, 2, 2, 1, "chunk", "off", "ray-arg", None)
     node.processes["driver"] = Process("driver", 1, "driver", reading="private", steps=[
