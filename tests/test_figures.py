@@ -23,11 +23,11 @@ def traced_tiny():
 
 def killed_result() -> ps.RunResult:
     """A run whose sender was killed inside consolidate, with a budget: a partial timeline."""
-    sender = ps.Side("sender", baseline_bytes=100 * MiB, budget_bytes=60 * MiB, exit_code=-9)
+    sender = ps.Process("sender", baseline_bytes=100 * MiB, budget_bytes=60 * MiB, exit_code=-9)
     sender.timeline = ps.Series([0.0, 0.1, 0.2, 0.3], [100 * MiB, 110 * MiB, 150 * MiB, 170 * MiB])
     sender.steps = [ps.Step("pickle.dumps", 0.05, None, None, None),
                     ps.Step("consolidate", 0.06, None, None, None, depth=1)]
-    receiver = ps.Side("receiver", baseline_bytes=90 * MiB)
+    receiver = ps.Process("receiver", baseline_bytes=90 * MiB)
     return ps.RunResult("numpy-legacy", "pickle5-oob", "flowgrpo", 0.25, 100 * MiB, outcome="oom-killed",
                         sides={"sender": sender, "receiver": receiver}, killed_side="sender",
                         killed_in_step="consolidate")
@@ -37,9 +37,9 @@ def test_timeline_model_round_trips_and_has_no_plotly(traced_tiny):
     tl = RunTimeline.from_result(traced_tiny)
     assert RunTimeline.from_json(tl.to_json()) == tl
     s = tl.sides["sender"]
-    assert s.rss.bytes[0] == traced_tiny.sender.timeline.bytes[0] - traced_tiny.sender.baseline_bytes
+    assert s.above_baseline().bytes[0] == traced_tiny.sender.timeline.bytes[0] - traced_tiny.sender.baseline_bytes
     assert [st.name for st in s.steps] == [st.name for st in traced_tiny.sender.steps]
-    assert set(s.tracers) == {"memray", "tracemalloc"}  # the sampler is the RSS curve itself
+    assert set(tl.tracer_series["sender"]) == {"memray", "tracemalloc"}  # the sampler is the RSS curve itself
     assert s.cycle_held_bytes == traced_tiny.sender.cycle_held_bytes
     assert tl.attribution and tl.tracers["memray"]["available"]
     imports = [n for n in ast.walk(ast.parse(inspect.getsource(timeline)))
@@ -103,7 +103,7 @@ def test_a_kill_that_lands_after_the_last_sample_draws_no_step_after_the_kill():
 
 
 def test_a_single_side_result_draws_one_row():
-    cell = ps.Side("cell", baseline_bytes=0)
+    cell = ps.Process("cell", baseline_bytes=0)
     cell.timeline = ps.Series([0.0, 1.0], [0, MiB])
     r = ps.RunResult("cell", "-", "cell", 1.0, 0, sides={"cell": cell})
     fig = figures.timeline_figure(r)
@@ -113,7 +113,7 @@ def test_a_single_side_result_draws_one_row():
 def test_comparison_groups_codecs_by_transport():
     runs = []
     for codec, transport, peak in [("numpy", "pickle", 2), ("numpy", "pickle5-oob", 0), ("torch", "pickle", 3)]:
-        sides = {n: ps.Side(n, peak_bytes=peak * MiB, held_bytes=MiB, cycle_held_bytes=0)
+        sides = {n: ps.Process(n, peak_bytes=peak * MiB, held_bytes=MiB, cycle_held_bytes=0)
                  for n in ("sender", "receiver")}
         runs.append(ps.RunResult(codec, transport, "tiny", 1.0, MiB, sides=sides, serialize_s=0.1, deserialize_s=0.2))
     fig = figures.comparison_figure(runs + [runs[0].to_dict()])

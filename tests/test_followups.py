@@ -39,7 +39,7 @@ def short_steps_result() -> ps.RunResult:
     """Shaped like numpy-legacy on flowgrpo x0.1: each side's set-up climbs from far below its
     baseline just before its steps, and the sender's steps are short and back to back."""
     t = [round(0.002 * k, 3) for k in range(0, 800)]
-    sender = ps.Side("sender", baseline_bytes=400 * MiB, baseline_s=0.995, peak_bytes=47 * MiB)
+    sender = ps.Process("sender", baseline_bytes=400 * MiB, baseline_s=0.995, peak_bytes=47 * MiB)
     sender.timeline = ps.Series(t, [(0 if x < 0.97 else 400 if x < 1.0 else 447 if x < 1.2 else 400) * MiB
                                       for x in t])
     sender.steps = [ps.Step("pickle.dumps", 1.0, 1.035, 47 * MiB, 47 * MiB),
@@ -47,7 +47,7 @@ def short_steps_result() -> ps.RunResult:
                     ps.Step("consolidate", 1.0, 1.03, 47 * MiB, 47 * MiB, depth=2),
                     ps.Step("to_numpy", 1.03, 1.033, 47 * MiB, 0, depth=2),
                     ps.Step("handoff", 1.035, 1.08, 47 * MiB, 0)]
-    receiver = ps.Side("receiver", baseline_bytes=350 * MiB, baseline_s=1.449, peak_bytes=47 * MiB)
+    receiver = ps.Process("receiver", baseline_bytes=350 * MiB, baseline_s=1.449, peak_bytes=47 * MiB)
     receiver.timeline = ps.Series(t, [(300 if x < 1.3 else 350 if x < 1.45 else 397) * MiB for x in t])
     receiver.steps = [ps.Step("pickle.loads", 1.45, 1.48, 47 * MiB, 47 * MiB),
                       ps.Step("__setstate__", 1.45, 1.48, 47 * MiB, 47 * MiB, depth=1),
@@ -88,12 +88,11 @@ def test_real_run_records_its_baseline_time_and_axis_starts_there(budgeted_tiny)
             assert side.name == "receiver" and side.baseline_s is None
             continue
         assert side.baseline_s is not None and side.baseline_s <= side.steps[0].start_s
-        measured = [v - side.baseline_bytes for t, v in zip(side.timeline.t_s, side.timeline.bytes)
-                    if t >= side.baseline_s]
+        measured = side.above_baseline(side.baseline_s).bytes
         lo, hi = y_range(fig, row)
         assert min(0.0, min(measured) / MiB) - 1.0 <= lo <= 0.0
-        setup = [v - side.baseline_bytes for t, v in zip(side.timeline.t_s, side.timeline.bytes)
-                 if t < side.baseline_s]
+        curve = side.above_baseline()
+        setup = [v for t, v in zip(curve.t_s, curve.bytes) if t < side.baseline_s]
         if setup and min(setup) / MiB < lo:  # the set-up dipped below the axis: drawn grey, not black
             assert any(t.name == figures.SETUP_NAME and t.yaxis == ("y" if row == 1 else f"y{row}") for t in fig.data)
     assert ps.RunResult.from_json(r.to_json()).sender.baseline_s == r.sender.baseline_s

@@ -54,7 +54,7 @@ def test_a_survived_budget_under_a_measured_peak_is_a_varying_peak(monkeypatch):
     """A budget only kills, it changes no allocation: surviving below a measured exact peak means this
     run drew a smaller peak (in-band pickle's peak varies, docs/varying_peaks.md). The headroom must
     still cover the worst measured run, not bisect down to the lucky draw."""
-    from picklescope.core.result import RunResult, Side
+    from picklescope.core.result import Process, RunResult
     from picklescope.investigate import headroom
     from picklescope.workloads import load_workload
 
@@ -64,7 +64,7 @@ def test_a_survived_budget_under_a_measured_peak_is_a_varying_peak(monkeypatch):
     def fake_run(codec, transport, workload, scale, budget=None, **kw):
         limit = budget.bytes
         r = RunResult(codec=codec, transport=transport, workload=workload, scale=scale, payload_bytes=payload,
-                      sides={"sender": Side("sender"), "receiver": Side("receiver")})
+                      sides={"sender": Process("sender"), "receiver": Process("receiver")})
         if lucky <= limit:
             r.outcome, r.sender.peak_bytes = "ok", lucky
         else:

@@ -161,7 +161,8 @@ def test_json_has_the_documented_keys(runs):
                 "timeline"} <= set(p)
         assert p["sampled"] and p["node_id"]
         assert p["own_peak_bytes"] == max(p["timeline"]["bytes"][i] for i, t in enumerate(p["timeline"]["t_s"])
-                                          if t >= doc["node"]["baseline_s"]) - p["baseline_bytes"]
+                                          if t >= doc["node"]["baseline_s"]) - p["sampled_baseline_bytes"]
+        assert p["reading"] == "private" and p["baseline_bytes"]  # the VmRSS the process reported
     assert [s["index"] for s in doc["training_steps"]] == list(range(1, STEPS + 1))
     for s in doc["training_steps"]:
         assert {"index", "start_s", "end_s", "node_bytes", "driver_bytes"} <= set(s)
@@ -470,7 +471,8 @@ def test_node_figure_stacks_processes_over_the_store_and_marks_the_kill():
     from picklescope.views import figures
 
     ts = [0.0, 0.001, 0.002, 0.003]
-    procs = {name: {"baseline_bytes": 100, "timeline": {"t_s": ts, "bytes": [100, 100 + k, 100 + 2 * k, 100 + 3 * k]}}
+    procs = {name: {"reading": "private", "sampled_baseline_bytes": 100,
+                    "timeline": {"t_s": ts, "bytes": [100, 100 + k, 100 + 2 * k, 100 + 3 * k]}}
              for name, k in (("driver", 30), *((f"worker-{i}", 1) for i in range(8)))}
     doc = {"codec": "numpy-legacy", "workers": 8, "steps": 2, "payload_bytes": 50, "outcome": "oom-killed",
            "killed": {"process": "worker-3", "training_step": 2, "step": "frombuffer", "t_s": 0.003, "node_bytes": 120},

@@ -18,12 +18,12 @@ import psutil
 import pytest
 
 from picklescope.core import cgroup
-from picklescope.core.result import Series
+from picklescope.core.result import Process, Series
 from picklescope.errors import PicklescopeError
 from picklescope.investigate.node import NodeResult, enforce, node, node_series
 from picklescope.investigate.node.tracking import Tracking
 from picklescope.measure.kill import Kill
-from picklescope.measure.session import ProcessRecord, Session
+from picklescope.measure.session import Session
 from picklescope.ray import ray_available
 
 pytestmark = [pytest.mark.skipif(not ray_available(), reason="ray is not installed (pip install 'picklescope[ray]')"),
@@ -186,9 +186,10 @@ def test_a_kill_reads_the_node_before_the_victims_memory_falls_away():
     victim = [400] * 5 + [430, 450] + [300, 100, 20]  # grows, is killed, then its memory is torn down
     curves = {"driver": [500] * 20, "worker-0": victim, "worker-1": [400] * 20}
     for (name, curve), pid in zip(curves.items(), [os.getpid()] + _dead_pids(2)):
-        rec = session.processes[name] = ProcessRecord(name, pid, "driver" if name == "driver" else "worker")
+        rec = session.processes[name] = Process(name, pid, "driver" if name == "driver" else "worker",
+                                                reading="private")
         rec.timeline = Series(ticks[:len(curve)], [v * mib for v in curve])
-        rec.baseline_bytes = curve[0] * mib
+        rec.sampled_baseline_bytes = curve[0] * mib
     session.store = Series(list(ticks), [10 * mib] * 20)
     node_total = [sum(c[i] for c in curves.values() if i < len(c)) + 10 for i in range(20)]
     session.node = Series(list(ticks), [v * mib for v in node_total])
@@ -221,9 +222,10 @@ def test_the_kernels_victim_is_the_first_whose_memory_vanished_even_while_it_is_
               "worker-1": [390] * 12}
     pids = dict(zip(curves, [os.getpid(), os.getpid()] + _dead_pids(2)))  # the controller: still listed
     for name, curve in curves.items():
-        rec = session.processes[name] = ProcessRecord(name, pids[name], "worker" if "worker" in name else name)
+        rec = session.processes[name] = Process(name, pids[name], "worker" if "worker" in name else name,
+                                                reading="private")
         rec.timeline = Series(ticks[:len(curve)], [v * mib for v in curve])
-        rec.baseline_bytes = curve[0] * mib
+        rec.sampled_baseline_bytes = curve[0] * mib
     session.store = Series(list(ticks), [20 * mib] * 20)
     total = [sum(c[i] for c in curves.values() if i < len(c)) + 20 for i in range(20)]
     session.node = Series(list(ticks), [v * mib for v in total])

@@ -25,6 +25,7 @@ import psutil
 import pytest
 
 from picklescope.cli import main
+from picklescope.core.result import Process
 from picklescope.errors import PicklescopeError
 from picklescope.investigate.node import NodeResult, node, node_series
 from picklescope.investigate.node.tq_plane import STORAGE_UNITS, TQEngine, cpus_needed, plane_lines
@@ -234,12 +235,10 @@ def test_the_plane_is_in_the_cli_help():
 
 def test_a_killed_replay_says_what_each_process_held_at_the_kill():
     from picklescope.measure.kill import Kill
-    from picklescope.measure.session import ProcessRecord
-
     r = NodeResult("numpy", "flowgrpo", SCALE, WORKERS, STEPS, 100, "chunk", "default", "ray-arg", None,
                    data_plane="transferqueue")
     for name, base in (("driver", 1000), ("producer", 2000), ("storage-0", 500)):
-        r.processes[name] = ProcessRecord(name, 1, "worker", None, True, base)
+        r.processes[name] = Process(name, 1, "worker", reading="private", sampled_baseline_bytes=base)
     r.killed = Kill("producer", 1.0, 300, 1, node_bytes=400, training_step=2, step="kv_batch_put",
                     oom_scores={"producer": 700},
                     memory_bytes={"driver": 1001, "producer": 2250, "storage-0": 600, "store": 0})

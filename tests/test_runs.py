@@ -9,12 +9,14 @@ Checks are ratios to the payload measured in the same run, never times.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 import picklescope as ps
-from picklescope.core.result import RunResult, Series, Side, Step
+from picklescope.core.result import Process, RunResult, Series, Step
 from picklescope.investigate.node.result import NodeResult
-from picklescope.measure.session import ProcessRecord
+from picklescope.measure.session import Session
 from picklescope.views.timeline import RunTimeline
 
 
@@ -82,7 +84,7 @@ def test_handoff_adds_nothing_to_the_sender(flowgrpo_quarter):
 
 def test_sampled_curve_agrees_with_exact_peak(flowgrpo_quarter):
     r = flowgrpo_quarter[("torch", "pickle")]
-    assert abs(ratio(r.sender.sampled_peak_bytes - r.sender.peak_bytes, r)) < 0.1
+    assert abs(ratio(r.sender.own_peak_bytes() - r.sender.peak_bytes, r)) < 0.1
 
 
 @pytest.mark.parametrize("codec", ["torch", "numpy-legacy", "numpy"])
@@ -108,10 +110,9 @@ def test_result_json_round_trip():
 def test_every_value_of_a_result_is_a_field_and_results_saved_with_an_extra_dict_still_load():
     """A result has no ``extra`` dict: each value is a typed field, saved under its own name. A results.json
     written when some values sat under ``extra`` loads into the fields (core/result.py, ``lift_old_extra``)."""
-    from picklescope.core.result import RunResult, Side
     from picklescope.investigate.reproduce import Investigation
 
-    r = RunResult("numpy", "pickle", "tiny", 1.0, 100, sides={"sender": Side("sender", private_peak_bytes=7)},
+    r = RunResult("numpy", "pickle", "tiny", 1.0, 100, sides={"sender": Process("sender", private_peak_bytes=7)},
                   killed_at="codec.py:3 in encode", role="budgeted", headroom_bytes=42)
     d = r.to_dict()
     assert "extra" not in d and "extra" not in d["sides"]["sender"]
@@ -137,30 +138,40 @@ def test_every_value_of_a_result_is_a_field_and_results_saved_with_an_extra_dict
 def test_one_step_and_one_series_shape_and_documents_saved_before_them_still_load():
     """A step is one :class:`Step` everywhere (a run's side, a node's process, a drawn timeline) and bytes over
     time one :class:`Series`. Saved documents of the shapes before (a side's ``timeline`` with ``rss_bytes``, a
-    node process's steps without ``line``, a RunTimeline's ``bands``) load into them."""
+    node process's steps without ``line``, a RunTimeline's ``bands``, a RunTimeline's sides of their own shape)
+    load into them."""
     step = Step(name="consolidate", start_s=1.0, end_s=None, peak_bytes=5, added_bytes=5, depth=1)
     assert step.until(0.5) == 1.0 and step.until(2.0) == 2.0 and Step("s", 1.0, 3.0).until(9.0) == 3.0
-    side = Side("sender", baseline_bytes=10, steps=[step], timeline=Series([0.0, 0.1], [10, 25]))
+    side = Process("sender", baseline_bytes=10, steps=[step], timeline=Series([0.0, 0.1], [10, 25]))
     r = RunResult("numpy", "pickle", "tiny", 1.0, 100, sides={"sender": side})
     d = r.to_dict()
     assert d["sides"]["sender"]["timeline"] == {"t_s": [0.0, 0.1], "bytes": [10, 25]}
-    assert RunResult.from_dict(d) == r and r.sender.sampled_peak_bytes == 15
+    assert RunResult.from_dict(d) == r and r.sender.own_peak_bytes() == 15
     old = r.to_dict()
     old["sides"]["sender"]["timeline"] = {"t_s": [0.0, 0.1], "rss_bytes": [10, 25]}  # the Timeline of before
     for s in old["sides"]["sender"]["steps"]:
         del s["training_step"]
     assert RunResult.from_dict(old) == r
-    # a RunTimeline saved with "bands" (a subset of a step's fields)
+    # a RunTimeline holds the run's own records (copies), its tracers' series beside them
+    r.tracers = {"memray": {"available": True, "sides": {"sender": {"series": {"t_s": [0.05], "bytes": [3]}}}}}
     tl = RunTimeline.from_result(r)
-    assert tl.sides["sender"].steps == [step] and tl.sides["sender"].steps[0] is not step
-    old_tl = tl.to_dict()
-    old_tl["sides"]["sender"]["bands"] = [{k: b[k] for k in ("name", "start_s", "end_s", "depth", "peak_bytes",
-                                                              "added_bytes", "error")}
-                                          for b in old_tl["sides"]["sender"].pop("steps")]
-    assert RunTimeline.from_dict(old_tl) == tl == RunTimeline.from_json(tl.to_json())
+    assert tl.sides["sender"] == side and tl.sides["sender"].steps[0] is not step
+    assert tl.sides["sender"].above_baseline() == Series([0.0, 0.1], [0, 15]) and tl.end_s("sender") == 1.0
+    assert tl.tracer_series == {"sender": {"memray": Series([0.05], [3])}}
+    assert RunTimeline.from_json(tl.to_json()) == tl
+    # a RunTimeline saved when each side had a shape of its own (the curve above the baseline as "rss", the
+    # tracers' series beside it), with its steps as "bands" (a subset of a step's fields)
+    old_tl = {k: v for k, v in tl.to_dict().items() if k != "tracer_series"}
+    old_tl["sides"] = {"sender": {
+        "name": "sender", "baseline_bytes": 10, "baseline_s": None, "rss": {"t_s": [0.0, 0.1], "bytes": [0, 15]},
+        "bands": [{"name": "consolidate", "start_s": 1.0, "end_s": None, "depth": 1, "peak_bytes": 5,
+                   "added_bytes": 5, "error": None}],
+        "peak_bytes": None, "held_bytes": None, "cycle_held_bytes": None, "budget_bytes": None, "exit_code": None,
+        "tracers": {"memray": {"t_s": [0.05], "bytes": [3]}}}}
+    assert RunTimeline.from_dict(old_tl) == tl
     # a node document whose process steps carry training_step and no line
     node = NodeResult("numpy", "flowgrpo", 0.05, 2, 2, 1, "chunk", "off", "ray-arg", None)
-    node.processes["driver"] = ProcessRecord("driver", 1, "driver", steps=[
+    node.processes["driver"] = Process("driver", 1, "driver", reading="private", steps=[
         Step(name="ray.put", start_s=0.5, end_s=0.7, peak_bytes=3, depth=0, training_step=1)],
         timeline=Series([0.5], [7]))
     doc = node.to_json_dict()
@@ -168,6 +179,82 @@ def test_one_step_and_one_series_shape_and_documents_saved_before_them_still_loa
         del s["line"]
     back = NodeResult.from_json_dict(doc).processes["driver"]
     assert back.steps == node.processes["driver"].steps and back.timeline == Series([0.5], [7])
+
+
+def test_one_process_shape_with_one_meaning_per_baseline_and_documents_saved_before_it_still_load():
+    """A measured process is one :class:`Process` (a run's side, a node replay's process). ``baseline_bytes``
+    is always the VmRSS the process reported; a node's curve (private bytes) is measured from its sample at
+    the baseline tick, ``sampled_baseline_bytes``, and the curve above it comes from ``above_baseline``. A
+    node process or a side saved before this shape (one ``baseline_bytes``, their timeline's) still loads."""
+    side = Process("sender", baseline_bytes=10, baseline_s=0.1, timeline=Series([0.0, 0.1, 0.2], [8, 25, 12]))
+    assert side.reading == "rss" and side.timeline_baseline_bytes == 10
+    assert side.above_baseline() == Series([0.0, 0.1, 0.2], [-2, 15, 2]) and side.own_peak_bytes() == 15
+    assert side.above_baseline(0.15) == Series([0.2], [2]) and side.above(30) == 20
+    worker = Process("worker-0", 7, "worker", "n1", reading="private", baseline_bytes=900,
+                     sampled_baseline_bytes=100, timeline=Series([0.0, 0.1, 0.2], [90, 130, 110]))
+    assert worker.own_peak_bytes() == 30 and worker.own_peak_bytes(since_s=0.15) == 10 and worker.above(100) == 0
+    late = Process("worker-1", 8, "worker", reading="private", baseline_bytes=900, timeline=Series([0.2], [50]))
+    assert late.above_baseline() == Series() and late.own_peak_bytes() is None and late.above(50) is None
+    assert late.above_baseline(unknown_baseline=0) == Series([0.2], [50])  # a node's sum counts it from zero
+    # a node replay's document: the record as it is, plus its own peak above the baseline tick
+    node = NodeResult("numpy", "flowgrpo", 0.05, 2, 2, 1, "chunk", "off", "ray-arg", None, baseline_s=0.1)
+    node.processes = {"worker-0": worker, "worker-1": late}
+    doc = node.to_json_dict()
+    p = doc["processes"]["worker-0"]
+    assert {"peak_bytes", "own_peak_bytes", "held_bytes", "cycle_held_bytes", "node_id", "sampled", "pid",
+            "baseline_bytes", "steps", "timeline", "role", "reading", "sampled_baseline_bytes"} <= set(p)
+    assert (p["own_peak_bytes"], p["baseline_bytes"], p["sampled_baseline_bytes"]) == (30, 900, 100)
+    assert "open_steps" not in p and "done" not in p  # the fold's bookkeeping is the session's
+    assert NodeResult.from_json_dict(doc).processes == node.processes
+    # a node process saved before: its baseline_bytes was the sampled private baseline, it had no reading
+    old = {"peak_bytes": 5, "own_peak_bytes": 30, "held_bytes": 1, "cycle_held_bytes": 0, "node_id": "n1",
+           "sampled": True, "pid": 7, "role": "worker", "baseline_bytes": 100, "error": None,
+           "steps": [{"name": "frombuffer", "start_s": 0.1, "end_s": 0.2, "peak_bytes": 5, "added_bytes": 5,
+                      "retained_bytes": 0, "depth": 0, "error": None, "training_step": 1}],
+           "timeline": {"t_s": [0.0, 0.1, 0.2], "bytes": [90, 130, 110]}}
+    doc["processes"] = {"worker-0": old}
+    back = NodeResult.from_json_dict(doc)
+    was = back.processes["worker-0"]
+    assert (was.name, was.reading, was.baseline_bytes, was.sampled_baseline_bytes) == ("worker-0", "private", None, 100)
+    assert back.own_peak_bytes("worker-0") == 30 and was.steps == [Step("frombuffer", 0.1, 0.2, 5, 5, 0,
+                                                                         training_step=1)]
+    assert back.to_json_dict()["processes"]["worker-0"]["own_peak_bytes"] == 30
+    # a run's side saved before: no reading, role, node, sampled or error; its timeline named rss_bytes
+    old_side = {"name": "sender", "pid": 3, "baseline_bytes": 10, "baseline_s": 0.1, "peak_bytes": 14,
+                "held_bytes": 0, "cycle_held_bytes": 0, "steps": [], "exit_code": 0, "budget_bytes": None,
+                "timeline": {"t_s": [0.0, 0.1, 0.2], "rss_bytes": [8, 25, 12]}, "private_peak_bytes": None,
+                "killed": False, "peak_source": None, "codec_info": None, "store_pages_bytes": None,
+                "store_pages_by_step": None, "note": None}
+    loaded = RunResult.from_dict({**RunResult("numpy", "pickle", "tiny", 1.0, 100).to_dict(),
+                                  "sides": {"sender": old_side}}).sender
+    assert loaded == Process("sender", 3, baseline_bytes=10, baseline_s=0.1, peak_bytes=14, held_bytes=0,
+                             cycle_held_bytes=0, timeline=Series([0.0, 0.1, 0.2], [8, 25, 12]), exit_code=0)
+    assert loaded.own_peak_bytes() == 15
+
+
+def test_the_session_keeps_the_folds_bookkeeping_beside_the_records():
+    """Which steps are open and which processes are done is the session's to know while it folds; a
+    handed-over process takes its open steps to its new name."""
+    session = Session(0.0)
+    session.processes["driver"] = Process("driver", 1, "driver", reading="private")
+    session.fold("driver", {"type": "baseline", "t_s": 0.5, "baseline_bytes": 1000})
+    session.fold("driver", {"type": "step_start", "name": "ray.put", "t_s": 1.0, "depth": 0})
+    assert session.step_at_kill("driver") == ("ray.put", "driver")
+    rec = session.processes["driver"]
+    assert (rec.baseline_bytes, rec.baseline_s, rec.sampled_baseline_bytes) == (1000, 0.5, None)
+    session.fold("driver", {"type": "step_end", "name": "ray.put", "start_s": 1.0, "end_s": 1.5, "peak_bytes": 9})
+    assert session.step_at_kill("driver") == (None, None) and rec.peak_bytes == 9 and rec.steps[0].end_s == 1.5
+    session.fold("driver", {"type": "step_start", "name": "loop", "t_s": 2.0, "depth": 0})
+    session.fold("driver", {"type": "done", "peak_bytes": 12})
+    assert session.done == {"driver"} and rec.peak_bytes == 12
+    new = session.hand_over("driver", os.getpid(), "script", role="driver")  # the loop moves into an actor
+    try:
+        assert session.processes["script"] is rec and rec.name == "script" and session.done == {"script"}
+        assert session.step_at_kill("script") == ("loop", "script")
+        assert session.step_at_kill("driver") == (None, None)  # the new driver has opened none yet
+        assert new.reading == "private" and new.steps == [] and session.processes["driver"] is new
+    finally:
+        session.stop()
 
 
 def test_unknown_names_fail_before_any_process_starts():

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 import picklescope as ps
-from picklescope.core.result import RunResult, Side, Step, Variation
+from picklescope.core.result import Process, RunResult, Step, Variation
 from picklescope.errors import PicklescopeError
 from picklescope.investigate import headroom as headroom_mod
 from picklescope.views.table import variation_rows, variation_summary
@@ -22,8 +22,8 @@ MiB = 1 << 20
 
 
 def _result(sender_peak: int, payload: int = 100 * MiB, outcome: str = "ok") -> RunResult:
-    sender = Side("sender", peak_bytes=sender_peak, steps=[Step("pickle.dumps", 0.0, 1.0, sender_peak, sender_peak)])
-    receiver = Side("receiver", peak_bytes=2 * payload)
+    sender = Process("sender", peak_bytes=sender_peak, steps=[Step("pickle.dumps", 0.0, 1.0, sender_peak, sender_peak)])
+    receiver = Process("receiver", peak_bytes=2 * payload)
     return RunResult("numpy-legacy", "pickle", "flowgrpo", 0.05, payload, outcome=outcome,
                      sides={"sender": sender, "receiver": receiver})
 

@@ -24,7 +24,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a few ms
 _PUBLIC: dict[str, str] = {
     "Batch": "picklescope.batch",
     "CODECS": "picklescope.codecs", "get_codec": "picklescope.codecs", "register_codec": "picklescope.codecs",
-    "RunResult": "picklescope.core.result", "Side": "picklescope.core.result", "Step": "picklescope.core.result",
+    "RunResult": "picklescope.core.result", "Process": "picklescope.core.result", "Step": "picklescope.core.result",
     "Series": "picklescope.core.result",
     "PicklescopeError": "picklescope.errors", "UnknownNameError": "picklescope.errors",
     "UnsupportedCase": "picklescope.errors",
@@ -37,7 +37,7 @@ _PUBLIC: dict[str, str] = {
 if TYPE_CHECKING:  # for type checkers and editors: the same names, imported eagerly
     from picklescope.batch import Batch
     from picklescope.codecs import CODECS, get_codec, register_codec
-    from picklescope.core.result import RunResult, Series, Side, Step
+    from picklescope.core.result import Process, RunResult, Series, Step
     from picklescope.errors import PicklescopeError, UnknownNameError, UnsupportedCase
     from picklescope.investigate.node import NodeResult, node
     from picklescope.measure.runner import run
@@ -80,7 +80,7 @@ def load_ipython_extension(ipython: object) -> None:
 
 
 __all__ = [
-    "CODECS", "TRANSPORTS", "Batch", "NodeResult", "PicklescopeError", "RunResult", "Series", "Side", "Step",
+    "CODECS", "TRANSPORTS", "Batch", "NodeResult", "PicklescopeError", "Process", "RunResult", "Series", "Step",
     "UnknownNameError", "UnsupportedCase", "available_workloads", "get_codec", "get_transport",
     "load_workload", "node", "register_codec", "run",
 ]

@@ -90,19 +90,32 @@ class Series:
 
 
 @dataclass
-class Side:
-    """What one process (sender or receiver) spent."""
+class Process:
+    """One measured process: a pair's sender or receiver, a cell, a Ray pair's side, a node replay's
+    driver, worker or storage unit. The one shape of a process, from the run's fold to its JSON and views.
+
+    Two baselines, each with one meaning. ``baseline_bytes`` is what the process itself reported at its
+    baseline (its exact ``VmRSS``); ``sampled_baseline_bytes`` is its ``timeline``'s sample at the
+    session's baseline tick (a node replay takes one tick for every process, so their curves add up to
+    the node's). Curves and sampled peaks above the baseline come from :meth:`above` alone, which
+    subtracts :attr:`timeline_baseline_bytes`: the baseline in the timeline's own reading."""
 
     name: str
     pid: int | None = None
-    baseline_bytes: int | None = None
-    baseline_s: float | None = None  # run time the baseline was taken: before it, set-up (not measured)
+    role: str | None = None  # a node's process: driver, worker, producer, storage, ... (None: a pair's side, a cell)
+    node_id: str | None = None  # the Ray node it ran on (None: not in a Ray cluster, or not known)
+    sampled: bool = True  # its memory was sampled from here (False: on another machine, exact figures only)
+    reading: str = "rss"  # what timeline's bytes are: "rss" (VmRSS) or "private" (VmRSS - RssShmem, a node's)
+    baseline_bytes: int | None = None  # exact: the VmRSS the process reported at its own baseline
+    baseline_s: float | None = None  # run time it reported it: before it, set-up (not measured)
+    sampled_baseline_bytes: int | None = None  # timeline's sample at the session's baseline tick (a node's)
     peak_bytes: int | None = None  # exact (VmHWM) above baseline over the measured phase
-    held_bytes: int | None = None  # still resident when the side finished
+    held_bytes: int | None = None  # still resident when the process finished
     cycle_held_bytes: int | None = None  # of which gc.collect() then freed (reference cycles)
     steps: list[Step] = field(default_factory=list)
-    timeline: Series = field(default_factory=Series)  # RSS sampled from the parent at about 1 ms (absolute)
+    timeline: Series = field(default_factory=Series)  # sampled from the parent at about 1 ms (absolute, in `reading`)
     exit_code: int | None = None
+    error: str | None = None  # a node's process: the first error it reported
     budget_bytes: int | None = None
     private_peak_bytes: int | None = None  # Ray sides: the exact peak minus the object-store pages it mapped
     killed: bool = False  # the budget's enforcer (or the kernel, in a cgroup) killed this process
@@ -110,18 +123,58 @@ class Side:
     codec_info: dict[str, Any] | None = None  # what the codec's prepare() reported in this process
     store_pages_bytes: int | None = None  # Ray sides: object-store pages this process mapped at its peak
     store_pages_by_step: dict[str, Any] | None = None  # Ray sides: the same, per step
-    note: str | None = None  # what limits this side's figures (e.g. an actor on another machine)
+    note: str | None = None  # what limits this process's figures (e.g. an actor on another machine)
 
     def step(self, name: str) -> Step | None:
-        """The first step called ``name`` (None if the side never reached it)."""
+        """The first step called ``name`` (None if the process never reached it)."""
         return next((s for s in self.steps if s.name == name), None)
 
     @property
-    def sampled_peak_bytes(self) -> int | None:
-        peak = self.timeline.peak()
-        if peak is None or self.baseline_bytes is None:
-            return None
-        return peak - self.baseline_bytes
+    def timeline_baseline_bytes(self) -> int | None:
+        """The baseline in the timeline's reading: the sample at the session's baseline tick when one was
+        taken, else, for an RSS curve, the VmRSS the process reported (the same reading); None when the
+        curve has no baseline (a node's process adopted after the baseline tick)."""
+        if self.sampled_baseline_bytes is not None:
+            return self.sampled_baseline_bytes
+        return self.baseline_bytes if self.reading == "rss" else None
+
+    def above(self, value: int) -> int | None:
+        """One sample of this process's reading above its baseline (None without a baseline): the one
+        place a baseline is subtracted from this process's memory as sampled."""
+        base = self.timeline_baseline_bytes
+        return None if base is None else value - base
+
+    def above_baseline(self, since_s: float | None = None, *, unknown_baseline: int | None = None) -> Series:
+        """The timeline above its baseline, from ``since_s`` on (default: all of it). Without a baseline the
+        curve is empty, or counted from ``unknown_baseline`` when the caller gives one (a node's sum above
+        baselines counts such a process from zero)."""
+        base = self.timeline_baseline_bytes
+        if base is None:
+            if unknown_baseline is None:
+                return Series()
+            base = unknown_baseline
+        keep = [i for i, t in enumerate(self.timeline.t_s) if since_s is None or t >= since_s]
+        return Series([self.timeline.t_s[i] for i in keep], [self.timeline.bytes[i] - base for i in keep])
+
+    def own_peak_bytes(self, since_s: float | None = None) -> int | None:
+        """The highest sample above the baseline (from ``since_s`` on): sampled at about 1 ms, so it can miss
+        a spike shorter than that, but in the private reading it never counts object-store pages, which
+        the exact peak does."""
+        return self.above_baseline(since_s).peak()
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Process:
+        """A process from any saved form of one: a run's side, a node replay's process (``--json``), or either
+        saved before this shape. Those had no ``reading`` and one ``baseline_bytes``, the baseline of their
+        timeline: a side's was its reported VmRSS (an RSS curve), a node process's (it had ``sampled``) its
+        private bytes at the baseline tick. Keys this shape does not hold (``own_peak_bytes``) are dropped."""
+        known = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in lift_old_extra(d, known).items() if k in known}
+        if "reading" not in d and "sampled" in d:  # a node replay's process saved before
+            kw["reading"], kw["sampled_baseline_bytes"], kw["baseline_bytes"] = "private", d.get("baseline_bytes"), None
+        kw["steps"] = [Step.from_dict(s) for s in d.get("steps", [])]
+        kw["timeline"] = series_from_dict(d.get("timeline") or {})
+        return cls(**kw)
 
 
 @dataclass
@@ -218,7 +271,7 @@ class RunResult:
     serialize_s: float | None = None
     deserialize_s: float | None = None
     roundtrip: dict[str, Any] = field(default_factory=lambda: {"ok": None, "mismatches": []})
-    sides: dict[str, Side] = field(default_factory=dict)
+    sides: dict[str, Process] = field(default_factory=dict)
     receiver_codec: str | None = None
     tracer: str = "sampler"
     tracers: dict[str, Any] = field(default_factory=dict)
@@ -262,11 +315,11 @@ class RunResult:
     receiver_cost: dict[str, Any] | None = None  # the receiver's cost, by kind (zero-copy, copy, ...)
 
     @property
-    def sender(self) -> Side:
+    def sender(self) -> Process:
         return self.sides["sender"]
 
     @property
-    def receiver(self) -> Side:
+    def receiver(self) -> Process:
         return self.sides["receiver"]
 
     def to_dict(self) -> dict[str, Any]:
@@ -282,7 +335,7 @@ class RunResult:
     def from_dict(cls, d: dict[str, Any]) -> RunResult:
         known = {f.name for f in fields(cls)}
         kw = {k: v for k, v in lift_old_extra(d, known).items() if k in known}
-        kw["sides"] = {name: _side_from_dict(s) for name, s in d.get("sides", {}).items()}
+        kw["sides"] = {name: Process.from_dict(s) for name, s in d.get("sides", {}).items()}
         if kw.get("variation") is not None:
             kw["variation"] = Variation.from_dict(kw["variation"])
         kw["output"] = [tuple(o) for o in kw.get("output") or []]
@@ -291,14 +344,6 @@ class RunResult:
     @classmethod
     def from_json(cls, text: str) -> RunResult:
         return cls.from_dict(json.loads(text))
-
-
-def _side_from_dict(d: dict[str, Any]) -> Side:
-    known = {f.name for f in fields(Side)}
-    kw = {k: v for k, v in lift_old_extra(d, known).items() if k in known}
-    kw["steps"] = [Step.from_dict(s) for s in d.get("steps", [])]
-    kw["timeline"] = series_from_dict(d.get("timeline") or {})
-    return Side(**kw)
 
 
 def series_from_dict(d: dict[str, Any]) -> Series:

@@ -33,7 +33,7 @@ from picklescope.core import procmem, steps
 from picklescope.core.childconfig import ChildConfig
 from picklescope.core.events import Done, Error, Event, Output, Ready
 from picklescope.core.leftovers import temp_name
-from picklescope.core.result import RunResult, Side
+from picklescope.core.result import Process, RunResult
 from picklescope.core.units import fmt_bytes
 from picklescope.errors import PicklescopeError
 from picklescope.measure import launcher, verdicts
@@ -147,7 +147,7 @@ def run_cell(code: str, *, imports: list[str] | tuple[str, ...] = (), variables:
     if DEFAULT_TRACER not in names:
         raise PicklescopeError("a cell always runs with the sampler", "drop --tracer none")
     limits = _limits(budget_bytes)
-    side = Side(SIDE, budget_bytes=budget_bytes)
+    side = Process(SIDE, budget_bytes=budget_bytes)
     result = RunResult(codec="%%picklescope", transport="none", workload="cell", scale=1.0, payload_bytes=0,
                        sides={SIDE: side}, tracer=",".join(names))
     if budget_bytes is not None:

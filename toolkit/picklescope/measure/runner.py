@@ -21,7 +21,7 @@ from picklescope.core.childconfig import PairConfig
 from picklescope.core.events import Go
 from picklescope.core.leftovers import RunTracker, sweep_orphans, temp_name
 from picklescope.core.plugins import load_plugins
-from picklescope.core.result import RunResult, Side, Variation
+from picklescope.core.result import Process, RunResult, Variation
 from picklescope.core.units import fmt_bytes
 from picklescope.errors import PicklescopeError
 from picklescope.measure import child, launcher, verdicts
@@ -194,7 +194,7 @@ def _run_once(
 
     result = RunResult(codec=codec, transport=transport, workload=spec.name, scale=scale,
                        payload_bytes=payload, receiver_codec=receiver_codec,
-                       sides={"sender": Side("sender"), "receiver": Side("receiver")},
+                       sides={"sender": Process("sender"), "receiver": Process("receiver")},
                        tracer=",".join(tracer_names) or "none")
     for name, side in result.sides.items():
         side.budget_bytes = limits.budgets[name]

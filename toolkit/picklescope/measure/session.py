@@ -14,7 +14,7 @@ process it is never starved by a long ``pickle.dumps`` holding that process's GI
 
 Two readings of a process. ``"rss"`` is the whole resident set from ``/proc/PID/statm`` (one
 number, the cheapest read): a run's sender and receiver and a cell are measured so, and their
-figures (``Side.timeline``, the fidelity benchmark) are that number. ``"private"`` is the reading a
+figures (``Process.timeline``, the fidelity benchmark) are that number. ``"private"`` is the reading a
 node total needs, explained below.
 
 Accounting (what a node total means). Each process's curve is its *private* resident memory,
@@ -51,7 +51,7 @@ from typing import Any, Protocol
 from picklescope.core import procmem
 from picklescope.core.events import Event
 from picklescope.core.procmem import StatmReader
-from picklescope.core.result import Series, Step
+from picklescope.core.result import Process, Series, Step
 from picklescope.measure.kill import Kill
 from picklescope.measure.sampler import hold_gc, raise_priority
 from picklescope.measure.watchdog import dump_stack_then_kill
@@ -85,7 +85,7 @@ def raise_if_cancelled() -> None:
         raise Cancelled()
 
 
-# -- typed records: what the parent folds the streamed events into --------------------------------
+# -- typed records: what the parent folds the streamed events into (a process: core.result.Process) ---
 
 
 @dataclass
@@ -98,28 +98,6 @@ class TrainingStep:
     node_bytes: int | None = None  # node total above the node baseline at the step's end (sampled)
     driver_bytes: int | None = None  # the driver's private memory above its baseline at the end (exact)
     per_process_bytes: dict[str, int] = field(default_factory=dict)  # at the step's end, above baselines
-
-
-@dataclass
-class ProcessRecord:
-    """Everything the session knows about one adopted process."""
-
-    name: str
-    pid: int
-    role: str = "worker"
-    node_id: str | None = None
-    sampled: bool = True
-    baseline_bytes: int | None = None  # private bytes at the baseline tick (sampled)
-    exact_baseline_bytes: int | None = None  # VmRSS the process reported at its own baseline
-    peak_bytes: int | None = None  # exact: VmHWM above its baseline over the measured phase
-    held_bytes: int | None = None
-    cycle_held_bytes: int | None = None
-    steps: list[Step] = field(default_factory=list)
-    timeline: Series = field(default_factory=Series)
-    open_steps: list[Step] = field(default_factory=list)
-    done: bool = False
-    error: str | None = None
-    exit_code: int | None = None
 
 
 # -- reading /proc -----------------------------------------------------------------------------------
@@ -190,7 +168,11 @@ class Session:
         self.budget_bytes = budget_bytes
         self.reading = reading  # how adopted processes are read unless adopt() says otherwise
         self.watchers: list[Watcher] = []  # called with (name, t, bytes) for every process sample, in the thread
-        self.processes: dict[str, ProcessRecord] = {}
+        self.processes: dict[str, Process] = {}
+        # the fold's bookkeeping, by process name: the steps begun and not yet ended (innermost last), and
+        # the processes that said they are done (no longer a budget's victim)
+        self.open_steps: dict[str, list[Step]] = {}
+        self.done: set[str] = set()
         self.node = Series()
         self.store = Series()
         self.store_source: str | None = None
@@ -213,17 +195,18 @@ class Session:
 
     # -- membership ---------------------------------------------------------------------------------
     def adopt(self, name: str, pid: int, *, role: str = "worker", node_id: str | None = None,
-              sampled: bool = True, reading: str | None = None) -> ProcessRecord:
+              sampled: bool = True, reading: str | None = None) -> Process:
         """Start measuring ``pid`` under ``name`` (sampled from here only when it runs on this machine).
 
         ``reading`` ("private" or "rss", default the session's) says what its curve is (module docstring).
         """
-        rec = self.processes.get(name) or ProcessRecord(name, pid, role)
+        rec = self.processes.get(name) or Process(name, pid, role)
         rec.pid, rec.role, rec.node_id, rec.sampled = pid, role, node_id, sampled
+        rec.reading = reading or self.reading
         self.processes[name] = rec
         if sampled:
             try:
-                reader = READINGS[reading or self.reading](pid)
+                reader = READINGS[rec.reading](pid)
             except OSError:
                 rec.sampled = False
                 return rec
@@ -231,7 +214,7 @@ class Session:
                 self._readers[name] = reader
         return rec
 
-    def hand_over(self, name: str, pid: int, keep_as: str, *, role: str, node_id: str | None = None) -> ProcessRecord:
+    def hand_over(self, name: str, pid: int, keep_as: str, *, role: str, node_id: str | None = None) -> Process:
         """Measure ``name`` in process ``pid`` from now on; the process measured under ``name`` so far goes on
         as ``keep_as`` (its curve and reader with it). A node's controller can move into a Ray actor after the
         script that started Ray was adopted under its name; raises OSError when ``pid`` cannot be read."""
@@ -245,7 +228,12 @@ class Session:
                     self._readers[keep_as] = self._readers.pop(name)
                 if name in self._last:
                     self._last[keep_as] = self._last.pop(name)
-            rec = self.processes[name] = ProcessRecord(name, pid, role, node_id)
+                if name in self.open_steps:
+                    self.open_steps[keep_as] = self.open_steps.pop(name)
+                if name in self.done:
+                    self.done.discard(name)
+                    self.done.add(keep_as)
+            rec = self.processes[name] = Process(name, pid, role, node_id, reading=self.reading)
             self._readers[name] = reader
         return rec
 
@@ -326,7 +314,7 @@ class Session:
             self.baseline_s = t
             for name, _ in readers:
                 if name in self._last:
-                    self.processes[name].baseline_bytes = self._last[name]
+                    self.processes[name].sampled_baseline_bytes = self._last[name]
             self._baseline_taken.set()
         if (self.budget_bytes is not None and self.node_baseline is not None and self.kill is None
                 and total - self.node_baseline > self.budget_bytes):
@@ -342,7 +330,7 @@ class Session:
     def _kill_victim(self, t: float, over: int) -> None:
         scores = {}
         for name, rec in self.processes.items():
-            if name in self._readers and not rec.done:
+            if name in self._readers and name not in self.done:
                 score = oom_score(rec.pid)
                 if score is not None:
                     scores[name] = score
@@ -371,8 +359,9 @@ class Session:
             if rec is None:
                 continue
             if at is None:
-                if rec.open_steps:
-                    return rec.open_steps[-1].name, name
+                open_steps = self.open_steps.get(name)
+                if open_steps:
+                    return open_steps[-1].name, name
                 continue
             spans = [s for s in rec.steps  # open steps are in it too
                      if s.start_s <= at and (s.end_s is None or s.end_s >= at)]
@@ -395,15 +384,16 @@ class Session:
         if rec is None:
             return
         kind = ev.get("type")
+        open_steps = self.open_steps.setdefault(name, [])
         if kind == "baseline":
-            rec.exact_baseline_bytes = ev.get("baseline_bytes")
+            rec.baseline_bytes, rec.baseline_s = ev.get("baseline_bytes"), ev.get("t_s")
         elif kind == "step_start":
             s = Step(name=ev["name"], start_s=ev["t_s"], depth=ev.get("depth", 0),
                      training_step=self.current_training_step(ev["t_s"]))
-            rec.open_steps.append(s)
+            open_steps.append(s)
             rec.steps.append(s)
         elif kind == "step_end":
-            s = rec.open_steps.pop() if rec.open_steps else Step(name=ev["name"], start_s=ev["start_s"])
+            s = open_steps.pop() if open_steps else Step(name=ev["name"], start_s=ev["start_s"])
             s.close(ev)
             if s.peak_bytes is not None:
                 rec.peak_bytes = max(rec.peak_bytes or 0, s.peak_bytes)
@@ -413,13 +403,13 @@ class Session:
             ts = next((x for x in self.training_steps if x.index == ev["index"]), None)
             if ts is not None:
                 ts.end_s = ev["t_s"]
-                base = rec.exact_baseline_bytes
+                base = rec.baseline_bytes
                 if ev.get("private_bytes") is not None and ev.get("private_baseline_bytes") is not None:
                     ts.driver_bytes = ev["private_bytes"] - ev["private_baseline_bytes"]
                 elif base is not None and ev.get("rss_bytes") is not None:
                     ts.driver_bytes = ev["rss_bytes"] - base
         elif kind == "done":
-            rec.done = True
+            self.done.add(name)
             if ev.get("peak_bytes") is not None:
                 rec.peak_bytes = max(rec.peak_bytes or 0, ev["peak_bytes"])
             rec.held_bytes, rec.cycle_held_bytes = ev.get("held_bytes"), ev.get("cycle_held_bytes")
@@ -513,8 +503,9 @@ class Session:
                 ts.node_bytes = at[1] - base
                 for name, rec in self.processes.items():
                     v = self.value_at(rec.timeline, at[0])
-                    if v is not None and rec.baseline_bytes is not None:
-                        ts.per_process_bytes[name] = v - rec.baseline_bytes
+                    above = None if v is None else rec.above(v)
+                    if above is not None:
+                        ts.per_process_bytes[name] = above
                 sv = self.value_at(self.store, at[0])
                 if sv is not None and self.store_baseline is not None:
                     ts.per_process_bytes["store"] = sv - self.store_baseline

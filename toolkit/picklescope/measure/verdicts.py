@@ -19,7 +19,7 @@ import sysconfig
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from picklescope.core.result import RunResult, Side, Step
+from picklescope.core.result import Process, RunResult, Step
 from picklescope.core.units import fmt_bytes
 
 if TYPE_CHECKING:  # a sibling: the watchdog makes the kill record, the verdict reads it
@@ -107,7 +107,7 @@ def culprit(frames: list[Frame]) -> Frame | None:
     return frames[0] if frames else None
 
 
-def step_at(side: Side, t_s: float) -> Step | None:
+def step_at(side: Process, t_s: float) -> Step | None:
     """The innermost step of ``side`` that was running at time ``t_s`` (an unfinished step never ended)."""
     best = None
     for st in side.steps:
@@ -116,7 +116,7 @@ def step_at(side: Side, t_s: float) -> Step | None:
     return best
 
 
-def first_over(side: Side, budget: int | None) -> Step | None:
+def first_over(side: Process, budget: int | None) -> Step | None:
     """The step where the budget was crossed, by its exact peak: the first to end above the budget.
 
     Exact peaks beat the time of the sample that noticed: on a busy machine the sampler may notice
@@ -129,36 +129,32 @@ def first_over(side: Side, budget: int | None) -> Step | None:
     return min(over, key=lambda s: s.end_s) if over else None
 
 
-def innermost_open(side: Side) -> Step | None:
+def innermost_open(side: Process) -> Step | None:
     """The deepest step that never ended (the process died inside it)."""
     open_steps = [s for s in side.steps if s.end_s is None]
     return max(open_steps, key=lambda s: s.depth) if open_steps else None
 
 
-def innermost_failed(side: Side) -> Step | None:
+def innermost_failed(side: Process) -> Step | None:
     """The deepest step that ended with an error (where the exception started)."""
     failed = [s for s in side.steps if s.error]
     return max(failed, key=lambda s: s.depth) if failed else None
 
 
-def _memory_at_death(side: Side, since_s: float | None, fallback: int | None) -> int | None:
+def _memory_at_death(side: Process, since_s: float | None, fallback: int | None) -> int | None:
     """The side's RSS above baseline when it died: the highest sample from the kill decision on.
 
     Not the last sample: a killed process's pages are freed over a few milliseconds, and the parent
     keeps sampling a shrinking process until it is gone.
     """
-    tl = side.timeline
-    if not tl.bytes or side.baseline_bytes is None:
-        return fallback
     since = since_s if since_s is not None else -1.0
-    window = [v for t, v in zip(tl.t_s, tl.bytes) if t >= since - 0.002]
-    best = max(window) - side.baseline_bytes if window else None
+    best = side.own_peak_bytes(since_s=since - 0.002)
     if fallback is not None and (best is None or fallback > best):
         return fallback
     return best
 
 
-def _trim(side: Side, until_s: float | None) -> None:
+def _trim(side: Process, until_s: float | None) -> None:
     """End a killed side's timeline at its death.
 
     After SIGKILL the kernel frees the process's pages over a few milliseconds while the parent can
@@ -171,7 +167,7 @@ def _trim(side: Side, until_s: float | None) -> None:
     del tl.t_s[keep:], tl.bytes[keep:]
 
 
-def _trim_at_peak(side: Side, since_s: float | None) -> None:
+def _trim_at_peak(side: Process, since_s: float | None) -> None:
     """For a kill whose moment is unknown (the kernel's): the side died at its last high point."""
     tl = side.timeline
     idx = [i for i, t in enumerate(tl.t_s) if since_s is None or t >= since_s]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from picklescope.core.result import RunResult, Side, Step
+from picklescope.core.result import Process, RunResult, Step
 from picklescope.core.units import fmt_bytes
 
 # The receiver step in which each codec makes its tensors (a copy, or views of the received buffers).
@@ -24,7 +24,7 @@ def _dur(st: Step | None) -> float | None:
     return None if st is None or st.error is not None else st.duration_s
 
 
-def _shared_by_step(side: Side, added: list[int | None]) -> dict[str, int]:
+def _shared_by_step(side: Process, added: list[int | None]) -> dict[str, int]:
     out: dict[str, int] = {}
     for st, n in zip(side.steps, added):
         if n is not None and st.name not in out:

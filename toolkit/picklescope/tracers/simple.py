@@ -15,8 +15,10 @@ import contextlib
 import os
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
+from picklescope.core.result import Series
 from picklescope.tracers.base import ChildContext, ParentContext, SideData, Tracer
 
 
@@ -35,10 +37,11 @@ class SamplerTracer(Tracer):
 
     def collect(self, ctx: ParentContext, side: str, data: SideData) -> dict[str, Any]:
         tl = ctx.timelines.get(side)
-        base = ctx.result.sides[side].baseline_bytes if side in ctx.result.sides else None
-        if tl is None or not tl.t_s or base is None:
+        proc = ctx.result.sides.get(side)
+        above = replace(proc, timeline=tl).above_baseline() if proc is not None and tl is not None else Series()
+        if not above.t_s:
             return {"reason": "no samples were taken for this side"}
-        values = [v - base for v in tl.bytes]
+        values = above.bytes
         exact: dict[str, int | None] = {}
         for st in ctx.result.sides[side].steps:
             exact.setdefault(st.name, st.added_bytes)

@@ -26,7 +26,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from picklescope.core.result import RunResult
+from picklescope.core.result import Process, RunResult, Series
 from picklescope.core.units import fmt_bytes
 from picklescope.investigate.stepthrough import StepThrough
 from picklescope.tracers.compare import attribution_rows
@@ -109,19 +109,19 @@ def timeline_figure(result: RunResult | RunTimeline, *, show_tracers: bool = Tru
         side = tl.sides.get(name)
         if side is None:
             continue
-        end = side.end_s
+        end = tl.end_s(name)
         label_rows = draw_bands(fig, side, i, end, window=(x0, x1))
         draw_rss(fig, side, i, (x0, x1))
         draw_step_peaks(fig, side, i, end)
         if show_tracers:
-            for tracer, series in side.tracers.items():
+            for tracer, series in tl.tracer_series.get(name, {}).items():
                 color, dash = TRACER_STYLE.get(tracer, ("#888888", "dash"))
                 fig.add_trace(go.Scatter(x=np.asarray(series.t_s, dtype=float), y=_mib_array(series.bytes),
                                          mode="lines",
                                          line={"color": color, "dash": dash, "width": 1.5, "shape": "hv"},
                                          name=f"what {tracer} saw", legendgroup=tracer,
-                                         showlegend=not any(tracer in s.tracers for s in
-                                                            list(tl.sides.values())[:i - 1]),
+                                         showlegend=not any(tracer in tl.tracer_series.get(n, {})
+                                                            for n in list(tl.sides)[:i - 1]),
                                          hovertemplate="%{x:.3f} s: %{y:.1f} MiB<extra>" + tracer + "</extra>"),
                               row=i, col=1)
         if side.budget_bytes:
@@ -188,7 +188,7 @@ def side_title(tl: RunTimeline, name: str, death_bytes: int | None = None) -> st
     if s is None:
         return f"{name}: nothing was recorded"
     if tl.killed_side == name:
-        top = death_bytes if death_bytes is not None else s.rss.peak()
+        top = death_bytes if death_bytes is not None else s.own_peak_bytes()
         text = f"{name} {killed_where(tl, s)}"
         extra = []
         if top is not None:
@@ -202,12 +202,12 @@ def side_title(tl: RunTimeline, name: str, death_bytes: int | None = None) -> st
         return f"{name} never started: the {tl.killed_side} was killed first"
     if tl.outcome == "running":
         open_steps = [st.name for st in s.steps if st.peak_bytes is None]
-        now = s.rss.bytes[-1] if s.rss.bytes else None
+        now = s.above(s.timeline.bytes[-1]) if s.timeline.bytes else None
         where = f", in {open_steps[-1]}" if open_steps else (", done" if s.peak_bytes is not None else ", setting up")
         return f"{name}: running{where}" + (f", {fmt_bytes(now)} above its start" if now is not None else "")
     if s.peak_bytes is not None:
         return f"{name}: peaked at {amount(s.peak_bytes)} above its start"
-    if not s.steps and not s.rss.bytes:
+    if not s.steps and not s.above_baseline().bytes:
         return f"{name} did not start ({tl.outcome})"
     return f"{name}: stopped before its peak could be read ({tl.outcome})"
 
@@ -220,13 +220,15 @@ def measured_range(tl: RunTimeline) -> tuple[float, float]:
     """
     starts, ends = [], []
     for side in tl.sides.values():
+        end = tl.end_s(side.name)
         for st in side.steps:
             starts.append(st.start_s)
-            ends.append(st.until(side.end_s))
-        if tl.killed_side == side.name and side.rss.end_s is not None:
-            ends.append(side.rss.end_s)
+            ends.append(st.until(end))
+        curve = side.above_baseline()
+        if tl.killed_side == side.name and curve.end_s is not None:
+            ends.append(curve.end_s)
     if not starts:
-        ts = [t for s in tl.sides.values() for t in s.rss.t_s]
+        ts = [t for s in tl.sides.values() for t in s.above_baseline().t_s]
         return (min(ts), max(ts)) if ts else (0.0, 1.0)
     lo, hi = min(starts), max(ends)
     pad = 0.15 * (hi - lo) + 0.02
@@ -239,7 +241,7 @@ def budget_text(budget_bytes: int, payload_bytes: int | None) -> str:
     return text + (f" ({budget_bytes / payload_bytes:.2f}x payload)" if payload_bytes else "")
 
 
-def y_range(tl: RunTimeline, side: Any, x0: float, x1: float, label_rows: int = 3) -> list[float]:
+def y_range(tl: RunTimeline, side: Process, x0: float, x1: float, label_rows: int = 3) -> list[float]:
     """MiB range of the measured phase in the visible window, with room above for the step labels.
 
     Samples before the side's baseline (set-up: the child still importing, building the batch or
@@ -249,8 +251,9 @@ def y_range(tl: RunTimeline, side: Any, x0: float, x1: float, label_rows: int = 
     labels get their own space above the highest value.
     """
     since = side.baseline_s if side.baseline_s is not None else float("-inf")
-    values = [v for t, v in zip(side.rss.t_s, side.rss.bytes) if x0 <= t <= x1 and t >= since]
-    for series in side.tracers.values():
+    curve = side.above_baseline()
+    values = [v for t, v in zip(curve.t_s, curve.bytes) if x0 <= t <= x1 and t >= since]
+    for series in tl.tracer_series.get(side.name, {}).values():
         values += [v for t, v in zip(series.t_s, series.bytes) if x0 <= t <= x1 and t >= since]
     values += [st.peak_bytes for st in side.steps if st.peak_bytes is not None]
     if side.budget_bytes:
@@ -263,26 +266,28 @@ def y_range(tl: RunTimeline, side: Any, x0: float, x1: float, label_rows: int = 
     return [lo_m - 0.05 * span, hi_m + head * span]
 
 
-def _setup_cut(side: Any) -> int:
-    """Index of the first RSS sample taken at or after the baseline (0 when its time is unknown)."""
+def _setup_cut(side: Process, curve: Series) -> int:
+    """Index of the first sample of ``curve`` (``side``'s, above its baseline) taken at or after the
+    baseline (0 when its time is unknown)."""
     if side.baseline_s is None:
         return 0
-    return next((k for k, t in enumerate(side.rss.t_s) if t >= side.baseline_s), len(side.rss.t_s))
+    return next((k for k, t in enumerate(curve.t_s) if t >= side.baseline_s), len(curve.t_s))
 
 
-def draw_rss(fig: go.Figure, side: Any, row: int, window: tuple[float, float]) -> None:
+def draw_rss(fig: go.Figure, side: Process, row: int, window: tuple[float, float]) -> None:
     """The sampled RSS in black, its set-up part (before the baseline) shaded and drawn over in grey.
 
     The set-up is named so that a curve climbing from far below zero reads as the child starting
     up rather than as memory the steps gave back; it never sets the y range (see :func:`y_range`).
     The black trace keeps every sample, so the figure's data is the run's timeline as sampled.
     """
-    t_s, ys = np.asarray(side.rss.t_s, dtype=float), _mib_array(side.rss.bytes)
+    curve = side.above_baseline()
+    t_s, ys = np.asarray(curve.t_s, dtype=float), _mib_array(curve.bytes)
     fig.add_trace(go.Scatter(x=t_s, y=ys, mode="lines", line={"color": RSS_COLOR, "width": 1.5},
                              name="RSS, sampled every ~1 ms", legendgroup="rss", showlegend=row == 1,
                              hovertemplate="%{x:.3f} s: %{y:.1f} MiB<extra>" + side.name + " RSS</extra>"),
                   row=row, col=1)
-    cut = _setup_cut(side)
+    cut = _setup_cut(side, curve)
     if cut == 0:
         return
     _vrect(fig, row, t_s[0], side.baseline_s, fillcolor=SETUP_COLOR, opacity=0.12, line_width=0, layer="below",

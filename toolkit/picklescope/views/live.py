@@ -13,7 +13,7 @@ import copy
 import threading
 from typing import Any
 
-from picklescope.core.result import RunResult, Series, Side
+from picklescope.core.result import Process, RunResult, Series
 from picklescope.measure.fold import RunFold
 
 
@@ -32,7 +32,7 @@ class LiveRun:
                 budgets: dict[str, int | None] | None = None, side_names: tuple[str, ...] = ("sender", "receiver"),
                 ) -> LiveRun:
         """An empty live result for the run about to start (budgets per side, when set)."""
-        sides = {name: Side(name, budget_bytes=(budgets or {}).get(name)) for name in side_names}
+        sides = {name: Process(name, budget_bytes=(budgets or {}).get(name)) for name in side_names}
         return cls(RunResult(codec=codec, transport=transport, workload=workload, scale=scale,
                              payload_bytes=payload_bytes, sides=sides))
 

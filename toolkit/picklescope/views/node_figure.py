@@ -17,6 +17,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from picklescope.core.result import Process
 from picklescope.core.units import fmt_bytes
 from picklescope.investigate.node.result import NodeResult
 from picklescope.measure.kill import kill_during
@@ -42,26 +43,30 @@ def _layers(doc: dict[str, Any], group: bool) -> list[tuple[str, list[float], li
         b = base or 0
         return {t: max(0, v - b) for t, v in zip(series["t_s"], series["bytes"]) if t >= t0}
 
-    procs = doc["processes"]
+    def above_process(d: dict[str, Any]) -> dict[float, float]:
+        curve = Process.from_dict(d).above_baseline(t0, unknown_baseline=0)
+        return {t: max(0, v) for t, v in zip(curve.t_s, curve.bytes)}
+
+    procs = {n: {"name": n, **p} for n, p in doc["processes"].items()}
     workers = sorted((n for n in procs if n != "driver"), key=lambda n: int(n.split("-")[-1]) if n[-1].isdigit() else 0)
     others = sorted(n for n in workers if not n.startswith("worker-"))  # the TransferQueue plane's producer and storage
     workers = [n for n in workers if n not in others]
     if "driver" in procs:
-        d = above(procs["driver"]["timeline"], procs["driver"].get("baseline_bytes"))
+        d = above_process(procs["driver"])
         layers.append(("driver", ticks, [d.get(t, 0) for t in ticks]))
     if group and workers:
         total = {t: 0.0 for t in ticks}
         for n in workers:
-            for t, v in above(procs[n]["timeline"], procs[n].get("baseline_bytes")).items():
+            for t, v in above_process(procs[n]).items():
                 if t in total:
                     total[t] += v
         layers.append((f"workers ({len(workers)})", ticks, [total[t] for t in ticks]))
     else:
         for n in workers:
-            w = above(procs[n]["timeline"], procs[n].get("baseline_bytes"))
+            w = above_process(procs[n])
             layers.append((n, ticks, [w.get(t, 0) for t in ticks]))
     for n in others:  # drawn one by one, never summed with the workers
-        o = above(procs[n]["timeline"], procs[n].get("baseline_bytes"))
+        o = above_process(procs[n])
         layers.append((n, ticks, [o.get(t, 0) for t in ticks]))
     store = node.get("store") or {}
     if store.get("t_s"):

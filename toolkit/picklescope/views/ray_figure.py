@@ -77,7 +77,7 @@ def ray_timeline_figure(result: RunResult) -> go.Figure:
         side = tl.sides.get(side_name)
         if side is None:
             continue
-        end = side.end_s
+        end = tl.end_s(side_name)
         label_rows = draw_bands(fig, side, row, end, window=(x0, x1))
         draw_rss(fig, side, row, (x0, x1))  # the set-up before the baseline greyed, off the y range
         draw_step_peaks(fig, side, row, end)

@@ -344,7 +344,7 @@ class Explorer(widgets.VBox):
         """Redraw the figure from ``result``; a partial one with no samples yet leaves the last
         drawing in place, so the figure is never blank while a run starts. The title names the run's
         number, as the status line does."""
-        if not final and not any(side.timeline.t_s and side.baseline_bytes is not None
+        if not final and not any(side.timeline.t_s and side.timeline_baseline_bytes is not None
                                  for side in result.sides.values()):
             return
         fig = timeline_figure(result)
@@ -384,8 +384,7 @@ class Explorer(widgets.VBox):
         parts = []
         for side in r.sides.values():
             open_steps = [st.name for st in side.steps if st.end_s is None or st.peak_bytes is None]
-            rss = side.timeline.bytes[-1] - side.baseline_bytes if side.timeline.bytes and \
-                side.baseline_bytes is not None else None
+            rss = side.above(side.timeline.bytes[-1]) if side.timeline.bytes else None
             if open_steps:
                 where = open_steps[-1]
             elif side.peak_bytes is not None:

@@ -261,8 +261,9 @@ def settle(session: Session, result: NodeResult) -> None:
             for name, rec in session.processes.items():
                 v = session.value_at(rec.timeline, t_peak) if rec.timeline.t_s and rec.timeline.t_s[-1] >= t_peak \
                     else None
-                if v is not None and rec.baseline_bytes is not None:
-                    result.at_peak_bytes[name] = v - rec.baseline_bytes
+                above = None if v is None else rec.above(v)
+                if above is not None:
+                    result.at_peak_bytes[name] = above
             sv = session.value_at(session.store, t_peak)
             if sv is not None and session.store_baseline is not None:
                 result.at_peak_bytes["store"] = sv - session.store_baseline

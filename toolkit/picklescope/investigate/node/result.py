@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from picklescope.core.result import Series, Step
+from picklescope.core.result import Process, Series
 from picklescope.core.units import fmt_bytes
 from picklescope.measure.kill import Kill
-from picklescope.measure.session import ProcessRecord, TrainingStep
+from picklescope.measure.session import TrainingStep
 
 
 @dataclass
@@ -50,7 +50,7 @@ class NodeResult:
     store_source: str | None = None
     node: Series = field(default_factory=Series)  # absolute bytes, one sample per tick
     store: Series = field(default_factory=Series)
-    processes: dict[str, ProcessRecord] = field(default_factory=dict)
+    processes: dict[str, Process] = field(default_factory=dict)
     training_steps: list[TrainingStep] = field(default_factory=list)
     baseline_s: float | None = None
     max_gap_s: float | None = None
@@ -63,7 +63,7 @@ class NodeResult:
     data_plane: str = "dataproto"  # how the batch reaches the workers: through the driver, or TransferQueue's storage
 
     @property
-    def driver(self) -> ProcessRecord:
+    def driver(self) -> Process:
         return self.processes["driver"]
 
     def to_json_dict(self) -> dict[str, Any]:
@@ -71,16 +71,8 @@ class NodeResult:
         killed = None
         if self.killed is not None:
             killed = {**self.killed.to_dict(), "by": self.killed_by or "watchdog", "message": self.killed_message}
-        procs = {}
-        for name, p in self.processes.items():
-            procs[name] = {
-                "peak_bytes": p.peak_bytes, "own_peak_bytes": self.own_peak_bytes(name),
-                "held_bytes": p.held_bytes, "cycle_held_bytes": p.cycle_held_bytes, "node_id": p.node_id,
-                "sampled": p.sampled, "pid": p.pid, "role": p.role, "baseline_bytes": p.baseline_bytes,
-                "error": p.error,
-                "steps": [asdict(s) for s in p.steps],
-                "timeline": {"t_s": list(p.timeline.t_s), "bytes": list(p.timeline.bytes)},
-            }
+        procs = {name: {**asdict(p), "own_peak_bytes": self.own_peak_bytes(name)}
+                 for name, p in self.processes.items()}
         return {
             "codec": self.codec, "workers": self.workers, "steps": self.steps, "payload_bytes": self.payload_bytes,
             "controller": self.controller, "outcome": self.outcome, "killed": killed,
@@ -135,10 +127,7 @@ class NodeResult:
             r.killed_by = k.get("by") if k.get("by") != "watchdog" else None
             r.killed_message = k.get("message")
         for name, p in doc["processes"].items():
-            r.processes[name] = ProcessRecord(
-                name, p["pid"], p["role"], p["node_id"], p["sampled"], p["baseline_bytes"], None, p["peak_bytes"],
-                p["held_bytes"], p["cycle_held_bytes"], [Step.from_dict(s) for s in p["steps"]],
-                Series(p["timeline"]["t_s"], p["timeline"]["bytes"]), error=p.get("error"))
+            r.processes[name] = Process.from_dict({"name": name, **p})
         for s in doc["training_steps"]:
             r.training_steps.append(TrainingStep(s["index"], s["start_s"], s["end_s"], s["node_bytes"],
                                                  s["driver_bytes"], s.get("per_process_bytes") or {}))
@@ -180,11 +169,10 @@ class NodeResult:
         for node_id, g in groups.items():
             total = dict.fromkeys(ticks, 0)
             for name in g["processes"]:
-                p = self.processes[name]
-                base = p.baseline_bytes or 0
-                for t, v in zip(p.timeline.t_s, p.timeline.bytes):
+                above = self.processes[name].above_baseline(unknown_baseline=0)
+                for t, v in zip(above.t_s, above.bytes):
                     if t in total:
-                        total[t] += v - base
+                        total[t] += v
             if node_id == driver_node and self.store_baseline_bytes is not None:
                 for t, v in zip(self.store.t_s, self.store.bytes):
                     if t in total:
@@ -197,11 +185,7 @@ class NodeResult:
         apart): sampled at about 1 ms, so it can miss a spike shorter than that, but unlike the exact
         peak it never counts store pages the process maps."""
         rec = self.processes.get(name)
-        if rec is None or rec.baseline_bytes is None:
-            return None
-        start = self.baseline_s if self.baseline_s is not None else float("-inf")
-        values = [v for t, v in zip(rec.timeline.t_s, rec.timeline.bytes) if t >= start]
-        return max(values) - rec.baseline_bytes if values else None
+        return None if rec is None else rec.own_peak_bytes(since_s=self.baseline_s)
 
     def own_peaks_sum_bytes(self, prefix: str) -> int | None:
         """The sum of the own peaks of every process whose name starts with ``prefix`` (``storage-``,

@@ -274,8 +274,8 @@ def plane_lines(results: Sequence[Any]) -> list[str]:
             parts.append(f"tq-controller {own('tq-controller')}")
         lines.append(", ".join(parts))
         if r.killed is not None:  # what each process held when the budget was crossed: why that one was picked
-            held = {n: v - (r.processes[n].baseline_bytes or 0) for n, v in r.killed.memory_bytes.items()
-                    if n in r.processes and r.processes[n].baseline_bytes is not None}
+            above = {n: r.processes[n].above(v) for n, v in r.killed.memory_bytes.items() if n in r.processes}
+            held = {n: v for n, v in above.items() if v is not None}
             top = sorted(held.items(), key=lambda kv: -kv[1])[:4]
             lines.append("  at the kill, above baselines: " + ", ".join(f"{n} {v / p:.2f}x" for n, v in top)
                          + f" (oom_score: {r.killed.process} {r.killed.oom_scores.get(r.killed.process)})")

@@ -183,13 +183,12 @@ def _role_series(result: NodeResult) -> dict[str, tuple[list[float], list[int]]]
     index = {t: i for i, t in enumerate(ticks)}
 
     def above(name: str) -> list[int]:
-        rec = result.processes[name]
+        curve = result.processes[name].above_baseline(unknown_baseline=0)
         out = [0] * len(ticks)
-        base = rec.baseline_bytes or 0
-        for t, v in zip(rec.timeline.t_s, rec.timeline.bytes):
+        for t, v in zip(curve.t_s, curve.bytes):
             i = index.get(t)
             if i is not None:
-                out[i] = v - base
+                out[i] = v
         return out
 
     roles: dict[str, list[int]] = {"controller": above("driver")}
