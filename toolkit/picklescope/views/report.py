@@ -439,8 +439,9 @@ def render_predictions(preds: Sequence[CodecPrediction], workload: str, command:
                  "the batch to at each training step; the store is Ray's object store on the node, which holds the "
                  "chunks on their way.</p>")
     names = list(dict.fromkeys(n for p in preds for n in p.processes))
-    parts.append(_table([{"process": n, **{_column(p): fmt_bytes(p.processes[n]) if n in p.processes else ""
-                                           for p in preds}} for n in names]))
+    parts.append("<ul>" + "".join(
+        f"<li>{e(n)}: " + ", ".join(f"{e(_column(p))} {e(fmt_bytes(p.processes[n]))}" for p in preds
+                                     if n in p.processes) + "</li>" for n in names) + "</ul>")
     parts.append("<h2>The object store</h2>")
     parts.append("<ul>" + "".join(f"<li>{e(_column(p))}: {e(p.store_text().removeprefix('object store: '))}</li>"
                                   for p in preds) + "</ul>")
@@ -459,7 +460,7 @@ def render_predictions(preds: Sequence[CodecPrediction], workload: str, command:
     parts.append("<h2>The model's terms</h2>")
     for p in preds:
         parts.append(f"<h3>{e(_column(p))}</h3>")
-        parts.append(_table([{"role": r, "term": t, "value": v} for r, t, v in p.terms]))
+        parts.append("<pre>" + "\n".join(f"{e(r):<13} {e(t):<26} {e(v)}" for r, t, v in p.terms) + "</pre>")
     checked = [p for p in preds if p.check is not None]
     if checked:
         parts.append("<h2>Checked against a real replay</h2>")
