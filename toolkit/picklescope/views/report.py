@@ -464,7 +464,7 @@ def render_predictions(preds: Sequence[CodecPrediction], workload: str, command:
     checked = [p for p in preds if p.check is not None]
     if checked:
         parts.append("<h2>Checked against a real replay</h2>")
-        parts.append("<ul>" + "".join(f"<li>{e(p.summary().splitlines()[-1].strip())} ({e(_column(p))})</li>"
+        parts.append("<ul>" + "".join(f"<li>{e(p.check_text())} ({e(_column(p))})</li>"
                                       for p in checked) + "</ul>")
     parts.append("<h2>What the model cannot know</h2><p>Everything on the node that is not the batch (model "
                  "weights, optimizer state, rollout engines: give them with --process-baseline), what the workers "

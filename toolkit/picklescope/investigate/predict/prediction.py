@@ -185,16 +185,22 @@ class CodecPrediction:
             shown = ", ".join(map(str, self.release_steps[:8])) + (", ..." if len(self.release_steps) > 8 else "")
             out.append(f"  controller memory falls back (a collection frees held copies) at steps {shown}")
         if self.check:
-            c = self.check
-            ne = c.error(c.predicted_node_peak_bytes, c.measured_node_peak_bytes)
-            ce = c.error(c.predicted_controller_peak_bytes, c.measured_controller_peak_bytes)
-            pn, mn = fmt_bytes(c.predicted_node_peak_bytes), fmt_bytes(c.measured_node_peak_bytes)
-            pc, mc = fmt_bytes(c.predicted_controller_peak_bytes), fmt_bytes(c.measured_controller_peak_bytes)
-            out.append(f"  check (a real replay, {c.outcome}): node peak predicted {pn} vs measured {mn} "
-                       f"({_pct(ne)}); controller {pc} vs {mc} ({_pct(ce)}); memory falls back at steps "
-                       f"predicted {c.predicted_release_steps or 'none'}, "
-                       f"measured {c.measured_release_steps or 'none'}")
+            out.append("  " + self.check_text())
         return "\n".join(out)
+
+    def check_text(self) -> str:
+        """The check against a real replay in one line: predicted vs measured node and controller peaks with
+        their errors, and the steps at which memory falls back (the summary's and the report's line)."""
+        c = self.check
+        if c is None:
+            return "not checked (predict --check replays the size for real)"
+        ne = c.error(c.predicted_node_peak_bytes, c.measured_node_peak_bytes)
+        ce = c.error(c.predicted_controller_peak_bytes, c.measured_controller_peak_bytes)
+        pn, mn = fmt_bytes(c.predicted_node_peak_bytes), fmt_bytes(c.measured_node_peak_bytes)
+        pc, mc = fmt_bytes(c.predicted_controller_peak_bytes), fmt_bytes(c.measured_controller_peak_bytes)
+        return (f"check (a real replay, {c.outcome}): node peak predicted {pn} vs measured {mn} "
+                f"({_pct(ne)}); controller {pc} vs {mc} ({_pct(ce)}); memory falls back at steps "
+                f"predicted {c.predicted_release_steps or 'none'}, measured {c.measured_release_steps or 'none'}")
 
     def largest_text(self) -> str | None:
         """The largest payload that survives, in words. The search stops at the node's whole memory, so a codec
