@@ -111,14 +111,16 @@ def test_verls_worker_group_runs_from_the_actor(verl_envs):
     # A cluster of the run's own, not the shared one (as tests/test_node.py's --engine verl test): it is
     # sized for verl's resource pool (a CPU bundle per worker, one more for the actor), and what verl's
     # worker group leaves behind is checked when that cluster ends.
-    r = node("verl-0.9.0:numpy", scale=0.0625, workers=2, steps=2, engine="verl", gc="off", controller="actor")
+    # three steps: two discarded copies between the first step's end and the last's, so that the allocator
+    # reusing pages the first step freed (0.69x payload of growth over one step was seen) cannot hide them
+    r = node("verl-0.9.0:numpy", scale=0.0625, workers=2, steps=3, engine="verl", gc="off", controller="actor")
     assert r.outcome == "ok", (r.error, r.notes)
     assert r.engine_info["worker_group"] == "verl.single_controller.ray.base.RayWorkerGroup", r.engine_info
     names = {s.name for s in r.processes["driver"].steps}
     assert {"worker group call", "DataProto.chunk", "consolidate", "DataProto.concat"} <= names, names
     assert not r.processes["script"].steps
     grew = r.training_steps[-1].driver_bytes - r.training_steps[0].driver_bytes
-    assert grew >= 0.8 * r.payload_bytes, (grew, r.payload_bytes)  # verl 0.9.0's discarded copies, in the actor
+    assert grew >= 1.2 * r.payload_bytes, (grew, r.payload_bytes)  # verl 0.9.0's discarded copies, in the actor
     assert r.cleanup["remaining"] == [], r.cleanup
 
 

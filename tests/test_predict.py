@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+from html import escape as html_escape
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -684,6 +685,8 @@ def test_out_writes_a_report_that_answers_in_words_and_the_json_beside_it(tmp_pa
                       f"{killed['training_step']} of 10") > first
     assert html.index("numpy: survives all 10 training steps") > first
     assert "Largest payload that survives 10 steps: " in html
+    for p in preds:  # the verdict is put in words once: the report's sentence is the summary's line
+        assert p.verdict_text() in p.summary() and html.count(html_escape(p.verdict_text())) == 1, p.verdict_text()
     assert html.count("data-figure=") == 1 and "Figure unavailable" not in html
     for heading in ("Each process's peak", "The object store", "Every training step", "The model's terms",
                     "Reproduce"):

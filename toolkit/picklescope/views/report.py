@@ -399,17 +399,7 @@ def prediction_sentence(p: CodecPrediction) -> str:
     """One codec's answer in words: where Ray's monitor would kill and whom, or that the node survives, and the
     largest payload that survives."""
     plane = "" if p.data_plane == "dataproto" else f" (data plane {p.data_plane})"
-    if p.node_memory_bytes is None:
-        text = (f"{p.codec}{plane}: the node peaks at {fmt_bytes(p.node_peak_bytes)} over {p.steps} training steps "
-                "(no --node-memory, so no threshold to cross)")
-    elif p.killed:
-        k = p.killed
-        text = (f"{p.codec}{plane}: Ray's memory monitor would kill {k['process']} in training step "
-                f"{k['training_step']} of {p.steps}, when the node reaches {fmt_bytes(k['node_bytes'])}, over "
-                f"{p.threshold:g} of its {fmt_bytes(p.node_memory_bytes)}")
-    else:
-        text = (f"{p.codec}{plane}: survives all {p.steps} training steps; the node peaks at "
-                f"{fmt_bytes(p.node_peak_bytes)}, under {p.threshold:g} of its {fmt_bytes(p.node_memory_bytes)}")
+    text = f"{p.codec}{plane}: {p.verdict_text()}"
     largest = p.largest_text()
     if largest:
         text += f". {largest[0].upper()}{largest[1:]} (this batch: {fmt_bytes(p.payload_bytes)})"

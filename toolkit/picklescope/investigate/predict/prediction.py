@@ -168,18 +168,10 @@ class CodecPrediction:
         out = [f"{self.codec} (gc {self.gc}{plane}), payload {fmt_bytes(p)} ({self.rows} rows), "
                f"{self.workers} workers, {self.steps} steps: node peak {fmt_bytes(self.node_peak_bytes)}, controller "
                f"{fmt_bytes(self.processes['controller'])}"]
-        if self.node_memory_bytes:
-            limit = self.threshold * self.node_memory_bytes
-            if self.killed:
-                k = self.killed
-                out.append(f"  Ray's monitor would kill {k['process']} in training step {k['training_step']} (node "
-                           f"{fmt_bytes(k['node_bytes'])} > {self.threshold:g} x {fmt_bytes(self.node_memory_bytes)}"
-                           f" = {fmt_bytes(limit)})")
-            else:
-                out.append(f"  survives all {self.steps} steps (node stays under {fmt_bytes(limit)})")
-            largest = self.largest_text()
-            if largest:
-                out.append(f"  {largest}")
+        out.append("  " + self.verdict_text())
+        largest = self.largest_text()
+        if largest:
+            out.append(f"  {largest}")
         out.append("  " + self.store_text())
         if self.release_steps:
             shown = ", ".join(map(str, self.release_steps[:8])) + (", ..." if len(self.release_steps) > 8 else "")
@@ -187,6 +179,20 @@ class CodecPrediction:
         if self.check:
             out.append("  " + self.check_text())
         return "\n".join(out)
+
+    def verdict_text(self) -> str:
+        """Where Ray's memory monitor would kill and whom, or that the node survives, in one phrase (the
+        summary's line and the report's sentence): the one place a prediction's verdict is put in words."""
+        peak, steps = fmt_bytes(self.node_peak_bytes), self.steps
+        if not self.node_memory_bytes:
+            return f"the node peaks at {peak} over {steps} training steps (no --node-memory, so no threshold to cross)"
+        limit = (f"{self.threshold:g} of its {fmt_bytes(self.node_memory_bytes)} = "
+                 f"{fmt_bytes(self.threshold * self.node_memory_bytes)}")
+        if self.killed:
+            k = self.killed
+            return (f"Ray's memory monitor would kill {k['process']} in training step {k['training_step']} of {steps}, "
+                    f"when the node reaches {fmt_bytes(k['node_bytes'])}, over {limit}")
+        return f"survives all {steps} training steps; the node peaks at {peak}, under {limit}"
 
     def check_text(self) -> str:
         """The check against a real replay in one line: predicted vs measured node and controller peaks with
