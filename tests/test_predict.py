@@ -8,6 +8,7 @@ its chunk, and the node is their sum.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import importlib.util
 import json
@@ -110,6 +111,62 @@ def test_releases_are_found_and_their_rate_and_share_fitted():
     levels = [lvl for lvl, _ in m.play(200 * MiB, 64, 4, 6, 2)["controller"]]
     assert [round(v / (200 * MiB), 3) for v in levels] == [1.5, 2.5, 1.5, 2.5, 3.5, 1.5]
     assert model_mod.released_at(fit_set(release_every=3)[0]) == [3, 6]
+
+
+def test_the_collector_runs_once_per_young_every_allocations_of_this_interpreter():
+    """The schedule the model plays (model.YOUNG_EVERY) is this interpreter's: after a full collection, the
+    collector runs once for every YOUNG_EVERY container allocations, and the count the node's processes
+    report (collector.allocations) is those allocations."""
+    from picklescope.investigate.node import collector
+
+    enabled = gc.isenabled()
+    gc.enable()
+    gc.collect()
+    collector.count_collections()
+    try:
+        keep = [[] for _ in range(model_mod.YOUNG_EVERY * 5 + 17)]
+        counted, runs = collector.allocations(), sum(collector.collections())
+    finally:
+        if not enabled:
+            gc.disable()
+    assert runs == 5, runs
+    assert abs(counted - len(keep)) <= 16, (counted, len(keep))  # the list itself and a few frames' objects
+
+
+def _counted(reps: list[Replay], per_step: int) -> list[Replay]:
+    """``reps`` with the controller's container allocations counted: ``per_step`` in each step."""
+    for r in reps:
+        for s in r.per_step:
+            s.allocations = per_step * s.index
+            s.generations = [per_step * s.index // model_mod.YOUNG_EVERY, 0, 0]
+    return reps
+
+
+def test_under_the_default_collector_releases_fall_where_the_counted_allocations_put_them():
+    """Releases seen in six steps are one or two; allocations per step are counted in the hundreds. Where
+    they were counted, the releases are the steps in which the collector runs (here half its threshold per
+    step: a run every two steps), not the rate of the releases seen (every third step)."""
+    counted = model_mod.fit(_counted(fit_set(release_every=3, gc="default"), model_mod.YOUNG_EVERY // 2 + 1))
+    x = counted.features(200 * MiB, 64, 4, 2)
+    assert counted.allocation_rate is not None
+    assert counted.allocation_rate(x) == pytest.approx(model_mod.YOUNG_EVERY // 2 + 1, abs=1e-6)
+    assert counted.release_steps(x, 6) == [2, 4, 6]
+    assert any(term == "allocations per training step" for _, term, _ in counted.terms_table())
+    uncounted = model_mod.fit(fit_set(release_every=3, gc="default"))  # cached before allocations were counted
+    assert uncounted.allocation_rate is None and uncounted.release_steps(x, 6) == [3, 6]
+    off = model_mod.fit(_counted(fit_set(release_every=3, gc="off"), 400))
+    assert off.allocation_rate is None  # only the default collector runs on its own schedule
+
+
+def test_a_default_collector_replay_cached_without_its_counted_collections_is_measured_again(tmp_path):
+    rep = synthetic(20 * MiB, 2, 3, gc="default")
+    path = tmp_path / "r.json"
+    fitting.save_cached(path, rep)
+    assert fitting.load_cached(path) is None
+    fitting.save_cached(path, _counted([rep], 4)[0])
+    assert fitting.load_cached(path) is not None
+    fitting.save_cached(path, synthetic(20 * MiB, 2, 3, gc="off"))
+    assert fitting.load_cached(path) is not None  # the collector off: nothing to count
 
 
 def test_lstsq_separates_payload_chunk_and_constant_terms():

@@ -324,6 +324,8 @@ class TrainStepEnd(TypedDict):
     private_bytes: int | None
     private_baseline_bytes: int | None
     full_collections: NotRequired[int]  # the node's processes: full collections so far
+    collections: NotRequired[list[int]]  # the driver's collections so far, of generation 0, 1 and 2
+    allocations: NotRequired[int]  # the driver's container allocations so far, as its collector counts them
 
 
 class Error(TypedDict):

@@ -257,7 +257,7 @@ def _replay(conn: Any, cfg: NodeConfig, engine: ReplicaEngine | VerlEngine, whol
     if series:  # and with what the previous replay (or the warm-up) freed given back, as in the workers
         procmem.trim_heap()
     collector.apply_mode(cfg.gc)
-    collector.count_full_collections()
+    collector.count_collections()
     meter = begin_measure(steps.Meter(channel.with_shared(conn.send), cfg.t0, "driver"))
     private_base = procmem.private_rss()  # VmRSS - RssShmem: the session's per-process accounting
     conn.send(Ready(type="ready", side="driver"))
@@ -270,7 +270,8 @@ def _replay(conn: Any, cfg: NodeConfig, engine: ReplicaEngine | VerlEngine, whol
             with steps.step("gc"):
                 gc.collect()
         conn.send(TrainStepEnd(type="train_step_end", index=k, t_s=meter.now(), private_bytes=procmem.private_rss(),
-                               private_baseline_bytes=private_base, full_collections=collector.full_collections()))
+                               private_baseline_bytes=private_base, full_collections=collector.full_collections(),
+                               collections=collector.collections(), allocations=collector.allocations()))
 
     def at_end() -> int:
         engine.finish()  # the workers end their own measured phase

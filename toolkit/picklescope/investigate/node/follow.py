@@ -140,6 +140,10 @@ def on_driver(session: Session, result: NodeResult, conn: Any, ev: Event, tracki
             result.full_collections["driver"] = ev["full_collections"]
         else:
             result.driver_full_collections[ev["index"]] = ev["full_collections"]
+            if ev.get("collections") is not None:
+                result.driver_collections[ev["index"]] = list(ev["collections"])
+            if ev.get("allocations") is not None:
+                result.driver_allocations[ev["index"]] = ev["allocations"]
         session.fold("driver", ev)
     elif kind == "ready":
         set_phase(tracking, "the baseline")

@@ -60,6 +60,8 @@ class NodeResult:
     notes: list[str] = field(default_factory=list)
     full_collections: dict[str, int] = field(default_factory=dict)  # per process, during the measured steps
     driver_full_collections: dict[int, int] = field(default_factory=dict)  # driver's count at each step's end
+    driver_collections: dict[int, list[int]] = field(default_factory=dict)  # ... of generations 0, 1, 2 (all)
+    driver_allocations: dict[int, int] = field(default_factory=dict)  # its container allocations so far
     data_plane: str = "dataproto"  # how the batch reaches the workers: through the driver, or TransferQueue's storage
 
     @property
@@ -98,7 +100,9 @@ class NodeResult:
             "processes": procs,
             "training_steps": [{"index": s.index, "start_s": s.start_s, "end_s": s.end_s, "node_bytes": s.node_bytes,
                                 "driver_bytes": s.driver_bytes, "per_process_bytes": s.per_process_bytes,
-                                "driver_full_collections": self.driver_full_collections.get(s.index)}
+                                "driver_full_collections": self.driver_full_collections.get(s.index),
+                                "driver_collections": self.driver_collections.get(s.index),
+                                "driver_allocations": self.driver_allocations.get(s.index)}
                                for s in self.training_steps],
         }
 
@@ -133,6 +137,10 @@ class NodeResult:
                                                  s["driver_bytes"], s.get("per_process_bytes") or {}))
             if s.get("driver_full_collections") is not None:
                 r.driver_full_collections[s["index"]] = s["driver_full_collections"]
+            if s.get("driver_collections") is not None:
+                r.driver_collections[s["index"]] = list(s["driver_collections"])
+            if s.get("driver_allocations") is not None:
+                r.driver_allocations[s["index"]] = s["driver_allocations"]
         return r
 
     def trimmed(self, before_s: float = 0.25) -> NodeResult:

@@ -66,7 +66,7 @@ class NodeWorker:
         if self.cfg.warm_up == "steps":  # a series: what the warm-up freed, given back (as the driver)
             procmem.trim_heap()
         collector.apply_mode(self.cfg.gc)
-        collector.count_full_collections()
+        collector.count_collections()
         self.meter = begin_measure(steps.Meter(channel.with_shared(self._send), self.t0, self.name))
 
     def _send(self, ev: Event) -> None:

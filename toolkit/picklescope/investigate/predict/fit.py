@@ -2,8 +2,9 @@
 
 A node replay's result holds every process's curve at about 1 ms; the model needs far less: per
 training step, where each role (the controller, the workers, the object store, the node's total)
-stood at the step's end and how high it went during the step, and how many full collections the
-controller had seen by then. :func:`observe` extracts exactly that from a
+stood at the step's end and how high it went during the step, and how many collections of each
+generation the controller had run by then, and its container allocations (what sets when its collector
+runs). :func:`observe` extracts exactly that from a
 :class:`~picklescope.investigate.node.NodeResult`; :func:`replays` runs the replays a fit needs (one
 ``node_series`` per size and worker count, so the codecs of a series share one cluster) and keeps
 the observations as JSON in the cache, keyed by everything that changes them: the workload file's
@@ -49,6 +50,8 @@ class StepObs:
     end: dict[str, int] = field(default_factory=dict)
     peak: dict[str, int] = field(default_factory=dict)
     collections: int | None = None  # the controller's full collections so far (cumulative)
+    generations: list[int] | None = None  # its collections so far of generation 0, 1 and 2 (None: not counted)
+    allocations: int | None = None  # its container allocations so far, as the collector counts them
     # the most worker calls open at one moment in the step (each from its first named step to its last, on
     # the run's clock), and a call's mean span over the controller's mean time to send one chunk (the
     # calls open when the last chunk leaves: floor(ratio) + 1); None in a replay cached before calls were
@@ -119,6 +122,8 @@ def observe(result: NodeResult, wl: Workload) -> Replay:
         if s.end_s is None:
             continue
         obs = StepObs(s.index, collections=result.driver_full_collections.get(s.index),
+                      generations=result.driver_collections.get(s.index),
+                      allocations=result.driver_allocations.get(s.index),
                       calls_in_flight=_calls_in_flight(result, s.index), call_to_send=_call_to_send(result, s.index))
         for role, (ts, vs) in series.items():
             inside = [v for t, v in zip(ts, vs) if s.start_s <= t <= s.end_s]
@@ -268,7 +273,11 @@ def load_cached(path: Path, data_plane: str = "dataproto") -> Replay | None:
         rep = Replay.from_dict(doc)
     except (OSError, ValueError, TypeError, KeyError):
         return None  # absent or unreadable: measured again
-    return rep if rep.data_plane == data_plane else None
+    if rep.data_plane != data_plane:
+        return None
+    if rep.gc == "default" and rep.outcome == "ok" and any(s.allocations is None for s in rep.per_step):
+        return None  # cached before the collector's runs were counted: the schedule is fitted from them
+    return rep
 
 
 def save_cached(path: Path, rep: Replay) -> None:

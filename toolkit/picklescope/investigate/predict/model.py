@@ -23,7 +23,13 @@ What does not scale with bytes is kept apart: under the default collector a rele
 at which the controller's memory fell back (a collection freed the cycle-held copies); how often that
 happens depends on how many objects a step creates, not on bytes, so the release rate per step is
 fitted as a linear function of the batch's non-tensor objects (rows x keys) and ``W``, and the share of
-the held memory a release frees is its own term.
+the held memory a release frees is its own term. Where the replays counted the controller's container
+allocations (what CPython's collector counts: it runs when the allocations since its last run pass its
+first threshold, :data:`YOUNG_EVERY`), the rate fitted is of those allocations per training step: the
+cycle-held copies of the steps before are young objects, and the collector's next run frees them, so the
+releases are the steps in which a run falls, counted from the full collection before the first step.
+Allocations per step are counted in the hundreds or thousands where the runs in six steps are one or two,
+so the schedule extrapolates from a far finer measurement than the releases seen.
 
 The object store is a bounded high-water mark: its pages are never given back, so its level after a step is
 the highest its base plus the held steps' objects have been (a release frees objects, and the next steps
@@ -45,6 +51,7 @@ where the maximum over every step of every replay would be set by it and move be
 
 from __future__ import annotations
 
+import gc
 import math
 import statistics
 from collections.abc import Sequence
@@ -53,6 +60,8 @@ from dataclasses import dataclass, field
 from picklescope.investigate.predict.fit import TQ_ROLES, Replay, chunk_rows, chunk_sizes
 
 ROLES = ("controller", "worker", "workers", "store", "node")
+# The container allocations (net of frees) after which CPython's collector runs: its first threshold passed
+YOUNG_EVERY = gc.get_threshold()[0] + 1
 PARTS = ("controller", "workers", "store")  # the node's total is their sum (the store counted once)
 TQ_PARTS = ("controller", "producer", "workers", "storage", "tq-controller", "store")  # the TransferQueue plane's
 # What each role's bytes can depend on: the controller serializes W chunks that add up to P and pays
@@ -74,6 +83,7 @@ MMAP_THRESHOLD_MAX = 32 * 2**20
 # TransferQueue's controller actor keeps per-key metadata (P) and per-client state (W).
 FEATURES = {"controller": ("P", "W", "1"), "worker": ("h", "1"), "workers": ("H", "W", "1"),
             "store": ("P", "c", "1"), "node": ("P", "c", "1"), "objects": ("objects", "W", "1"),
+            "allocations": ("objects", "calls", "1"),
             "producer": ("P", "1"), "storage": ("P", "1"), "tq-controller": ("P", "W", "1")}
 # On the DataProto plane the controller serializes the batch one chunk at a time: besides what it keeps of
 # the whole batch (P), what stays in it between steps and its rise within a step are of the chunk in hand
@@ -106,6 +116,8 @@ class Term:
                 parts.append(f"{_bytes(c, unit)} x workers" if unit != 1 else f"{c:+.4f} x workers")
             elif f == "objects":
                 parts.append(f"{c:+.2e} x non-tensor objects")
+            elif f == "calls":
+                parts.append(f"{c:+.1f} x worker calls")
             else:
                 parts.append(_bytes(c, unit) if unit != 1 else f"{c:+.4f}")
         return " ".join(parts).lstrip("+")
@@ -148,6 +160,9 @@ class Model:
     release_rate: Term | None = None  # releases per training step (None: nothing ever released in the fits)
     release_share: float = 0.0  # share of the held growth a release frees
     collection_rate: Term | None = None  # the controller's full collections per training step
+    allocations_at: list[Term] = field(default_factory=list)  # the controller's allocations so far at the end of
+    # each of the fits' steps (the default collector, counted); past them, allocation_rate per step
+    allocation_rate: Term | None = None
     calls_in_flight: int | None = None  # worker calls open at once, from call_to_send (None: not timed)
     call_to_send: float | None = None  # a call's span over the controller's time to send a chunk (see the module doc)
     fitted_on: list[str] = field(default_factory=list)
@@ -171,7 +186,7 @@ class Model:
         in_flight = workers if self.calls_in_flight is None else max(1, min(workers, self.calls_in_flight))
         return {"P": float(payload), "c": payload * chunk_rows(rows, workers) / rows, "h": heaps[0], "H": sum(heaps),
                 "mapped": mapped[0], "M": sum(sorted(mapped, reverse=True)[:in_flight]),
-                "W": float(workers), "objects": rows * objects_per_row, "1": 1.0}
+                "W": float(workers), "objects": rows * objects_per_row, "calls": float(len(heaps)), "1": 1.0}
 
     def role_features(self, role: str) -> tuple[str, ...]:
         """The features ``role``'s terms are fitted on, on this model's data plane."""
@@ -180,9 +195,20 @@ class Model:
         return FEATURES[role]
 
     def release_steps(self, x: dict[str, float], steps: int) -> list[int]:
-        """Training steps (1-based) at which a release happens: every 1/rate steps, the first after one interval."""
+        """Training steps (1-based) at which a release happens: those in which the collector runs when the
+        controller's allocations were counted (see the module doc), else every 1/rate steps, the first after
+        one interval."""
         if self.release_rate is None:
             return []
+        if self.allocation_rate is not None and self.allocations_at:
+            counted = [max(0.0, t(x)) for t in self.allocations_at]
+            rate = max(0.0, self.allocation_rate(x))
+
+            def runs(k: int) -> int:  # the collector's runs from the full collection before step 1 to step k's end
+                so_far = 0.0 if k == 0 else counted[k - 1] if k <= len(counted) else \
+                    counted[-1] + rate * (k - len(counted))
+                return math.floor(so_far / YOUNG_EVERY + 1e-9)
+            return [k for k in range(1, steps + 1) if runs(k) > runs(k - 1)]
         rate = min(1.0, max(0.0, self.release_rate(x)))
         if rate <= 0:
             return []
@@ -245,6 +271,11 @@ class Model:
             rows.append((role, "transient within a step", rm.transient.describe(mib)))
         if self.release_rate is not None:
             rows.append(("controller", "releases per training step", self.release_rate.describe(1)))
+        if self.allocation_rate is not None:
+            first = self.allocations_at[0].describe(1) if self.allocations_at else "not counted"
+            rows.append(("controller", "allocations per training step", f"{first} in the first, "
+                         f"{self.allocation_rate.describe(1)} in each later one; the collector runs every "
+                         f"{YOUNG_EVERY} and frees the held copies"))
         if self.collection_rate is not None:
             rows.append(("controller", "full collections per step", self.collection_rate.describe(1)))
         if self.leaf_row_bytes and "workers" in self.roles:
@@ -436,4 +467,13 @@ def fit(replays: Sequence[Replay], leaf_row_bytes: Sequence[float] = ()) -> Mode
         m.release_rate = fit_term("release rate", FEATURES["objects"], xs,
                                   [len(rl) / len(r.per_step) for r, rl in zip(reps, rel)])
         m.release_share = sum(shares) / len(shares) if shares else 1.0
+    if m.release_rate is not None and m.gc == "default" and all(r.per_step[-1].allocations for r in reps):
+        n = min(len(r.per_step) for r in reps)
+        feats = FEATURES["allocations"]
+        m.allocations_at = [fit_term(f"allocations by step {k + 1}", feats, xs,
+                                     [r.per_step[k].allocations or 0 for r in reps]) for k in range(n)]
+        # past the fits' steps: the mean rise of the steps after the first (the first also sets up)
+        m.allocation_rate = fit_term("allocations", feats, xs,
+                                     [((r.per_step[n - 1].allocations or 0) - (r.per_step[0].allocations or 0))
+                                      / max(1, n - 1) for r in reps])
     return m
