@@ -10,6 +10,7 @@ their own. Every check is a ratio to the payload measured in the same run, or a 
 
 from __future__ import annotations
 
+import gc
 import glob
 import json
 import os
@@ -117,6 +118,16 @@ def test_legacy_driver_peak_is_at_least_a_payload_above_numpy(runs):
     assert "consolidate" not in {s.name for s in new.driver.steps}
     worker_steps = {s.name for s in old.processes["worker-0"].steps}
     assert {"ray.deserialize", "__setstate__", "compute"} <= worker_steps, worker_steps
+    # under the default collector the driver counts its collector's runs and the container allocations that
+    # set them off, from the full collection before step 1 (what predict extrapolates the schedule from)
+    young = gc.get_threshold()[0] + 1
+    for r in (old, new):
+        doc = r.to_json_dict()["training_steps"]
+        runs_so_far = [sum(s["driver_collections"]) for s in doc]
+        counted = [s["driver_allocations"] for s in doc]
+        assert all(n is not None and n > 0 for n in counted), (r.codec, counted)
+        assert runs_so_far == sorted(runs_so_far), runs_so_far
+        assert all(n // young >= runs for n, runs in zip(counted, runs_so_far)), (counted, runs_so_far)
 
 
 def test_with_gc_off_legacy_driver_grows_a_payload_per_step_and_numpy_does_not(runs):
