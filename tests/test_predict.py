@@ -158,6 +158,21 @@ def test_under_the_default_collector_releases_fall_where_the_counted_allocations
     assert off.allocation_rate is None  # only the default collector runs on its own schedule
 
 
+def test_a_feature_the_fits_do_not_need_is_not_extrapolated():
+    """Allocations that do not move with the objects at the fit sizes (flowgrpo's: 452 with 2 calls at 12,
+    26 and 52 objects) get no objects slope from the calls' slight curvature: at a production batch of
+    23,000 objects such a slope alone (-0.035 each) made the count negative and the collector never run.
+    Counts that do move with the objects keep it."""
+    pts = [(2, 12, 452), (3, 12, 590), (2, 26, 452), (4, 26, 707), (2, 52, 452), (4, 52, 707)]
+    xs = [{"objects": o, "calls": c, "1": 1.0} for c, o, _ in pts]
+    flat = model_mod.fit_supported("allocations", ("objects", "calls", "1"), xs, [a for *_, a in pts])
+    assert flat.features == ("calls", "1"), flat
+    assert flat({"calls": 8, "1": 1.0}) > 1000
+    moving = model_mod.fit_supported("allocations", ("objects", "calls", "1"), xs,
+                                     [a + 3 * o for c, o, a in pts])
+    assert moving.features == ("objects", "calls", "1") and moving.coef[0] == pytest.approx(3, rel=0.1), moving
+
+
 def test_a_default_collector_replay_cached_without_its_counted_collections_is_measured_again(tmp_path):
     rep = synthetic(20 * MiB, 2, 3, gc="default")
     path = tmp_path / "r.json"

@@ -269,7 +269,7 @@ class Model:
                      else f"{self.release_share:.0%} of it freed at each release")
             rows.append((role, "held per training step", rm.growth.describe(mib) + f", {freed}"))
             rows.append((role, "transient within a step", rm.transient.describe(mib)))
-        if self.release_rate is not None:
+        if self.release_rate is not None and self.allocation_rate is None:  # else the allocations set them
             rows.append(("controller", "releases per training step", self.release_rate.describe(1)))
         if self.allocation_rate is not None:
             first = self.allocations_at[0].describe(1) if self.allocations_at else "not counted"
@@ -325,6 +325,21 @@ def fit_term(name: str, features: tuple[str, ...], xs: Sequence[dict[str, float]
     coef = lstsq(rows, ys)
     res = max((abs(sum(c * v for c, v in zip(coef, r)) - y) for r, y in zip(rows, ys)), default=0.0)
     return Term(name, usable, coef, res, len(ys))
+
+
+def fit_supported(name: str, features: tuple[str, ...], xs: Sequence[dict[str, float]], ys: Sequence[float],
+                  optional: str = "objects", tolerance: float = 0.02) -> Term:
+    """``ys`` as :func:`fit_term` fits it, without the ``optional`` feature unless the fits need it: kept only
+    where it brings the largest residual down by more than ``tolerance`` of the mean value. A count that
+    does not move with the batch's objects at the fit sizes (flowgrpo's: its non-tensor keys hold no
+    containers) would otherwise get a least-squares slope from noise, and at a production batch, hundreds
+    of times more objects, that slope alone would set the schedule."""
+    full = fit_term(name, features, xs, ys)
+    if optional not in features:
+        return full
+    reduced = fit_term(name, tuple(f for f in features if f != optional), xs, ys)
+    scale = sum(abs(y) for y in ys) / len(ys) if ys else 0.0
+    return reduced if reduced.max_residual <= full.max_residual + tolerance * scale else full
 
 
 def released_at(rep: Replay) -> list[int]:
@@ -464,16 +479,16 @@ def fit(replays: Sequence[Replay], leaf_row_bytes: Sequence[float] = ()) -> Mode
                                      [x for x, r in zip(xs, reps) if r in counted],
                                      [r.per_step[-1].collections / len(r.per_step) for r in counted])
     if any(rel):
-        m.release_rate = fit_term("release rate", FEATURES["objects"], xs,
+        m.release_rate = fit_supported("release rate", FEATURES["objects"], xs,
                                   [len(rl) / len(r.per_step) for r, rl in zip(reps, rel)])
         m.release_share = sum(shares) / len(shares) if shares else 1.0
     if m.release_rate is not None and m.gc == "default" and all(r.per_step[-1].allocations for r in reps):
         n = min(len(r.per_step) for r in reps)
         feats = FEATURES["allocations"]
-        m.allocations_at = [fit_term(f"allocations by step {k + 1}", feats, xs,
+        m.allocations_at = [fit_supported(f"allocations by step {k + 1}", feats, xs,
                                      [r.per_step[k].allocations or 0 for r in reps]) for k in range(n)]
         # past the fits' steps: the mean rise of the steps after the first (the first also sets up)
-        m.allocation_rate = fit_term("allocations", feats, xs,
+        m.allocation_rate = fit_supported("allocations", feats, xs,
                                      [((r.per_step[n - 1].allocations or 0) - (r.per_step[0].allocations or 0))
                                       / max(1, n - 1) for r in reps])
     return m
