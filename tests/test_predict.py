@@ -151,7 +151,7 @@ def test_under_the_default_collector_releases_fall_where_the_counted_allocations
     assert counted.allocation_rate is not None
     assert counted.allocation_rate(x) == pytest.approx(model_mod.YOUNG_EVERY // 2 + 1, abs=1e-6)
     assert counted.release_steps(x, 6) == [2, 4, 6]
-    assert any(term == "allocations per training step" for _, term, _ in counted.terms_table())
+    assert any(term == "allocations per step" for _, term, _ in counted.terms_table())
     uncounted = model_mod.fit(fit_set(release_every=3, gc="default"))  # cached before allocations were counted
     assert uncounted.allocation_rate is None and uncounted.release_steps(x, 6) == [3, 6]
     off = model_mod.fit(_counted(fit_set(release_every=3, gc="off"), 400))

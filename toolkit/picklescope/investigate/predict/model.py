@@ -104,8 +104,9 @@ class Term:
     def __call__(self, x: dict[str, float]) -> float:
         return sum(c * x[f] for c, f in zip(self.coef, self.features))
 
-    def describe(self, unit: float) -> str:
-        """The term in words, bytes as multiples of ``unit`` where they are bytes."""
+    def describe(self, unit: float, digits: int = 4) -> str:
+        """The term in words, bytes as multiples of ``unit`` where they are bytes; a count or a rate (``unit``
+        1) with ``digits`` decimals (allocations are whole objects: 1)."""
         parts = []
         for c, f in zip(self.coef, self.features):
             if f in ("P", "c", "h", "H"):
@@ -113,13 +114,13 @@ class Term:
                         "H": "all chunks' heap-sized leaves"}[f]
                 parts.append(f"{_share(c)} x {what}")
             elif f == "W":
-                parts.append(f"{_bytes(c, unit)} x workers" if unit != 1 else f"{c:+.4f} x workers")
+                parts.append(f"{_bytes(c, unit)} x workers" if unit != 1 else f"{c:+.{digits}f} x workers")
             elif f == "objects":
                 parts.append(f"{c:+.2e} x non-tensor objects")
             elif f == "calls":
                 parts.append(f"{c:+.1f} x worker calls")
             else:
-                parts.append(_bytes(c, unit) if unit != 1 else f"{c:+.4f}")
+                parts.append(_bytes(c, unit) if unit != 1 else f"{c:+.{digits}f}")
         return " ".join(parts).lstrip("+")
 
 
@@ -272,12 +273,14 @@ class Model:
         if self.release_rate is not None and self.allocation_rate is None:  # else the allocations set them
             rows.append(("controller", "releases per training step", self.release_rate.describe(1)))
         if self.allocation_rate is not None:
-            first = self.allocations_at[0].describe(1) if self.allocations_at else "not counted"
-            rows.append(("controller", "allocations per training step", f"{first} in the first, "
-                         f"{self.allocation_rate.describe(1)} in each later one; the collector runs every "
+            first = self.allocations_at[0].describe(1, 1) if self.allocations_at else "not counted"
+            rows.append(("controller", "allocations per step", f"{first} in the first, "
+                         f"{self.allocation_rate.describe(1, 1)} in each later one; the collector runs every "
                          f"{YOUNG_EVERY} and frees the held copies"))
         if self.collection_rate is not None:
-            rows.append(("controller", "full collections per step", self.collection_rate.describe(1)))
+            none = all(abs(c) < 1e-9 for c in self.collection_rate.coef)
+            rows.append(("controller", "full collections per step",
+                         "none in the fits" if none else self.collection_rate.describe(1)))
         if self.leaf_row_bytes and "workers" in self.roles:
             rows.append(("workers", "calls open at once", self.calls_text()))
         return rows
