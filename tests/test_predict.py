@@ -24,6 +24,7 @@ from picklescope.cli.commands import predict as predict_cmd
 from picklescope.core.result import Step
 from picklescope.core.units import fmt_bytes
 from picklescope.errors import PicklescopeError
+from picklescope.investigate.node import collector
 from picklescope.investigate.predict import fit as fitting
 from picklescope.investigate.predict import model as model_mod
 from picklescope.investigate.predict import prediction
@@ -117,8 +118,6 @@ def test_the_collector_runs_once_per_young_every_allocations_of_this_interpreter
     """The schedule the model plays (model.YOUNG_EVERY) is this interpreter's: after a full collection, the
     collector runs once for every YOUNG_EVERY container allocations, and the count the node's processes
     report (collector.allocations) is those allocations."""
-    from picklescope.investigate.node import collector
-
     enabled = gc.isenabled()
     gc.enable()
     gc.collect()
@@ -138,7 +137,6 @@ def _counted(reps: list[Replay], per_step: int) -> list[Replay]:
     for r in reps:
         for s in r.per_step:
             s.allocations = per_step * s.index
-            s.generations = [per_step * s.index // model_mod.YOUNG_EVERY, 0, 0]
     return reps
 
 
@@ -182,6 +180,10 @@ def test_a_default_collector_replay_cached_without_its_counted_collections_is_me
     assert fitting.load_cached(path) is not None
     fitting.save_cached(path, synthetic(20 * MiB, 2, 3, gc="off"))
     assert fitting.load_cached(path) is not None  # the collector off: nothing to count
+    doc = json.loads(path.read_text())
+    doc["per_step"][0]["a_key_of_another_version"] = 1
+    path.write_text(json.dumps(doc))
+    assert fitting.load_cached(path) is not None  # read as far as this version knows it, not measured again
 
 
 def test_lstsq_separates_payload_chunk_and_constant_terms():

@@ -2,9 +2,9 @@
 
 A node replay's result holds every process's curve at about 1 ms; the model needs far less: per
 training step, where each role (the controller, the workers, the object store, the node's total)
-stood at the step's end and how high it went during the step, and how many collections of each
-generation the controller had run by then, and its container allocations (what sets when its collector
-runs). :func:`observe` extracts exactly that from a
+stood at the step's end and how high it went during the step, how many full collections the
+controller had seen by then, and its container allocations (what sets when its collector runs).
+:func:`observe` extracts exactly that from a
 :class:`~picklescope.investigate.node.NodeResult`; :func:`replays` runs the replays a fit needs (one
 ``node_series`` per size and worker count, so the codecs of a series share one cluster) and keeps
 the observations as JSON in the cache, keyed by everything that changes them: the workload file's
@@ -24,7 +24,7 @@ import json
 import math
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,6 @@ class StepObs:
     end: dict[str, int] = field(default_factory=dict)
     peak: dict[str, int] = field(default_factory=dict)
     collections: int | None = None  # the controller's full collections so far (cumulative)
-    generations: list[int] | None = None  # its collections so far of generation 0, 1 and 2 (None: not counted)
     allocations: int | None = None  # its container allocations so far, as the collector counts them
     # the most worker calls open at one moment in the step (each from its first named step to its last, on
     # the run's clock), and a call's mean span over the controller's mean time to send one chunk (the
@@ -88,7 +87,8 @@ class Replay:
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> Replay:
         r = cls(**{k: v for k, v in doc.items() if k != "per_step"})
-        r.per_step = [StepObs(**s) for s in doc.get("per_step", [])]
+        known = {f.name for f in fields(StepObs)}  # a key of another version's cache is not the model's
+        r.per_step = [StepObs(**{k: v for k, v in s.items() if k in known}) for s in doc.get("per_step", [])]
         return r
 
 
@@ -122,7 +122,6 @@ def observe(result: NodeResult, wl: Workload) -> Replay:
         if s.end_s is None:
             continue
         obs = StepObs(s.index, collections=result.driver_full_collections.get(s.index),
-                      generations=result.driver_collections.get(s.index),
                       allocations=result.driver_allocations.get(s.index),
                       calls_in_flight=_calls_in_flight(result, s.index), call_to_send=_call_to_send(result, s.index))
         for role, (ts, vs) in series.items():

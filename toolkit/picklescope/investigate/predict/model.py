@@ -201,7 +201,7 @@ class Model:
         one interval."""
         if self.release_rate is None:
             return []
-        if self.allocation_rate is not None and self.allocations_at:
+        if self.allocation_rate is not None:  # set with allocations_at, from the same counts
             counted = [max(0.0, t(x)) for t in self.allocations_at]
             rate = max(0.0, self.allocation_rate(x))
 
@@ -273,8 +273,7 @@ class Model:
         if self.release_rate is not None and self.allocation_rate is None:  # else the allocations set them
             rows.append(("controller", "releases per training step", self.release_rate.describe(1)))
         if self.allocation_rate is not None:
-            first = self.allocations_at[0].describe(1, 1) if self.allocations_at else "not counted"
-            rows.append(("controller", "allocations per step", f"{first} in the first, "
+            rows.append(("controller", "allocations per step", f"{self.allocations_at[0].describe(1, 1)} in the first, "
                          f"{self.allocation_rate.describe(1, 1)} in each later one; the collector runs every "
                          f"{YOUNG_EVERY} and frees the held copies"))
         if self.collection_rate is not None:
