@@ -472,3 +472,35 @@ def test_a_run_leaves_nothing_in_tmp_or_tmpdir_when_tmpdir_points_elsewhere(tran
         assert os.listdir(tmpdir) == [], f"left in TMPDIR: {os.listdir(tmpdir)}"  # torchinductor_* included
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+WARM_START_SIGINT = textwrap.dedent('''
+    import os, signal
+    from multiprocessing import forkserver
+    from picklescope.measure import launcher
+
+    real = forkserver._forkserver.ensure_running
+
+    def interrupted_while_starting():
+        real()
+        os.kill(os.getpid(), signal.SIGINT)  # as if Ctrl-C came while the forkserver is being started
+
+    forkserver._forkserver.ensure_running = interrupted_while_starting
+    try:
+        launcher.warm_up()
+    except KeyboardInterrupt:
+        forkserver._forkserver.ensure_running = real
+        pid = launcher.warm_up()
+        with open(f"/proc/{pid}/status") as f:
+            ignored = int(next(line for line in f if line.startswith("SigIgn:")).split()[1], 16)
+        print("interrupted", bool(ignored & (1 << (signal.SIGINT - 1))))
+    else:
+        print("ran on")
+''')
+
+
+def test_a_ctrl_c_while_the_forkserver_starts_is_not_lost():
+    """The forkserver starts with SIGINT ignored (a Ctrl-C while it imports torch prints no traceback of
+    its own), but the command does not: a SIGINT that arrives while the forkserver starts ends it."""
+    p = subprocess.run([sys.executable, "-c", WARM_START_SIGINT], capture_output=True, text=True, timeout=600)
+    assert p.stdout.split() == ["interrupted", "True"], (p.stdout, p.stderr)

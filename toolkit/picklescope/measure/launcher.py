@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Iterator
 from multiprocessing import context as mp_context
-from multiprocessing import forkserver, popen_forkserver, spawn
+from multiprocessing import forkserver, popen_forkserver, spawn, util
 from typing import Any
 
 from picklescope.core.events import Release
@@ -173,7 +173,9 @@ def _own_mp_tempdir() -> None:
 
 def _warm_start() -> None:
     """Start the forkserver (if it is not running) with SIGINT ignored, so a Ctrl-C while it imports
-    torch does not print its traceback; its children inherit the same, and the parent ends them.
+    torch does not print its traceback; its children inherit the same, and the parent ends them. Only
+    the new process ignores it (:func:`_spawn_ignoring_sigint`): this one keeps its handler throughout, so
+    a Ctrl-C that arrives while the forkserver starts still ends the command.
 
     The forkserver starts with torch's cache folder inside the ``multiprocessing`` temp folder
     (:func:`picklescope.core.paths.torch_cache_env`): importing tensordict creates it, and every child
@@ -184,14 +186,40 @@ def _warm_start() -> None:
     _own_mp_tempdir()
     fs = forkserver._forkserver
     with _environment(torch_cache_env(process.current_process()._config["tempdir"])):
-        if fs._forkserver_pid is not None or threading.current_thread() is not threading.main_thread():
+        if fs._forkserver_pid is not None:
             fs.ensure_running()
             return
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited across the forkserver's exec
-        try:
+        with _spawn_ignoring_sigint():
             fs.ensure_running()
-        finally:
-            signal.signal(signal.SIGINT, previous)
+
+
+_SH = "/bin/sh"
+
+
+@contextlib.contextmanager
+def _spawn_ignoring_sigint() -> Iterator[None]:
+    """Processes ``multiprocessing`` starts meanwhile (the forkserver, its resource tracker) begin with
+    SIGINT ignored.
+
+    It starts them with ``util.spawnv_passfds`` (fork, then exec). An exec keeps an ignored signal
+    ignored, so each goes through ``sh -c 'trap "" INT; exec ...'`` (the same pid, the same file
+    descriptors). Ignoring SIGINT in this process around the start instead would drop a Ctrl-C that
+    arrives meanwhile: with other threads running, the kernel hands it to one of them, which ignores it,
+    and the command would run on as if never interrupted."""
+    original = util.spawnv_passfds
+    if not os.path.exists(_SH):
+        yield
+        return
+
+    def spawn(path: str | bytes, args: list[str], passfds: Any) -> int:
+        return original(os.fsencode(_SH), [_SH, "-c", 'trap "" INT; exec "$0" "$@"', os.fsdecode(path), *args[1:]],
+                        passfds)
+
+    util.spawnv_passfds = spawn
+    try:
+        yield
+    finally:
+        util.spawnv_passfds = original
 
 
 @contextlib.contextmanager
