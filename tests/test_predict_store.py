@@ -85,3 +85,36 @@ def test_a_store_capacity_given_caps_the_store_and_the_json_names_where_the_capa
     assert "unbounded" in prediction.predict(("numpy",), "flowgrpo", **{**kw, "node_memory": None})[0].summary()
     with pytest.raises(PicklescopeError, match="more than the node's memory"):
         prediction.predict(("numpy",), "flowgrpo", store_capacity="2TB", **kw)
+
+
+def test_the_node_with_a_full_store_is_given_beside_the_fitted_one():
+    """The fits measure the object store after warm-up steps and over six steps, so they miss the pages it
+    keeps touching over many steps (a fixed codec's 40-step replays, with the collector on or off, kept
+    rising: benchmarks/README.md): beside the fitted node the prediction gives the node were the store at
+    its capacity from the first step (each step's node plus what the store could still take), the first
+    step that node crosses the threshold and the largest payload that survives so; the summary and the
+    verdict's line say them, and where the store is full already it adds nothing."""
+    wl, per_row, pay = _flowgrpo_batch(512)
+    m = model_mod.fit(fit_set(grow=0.0))  # a fixed codec's fit: nothing held, the store never rises
+    mem = 40 * pay
+    cap, _ = prediction.resolve_store_capacity(None, mem)  # Ray's default: 0.3 x the node, 12 payloads
+    out = prediction.play_node(m, wl, 512, pay, 4, 8, {}, mem, 0.95, store_capacity=cap)
+    assert out["killed"] is None and out["peaks"]["store"] == 0
+    assert out["node_peak_store_full"] == pytest.approx(out["node_peak"] + cap, rel=1e-9)
+    assert out["store_full_killed_step"] is None  # about 13.5 payloads, under 0.95 x 40
+    small = prediction.play_node(m, wl, 512, pay, 4, 8, {}, 14 * pay, 0.95, store_capacity=13 * pay)
+    assert small["killed"] is None and small["store_full_killed_step"] == 1
+    p = prediction.CodecPrediction("numpy", "off", pay, 512, 4, 8, 14 * pay, 0.95, {}, small["node_peak"],
+                                   small["peaks"], small["steps"], None, None, [], [], [],
+                                   store_capacity_bytes=13 * pay, store_capacity_source="--store-capacity",
+                                   node_peak_store_full_bytes=small["node_peak_store_full"],
+                                   store_full_killed_step=small["store_full_killed_step"])
+    text, doc = p.store_text(), p.to_json_dict()
+    assert "full, the node would peak at" in text and "over the threshold in training step 1" in text, text
+    assert p.verdict_text().endswith("but with its object store full it would cross that in training step 1")
+    assert doc["node_peak_store_full_bytes"] == small["node_peak_store_full"] and doc["store_full_killed_step"] == 1
+    plain = prediction.largest_surviving(m, wl, 4, 8, {}, 14 * pay, 0.95, store_capacity=13 * pay)
+    with_full = prediction.largest_surviving(m, wl, 4, 8, {}, 14 * pay, 0.95, store_capacity=13 * pay, store_full=True)
+    assert with_full is not None and plain is not None and with_full < plain  # the store's 13 payloads leave less room
+    full = prediction.play_node(m, wl, 512, pay, 4, 8, {"store": 10 * pay}, 40 * pay, 0.95, store_capacity=10 * pay)
+    assert full["node_peak_store_full"] == full["node_peak"]  # at its capacity already: nothing to add

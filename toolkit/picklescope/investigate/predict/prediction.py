@@ -146,6 +146,11 @@ class CodecPrediction:
     store_capacity_bytes: int | None = None  # the object store's capacity the prediction capped it at (None: none)
     store_capacity_source: str | None = None  # STORE_DEFAULT_SOURCE (maybe "..., at most 200 GB") or STORE_GIVEN_SOURCE
     store_full_step: int | None = None  # the first training step at which the store was at its capacity
+    # were the store at its capacity from the first step (its pages can keep rising over many steps, which the
+    # fits' few steps do not show: docs/predict.md): the node's peak, and the first step over the threshold
+    node_peak_store_full_bytes: int | None = None
+    store_full_killed_step: int | None = None
+    largest_surviving_payload_store_full_bytes: int | None = None  # ... and the largest payload that survives so
 
     def to_json_dict(self) -> dict[str, Any]:
         return {"codec": self.codec, "gc": self.gc, "payload_bytes": self.payload_bytes, "rows": self.rows,
@@ -159,6 +164,9 @@ class CodecPrediction:
                 "fitted_on": self.fitted_on, "data_plane": self.data_plane,
                 "store_capacity_bytes": self.store_capacity_bytes,
                 "store_capacity_source": self.store_capacity_source, "store_full_step": self.store_full_step,
+                "node_peak_store_full_bytes": self.node_peak_store_full_bytes,
+                "store_full_killed_step": self.store_full_killed_step,
+                "largest_surviving_payload_store_full_bytes": self.largest_surviving_payload_store_full_bytes,
                 "kill_policy": KILL_POLICY if self.data_plane == "dataproto" else KILL_POLICY_TQ,
                 "check": self.check.to_json_dict() if self.check else None}
 
@@ -192,7 +200,11 @@ class CodecPrediction:
             k = self.killed
             return (f"Ray's memory monitor would kill {k['process']} in training step {k['training_step']} of {steps}, "
                     f"when the node reaches {fmt_bytes(k['node_bytes'])}, over {limit}")
-        return f"survives all {steps} training steps; the node peaks at {peak}, under {limit}"
+        out = f"survives all {steps} training steps; the node peaks at {peak}, under {limit}"
+        if self.store_full_killed_step is not None:  # the bound of a store that fills over many steps
+            out += (f"; but with its object store full it would cross that in training step "
+                    f"{self.store_full_killed_step}")
+        return out
 
     def check_text(self) -> str:
         """The check against a real replay in one line: predicted vs measured node and controller peaks with
@@ -215,9 +227,15 @@ class CodecPrediction:
         if largest is None or not mem:
             return None
         if largest >= mem:
-            return (f"any payload up to the node's whole memory ({fmt_bytes(mem)}) survives {self.steps} steps: "
-                    "the search for the largest stops there")
-        return f"largest payload that survives {self.steps} steps: {fmt_bytes(largest)}"
+            out = (f"any payload up to the node's whole memory ({fmt_bytes(mem)}) survives {self.steps} steps: "
+                   "the search for the largest stops there")
+        else:
+            out = f"largest payload that survives {self.steps} steps: {fmt_bytes(largest)}"
+        full = self.largest_surviving_payload_store_full_bytes
+        if self.node_peak_store_full_bytes is not None and self.node_peak_store_full_bytes > self.node_peak_bytes:
+            out += ("; with its object store full, none" if full is None else
+                    f"; with its object store full, {fmt_bytes(full)}" if full < largest else "")
+        return out
 
     def store_text(self) -> str:
         """The object store's predicted peak against the capacity it was capped at, and where that came from."""
@@ -229,6 +247,12 @@ class CodecPrediction:
         if self.store_full_step is not None:
             out += (f", full from training step {self.store_full_step} (Ray spills the rest to disk, not counted "
                     "in the node)")
+        elif self.node_peak_store_full_bytes is not None and self.node_peak_store_full_bytes > self.node_peak_bytes:
+            out += (". Over many training steps its pages keep rising towards its capacity, which the fits' few "
+                    "steps after their warm-up do not show (docs/predict.md, \"A store that fills\"); full, the node "
+                    f"would peak at {fmt_bytes(self.node_peak_store_full_bytes)}")
+            if self.store_full_killed_step is not None and self.killed is None:
+                out += f", over the threshold in training step {self.store_full_killed_step}"
         return out
 
 
@@ -384,21 +408,31 @@ def play_node(model: Model, wl: Workload, rows: int, payload: int, workers: int,
                       "node_bytes": int(node_peak), "limit_bytes": int(limit)}
             break
     x = model.features(payload, rows, workers, obj)
+    full_node, full_killed = None, None  # were the store at its capacity from the first step
+    if store_capacity is not None and all(s["store_bytes"] is not None for s in steps_out):
+        at_full = [s["node_bytes"] + max(0, store_capacity - s["store_bytes"]) for s in steps_out]
+        full_node = max(at_full)
+        if limit is not None:
+            full_killed = next((k + 1 for k, v in enumerate(at_full) if v >= limit), None)
     full = None if room is None else next((k + 1 for k, (lvl, _) in enumerate(played.get("store", [])[:len(steps_out)])
                                            if lvl >= max(0, room)), None)
     return {"steps": steps_out, "killed": killed, "peaks": peaks, "store_full_step": full,
+            "node_peak_store_full": full_node, "store_full_killed_step": full_killed,
             "node_peak": max(s["node_bytes"] for s in steps_out), "releases": model.release_steps(x, steps)}
 
 
 def largest_surviving(model: Model, wl: Workload, workers: int, steps: int, baselines: dict[str, int],
-                      node_memory: int, threshold: float, *, store_capacity: int | None) -> int | None:
+                      node_memory: int, threshold: float, *, store_capacity: int | None,
+                      store_full: bool = False) -> int | None:
     """The largest payload (whole rows) whose node stays under the threshold for ``steps`` steps (the store
-    bounded as in :func:`play_node`); None if even one row crosses it."""
+    bounded as in :func:`play_node`; with ``store_full``, the node with its store at its capacity from the
+    first step); None if even one row crosses it."""
     per_row = wl.payload_bytes(1.0) / wl.rows(1.0)
 
     def survives(rows: int) -> bool:
-        return play_node(model, wl, rows, int(rows * per_row), workers, steps, baselines, node_memory,
-                         threshold, store_capacity=store_capacity)["killed"] is None
+        played = play_node(model, wl, rows, int(rows * per_row), workers, steps, baselines, node_memory,
+                           threshold, store_capacity=store_capacity)
+        return played["killed"] is None and not (store_full and played["store_full_killed_step"] is not None)
 
     if not survives(1):
         return None
@@ -462,12 +496,17 @@ def predict(codecs: Sequence[str] = ("numpy-legacy", "numpy"), workload: str = "
         played = play_node(model, wl, rows, pay, workers, steps, baselines, mem, threshold, store_capacity=cap)
         largest = largest_surviving(model, wl, workers, steps, baselines, mem, threshold,
                                     store_capacity=cap) if mem else None
+        largest_full = largest_surviving(model, wl, workers, steps, baselines, mem, threshold, store_capacity=cap,
+                                         store_full=True) if mem and cap is not None else None
         peaks = played["peaks"]
         out.append(CodecPrediction(codec, gc, pay, rows, workers, steps, mem, threshold, baselines,
                                    played["node_peak"], peaks, played["steps"], played["killed"], largest,
                                    played["releases"], model.terms_table(), model.fitted_on, data_plane=data_plane,
                                    store_capacity_bytes=cap, store_capacity_source=cap_source,
-                                   store_full_step=played["store_full_step"]))
+                                   store_full_step=played["store_full_step"],
+                                   node_peak_store_full_bytes=played["node_peak_store_full"],
+                                   store_full_killed_step=played["store_full_killed_step"],
+                                   largest_surviving_payload_store_full_bytes=largest_full))
     if check:
         _check(out, fitted, workload, the_scale, gc, wl, timeout_s, ray_address, log, data_plane)
     return out
