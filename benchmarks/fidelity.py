@@ -28,7 +28,7 @@ def measure(codec: str, transport: str, workload: str, scale: float) -> list[dic
     normal = run(codec, transport, workload, scale)
     payload = normal.payload_bytes
     rows = []
-    for side_name, side in normal.sides.items():
+    for side_name, side in normal.processes.items():
         targets = [None] + list(dict.fromkeys(s.name for s in side.steps))
         for target in targets:
             probes: list[dict] = []

@@ -71,7 +71,7 @@ def memcpy_s(nbytes: int, repeats: int = 5) -> dict[str, float]:
 def one(codec: str, scale: float, address: str) -> dict:
     r = run(codec, "ray", WORKLOAD, scale, transport_options={"ray_address": address})
     steps = {}
-    for side in r.sides.values():
+    for side in r.processes.values():
         for st in side.steps:
             steps.setdefault(f"{side.name}:{st.name}", st.duration_s)
     work = None if r.serialize_s is None or r.deserialize_s is None else r.serialize_s + r.deserialize_s

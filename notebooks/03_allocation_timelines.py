@@ -98,7 +98,7 @@ for _ in range(3):
     td.contiguous().consolidate()  # the result is dropped at once; its buffer stays in a cycle
 
 # %%
-cell = picklescope_result.sides["cell"]  # noqa: F821 - set by the %%picklescope cell above
+cell = picklescope_result.processes["cell"]  # noqa: F821 - set by the %%picklescope cell above
 rest = cell.held_bytes - cell.cycle_held_bytes
 sentence(f"cell held {cell.held_bytes / 2**20:.0f} MiB at its end: gc.collect() freed "
          f"{cell.cycle_held_bytes / 2**20:.0f} MiB (the three consolidated copies, kept alive only by their reference "

@@ -82,7 +82,7 @@ def test_every_budgeted_run_ends_with_a_verdict_and_leaves_nothing(sweep):
         assert r.outcome in ("ok", "oom-killed"), (workload, mult, r.codec, r.transport, r.outcome, r.error)
         assert r.sender.budget_bytes == round(mult * r.payload_bytes)
         assert r.enforcement == "watchdog"
-        for side in r.sides.values():
+        for side in r.processes.values():
             assert gone(side.pid)
         assert not os.path.exists(r.run_dir)
     assert measured_processes() == []
@@ -138,12 +138,12 @@ def test_sigkilled_run_keeps_its_timeline_up_to_the_kill():
     r = ps.run("numpy-legacy", "pickle5-oob", "flowgrpo", 0.1, budget="0.5x")
     assert r.outcome == "oom-killed"
     s = r.sender
-    kill_t = r.kill["t_s"]
+    kill_t = r.killed.t_s
     assert s.baseline_bytes and len(s.timeline.t_s) > 10
     after_baseline = [v for t, v in zip(s.timeline.t_s, s.timeline.bytes) if t <= kill_t]
     assert max(after_baseline) - s.baseline_bytes > 0.5 * r.payload_bytes  # the climb up to the kill is there
     # it ends at the SIGKILL: the teardown samples of a dying process are not part of the curve
-    assert kill_t - 0.05 <= s.timeline.t_s[-1] <= r.kill["sigkill_t_s"]
+    assert kill_t - 0.05 <= s.timeline.t_s[-1] <= r.killed.sigkill_t_s
     assert s.timeline.bytes[-1] - s.baseline_bytes > 0.45 * r.payload_bytes
     # the steps that were open when the process died came through the pipe before the SIGKILL
     open_steps = [st.name for st in s.steps if st.end_s is None]
@@ -251,7 +251,7 @@ def test_machine_guard_kills_a_side_before_the_machine_runs_out(monkeypatch):
     monkeypatch.setattr(watchdog, "machine_memory", lambda: {"total": 1 << 34, "available": 1})
     r = ps.run("numpy", "pickle5-oob", "tiny", 1.0)
     assert r.outcome == "oom-killed"
-    assert r.kill["reason"] == "machine" and "reserve" in r.error
+    assert r.killed.reason == "machine" and "reserve" in r.error
     assert measured_processes() == []
 
 
@@ -273,7 +273,7 @@ def test_total_budget_is_armed_above_the_measured_baseline():
     import picklescope as ps
 
     r = ps.run("numpy-legacy", "pickle5-oob", "tiny", 1.0, budget="total:2GiB")
-    s = r.sides["sender"]
+    s = r.processes["sender"]
     assert r.outcome == "ok", r.error
     assert s.baseline_bytes and s.budget_bytes == 2 * 2**30 - s.baseline_bytes
-    assert r.sides["receiver"].budget_bytes is None
+    assert r.processes["receiver"].budget_bytes is None

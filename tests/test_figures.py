@@ -29,7 +29,7 @@ def killed_result() -> ps.RunResult:
                     ps.Step("consolidate", 0.06, None, None, None, depth=1)]
     receiver = ps.Process("receiver", baseline_bytes=90 * MiB)
     return ps.RunResult("numpy-legacy", "pickle5-oob", "flowgrpo", 0.25, 100 * MiB, outcome="oom-killed",
-                        sides={"sender": sender, "receiver": receiver}, killed_side="sender",
+                        processes={"sender": sender, "receiver": receiver}, killed_side="sender",
                         killed_in_step="consolidate")
 
 
@@ -54,7 +54,7 @@ def test_timeline_figure_draws_sides_steps_and_each_tracer(traced_tiny):
     assert "what memray saw" in names and "what tracemalloc saw" in names
     rss = [t for t in fig.data if t.name == "RSS, sampled every ~1 ms"]
     assert len(rss) == 2 and {t.yaxis for t in rss} == {"y", "y2"}  # two rows, one per side
-    n_steps = sum(len(s.steps) for s in traced_tiny.sides.values())
+    n_steps = sum(len(s.steps) for s in traced_tiny.processes.values())
     steps = [sh for sh in fig.layout.shapes if sh.type == "rect" and sh.name != figures.SETUP_NAME]
     assert len(steps) == n_steps
     labels = {a.text for a in fig.layout.annotations}
@@ -105,7 +105,7 @@ def test_a_kill_that_lands_after_the_last_sample_draws_no_step_after_the_kill():
 def test_a_single_side_result_draws_one_row():
     cell = ps.Process("cell", baseline_bytes=0)
     cell.timeline = ps.Series([0.0, 1.0], [0, MiB])
-    r = ps.RunResult("cell", "-", "cell", 1.0, 0, sides={"cell": cell})
+    r = ps.RunResult("cell", "-", "cell", 1.0, 0, processes={"cell": cell})
     fig = figures.timeline_figure(r)
     assert [t.yaxis for t in fig.data] == ["y"]
 
@@ -115,7 +115,8 @@ def test_comparison_groups_codecs_by_transport():
     for codec, transport, peak in [("numpy", "pickle", 2), ("numpy", "pickle5-oob", 0), ("torch", "pickle", 3)]:
         sides = {n: ps.Process(n, peak_bytes=peak * MiB, held_bytes=MiB, cycle_held_bytes=0)
                  for n in ("sender", "receiver")}
-        runs.append(ps.RunResult(codec, transport, "tiny", 1.0, MiB, sides=sides, serialize_s=0.1, deserialize_s=0.2))
+        runs.append(ps.RunResult(codec, transport, "tiny", 1.0, MiB,
+                                 processes=sides, serialize_s=0.1, deserialize_s=0.2))
     fig = figures.comparison_figure(runs + [runs[0].to_dict()])
     assert fig.layout.barmode == "group"
     assert {t.name for t in fig.data} == {"pickle", "pickle5-oob"}

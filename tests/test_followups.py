@@ -53,7 +53,7 @@ def short_steps_result() -> ps.RunResult:
                       ps.Step("__setstate__", 1.45, 1.48, 47 * MiB, 47 * MiB, depth=1),
                       ps.Step("frombuffer", 1.451, 1.479, 47 * MiB, 47 * MiB, depth=2)]
     return ps.RunResult("numpy-legacy", "pickle5-oob", "flowgrpo", 0.1, 47 * MiB,
-                        sides={"sender": sender, "receiver": receiver})
+                        processes={"sender": sender, "receiver": receiver})
 
 
 def y_range(fig, row: int = 1) -> list[float]:
@@ -83,7 +83,7 @@ def test_setup_before_the_baseline_does_not_set_the_y_range():
 def test_real_run_records_its_baseline_time_and_axis_starts_there(budgeted_tiny):
     r = budgeted_tiny
     fig = figures.timeline_figure(r)
-    for row, side in enumerate(r.sides.values(), start=1):
+    for row, side in enumerate(r.processes.values(), start=1):
         if not side.steps:
             assert side.name == "receiver" and side.baseline_s is None
             continue
@@ -183,7 +183,7 @@ def test_user_text_in_figures_is_shown_literally_not_as_plotly_html():
 
     r = short_steps_result()
     r.codec, r.workload = "<b>mine</b>", "<a href='http://x'>w</a>"
-    r.sides["sender"].steps[0].name = "a<br>b"
+    r.processes["sender"].steps[0].name = "a<br>b"
     fig = timeline_figure(r)
     title = fig.layout.title.text
     assert "<b>" not in title and "&lt;b&gt;mine&lt;/b&gt;" in title and "&lt;a href" in title

@@ -64,7 +64,7 @@ def test_a_survived_budget_under_a_measured_peak_is_a_varying_peak(monkeypatch):
     def fake_run(codec, transport, workload, scale, budget=None, **kw):
         limit = budget.bytes
         r = RunResult(codec=codec, transport=transport, workload=workload, scale=scale, payload_bytes=payload,
-                      sides={"sender": Process("sender"), "receiver": Process("receiver")})
+                      processes={"sender": Process("sender"), "receiver": Process("receiver")})
         if lucky <= limit:
             r.outcome, r.sender.peak_bytes = "ok", lucky
         else:

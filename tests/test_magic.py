@@ -40,11 +40,11 @@ def test_cell_beyond_its_budget_is_oom_killed_and_the_kernel_lives_on(ip, capsys
     assert r.outcome == "oom-killed"
     assert r.killed_side == "cell" and r.killed_in_step == "cell"
     assert r.enforcement == "watchdog"
-    assert r.sides["cell"].peak_bytes > 96 * MiB
+    assert r.processes["cell"].peak_bytes > 96 * MiB
     assert "picklescope_cell.py" in (r.stack_at_death or "")  # the cell's own frame, from faulthandler
     assert r.killed_at_line == 3  # parts.append(np.ones(...)), the line that allocates
-    child = r.sides["cell"].pid
-    assert child != kernel_pid and r.sides["cell"].exit_code == -9
+    child = r.processes["cell"].pid
+    assert child != kernel_pid and r.processes["cell"].exit_code == -9
     try:
         assert psutil.Process(child).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
@@ -67,9 +67,9 @@ def test_cell_peak_is_exact_and_kernel_imports_come_along(ip, capsys):
     # uses np, js and OrderedDict without importing them: the kernel's imports were re-run in the child
     r = _run(ip, "%%picklescope\nx = np.ones(48 * 2**20 // 8)\nprint(js.dumps(OrderedDict(n=x.nbytes)))\n")
     assert r.outcome == "ok", r.error
-    peak = r.sides["cell"].peak_bytes
+    peak = r.processes["cell"].peak_bytes
     assert 46 * MiB <= peak <= 52 * MiB  # exact (VmHWM) peak of one 48 MiB array, above the baseline
-    assert r.sides["cell"].timeline.bytes, "the parent sampled the child"
+    assert r.processes["cell"].timeline.bytes, "the parent sampled the child"
     assert r.import_errors == []
     out = capsys.readouterr().out
     assert f'{{"n": {48 * MiB}}}' in out
@@ -127,6 +127,6 @@ def test_cell_tracer_shows_what_tracemalloc_misses(ip):
     ip.run_cell("import torch", store_history=True)
     r = _run(ip, "%%picklescope --tracer tracemalloc\nt = torch.ones(32 * 2**18)\nb = bytearray(b'x' * (8 * 2**20))\n")
     assert r.outcome == "ok" and r.tracer == "sampler,tracemalloc"
-    seen, exact = r.tracers["tracemalloc"]["peak_bytes"], r.sides["cell"].peak_bytes
+    seen, exact = r.tracers["tracemalloc"]["peak_bytes"], r.processes["cell"].peak_bytes
     assert exact >= 38 * MiB  # 32 MiB tensor + 8 MiB bytes (+ the temporary b'x' * n)
     assert 7 * MiB <= seen <= 20 * MiB  # the Python buffers only: the torch tensor is invisible to it

@@ -232,7 +232,7 @@ def test_sampling_gaps_stay_under_20_ms_with_8_workers(runs, cluster):
 
 def test_a_kill_says_whose_step_it_landed_in():
     """A worker killed between its own steps is named with the driver's open step, as the driver's."""
-    from picklescope.measure.kill import Kill
+    from picklescope.core.kill import Kill
 
     def kill(step, step_of):
         return Kill("worker-0", 0.5, 0, 1, node_bytes=0, training_step=2, step=step, step_of=step_of).during()

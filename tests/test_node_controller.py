@@ -64,7 +64,8 @@ def test_hand_over_keeps_the_old_curve_under_its_new_name():
 
 
 def test_json_names_the_controller_and_reads_back():
-    r = NodeResult("numpy", "flowgrpo", 0.05, 2, 2, 1, "chunk", "off", "ray-arg", None, controller="actor")
+    r = NodeResult("numpy", "ray-arg", "flowgrpo", 0.05, 1,
+                   workers=2, steps=2, dispatch="chunk", gc="off", returns=None, controller="actor")
     doc = r.to_json_dict()
     assert doc["controller"] == "actor" and doc["node"]["config"]["controller"] == "actor"
     assert NodeResult.from_json_dict(doc).controller == "actor"

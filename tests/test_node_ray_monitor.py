@@ -18,11 +18,11 @@ import psutil
 import pytest
 
 from picklescope.core import cgroup
+from picklescope.core.kill import Kill
 from picklescope.core.result import Process, Series
 from picklescope.errors import PicklescopeError
 from picklescope.investigate.node import NodeResult, enforce, node, node_series
 from picklescope.investigate.node.tracking import Tracking
-from picklescope.measure.kill import Kill
 from picklescope.measure.session import Session
 from picklescope.ray import ray_available
 
@@ -97,7 +97,8 @@ def test_the_limit_puts_rays_threshold_at_the_budget():
 
 
 def test_killed_by_names_the_enforcer_in_the_json_both_ways():
-    r = NodeResult("numpy-legacy", "flowgrpo", 0.1, 2, 4, 1, "chunk", "off", "ray-arg", None, enforcement="watchdog")
+    r = NodeResult("numpy-legacy", "ray-arg", "flowgrpo", 0.1, 1,
+                   workers=2, steps=4, dispatch="chunk", gc="off", returns=None, enforcement="watchdog")
     r.killed = Kill("worker-1", 1.0, 20, 42, node_bytes=10, training_step=2, step="compute")
     assert r.to_json_dict()["killed"]["by"] == "watchdog" and r.to_json_dict()["killed"]["message"] is None
     r.killed_by, r.killed_message = "ray", MESSAGE
@@ -196,7 +197,8 @@ def test_a_kill_reads_the_node_before_the_victims_memory_falls_away():
     session.node_baseline, session.baseline_s = node_total[0] * mib, ticks[0]
     # read on the victim's last sample, the node was 380 MiB below its baseline
     assert enforce._moment(session, ticks[9])[1] == -380 * mib
-    r = NodeResult("numpy-legacy", "flowgrpo", 0.1, 2, 4, 1, "chunk", "off", "ray-arg", None, enforcement="ray")
+    r = NodeResult("numpy-legacy", "ray-arg", "flowgrpo", 0.1, 1,
+                   workers=2, steps=4, dispatch="chunk", gc="off", returns=None, enforcement="ray")
     tracking = Tracking(0.0, budget=40 * mib)
     assert enforce.record_ray_kill(session, r, tracking, {"exc_type": "OutOfMemoryError", "message": MESSAGE})
     k = session.kill
@@ -230,7 +232,8 @@ def test_the_kernels_victim_is_the_first_whose_memory_vanished_even_while_it_is_
     total = [sum(c[i] for c in curves.values() if i < len(c)) + 20 for i in range(20)]
     session.node = Series(list(ticks), [v * mib for v in total])
     session.node_baseline, session.baseline_s = total[0] * mib, ticks[0]
-    r = NodeResult("numpy-legacy", "flowgrpo", 0.1, 2, 4, 1, "chunk", "off", "ray-arg", None,
+    r = NodeResult("numpy-legacy", "ray-arg", "flowgrpo", 0.1, 1,
+                   workers=2, steps=4, dispatch="chunk", gc="off", returns=None,
                    enforcement="cgroup", controller="actor")
     r.cgroup = {"path": str(fake)}
     tracking = Tracking(0.0, budget=100 * mib, cgroup=str(fake))

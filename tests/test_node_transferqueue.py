@@ -234,8 +234,9 @@ def test_the_plane_is_in_the_cli_help():
 
 
 def test_a_killed_replay_says_what_each_process_held_at_the_kill():
-    from picklescope.measure.kill import Kill
-    r = NodeResult("numpy", "flowgrpo", SCALE, WORKERS, STEPS, 100, "chunk", "default", "ray-arg", None,
+    from picklescope.core.kill import Kill
+    r = NodeResult("numpy", "ray-arg", "flowgrpo", SCALE, 100,
+                   workers=WORKERS, steps=STEPS, dispatch="chunk", gc="default", returns=None,
                    data_plane="transferqueue")
     for name, base in (("driver", 1000), ("producer", 2000), ("storage-0", 500)):
         r.processes[name] = Process(name, 1, "worker", reading="private", sampled_baseline_bytes=base)

@@ -84,7 +84,7 @@ def test_every_seed_run_round_trips_with_both_sides_and_the_store(seed):
         assert r.roundtrip == {"ok": True, "mismatches": []}
         assert [s.name for s in r.sender.steps][:2] == ["ray.put", "ray.serialize"]
         assert r.receiver.steps[0].name == "ray.get" and r.receiver.step("ray.deserialize")
-        for side in r.sides.values():
+        for side in r.processes.values():
             assert side.pid and side.baseline_bytes and side.peak_bytes is not None
             assert len(side.timeline.t_s) > 10
         assert r.sender.pid != r.receiver.pid

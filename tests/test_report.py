@@ -182,7 +182,7 @@ def test_names_from_user_input_are_escaped(reproduced):
             if isinstance(entry, dict):
                 entry["reason"] = evil
                 entry["notes"] = [evil]
-        for side in r.sides.values():
+        for side in r.processes.values():
             for st in side.steps:
                 st.name = evil
     html = render(inv)

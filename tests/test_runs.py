@@ -14,7 +14,8 @@ import os
 import pytest
 
 import picklescope as ps
-from picklescope.core.result import Process, RunResult, Series, Step
+from picklescope.core.kill import Kill
+from picklescope.core.result import Measured, Process, RunResult, Series, Step
 from picklescope.investigate.node.result import NodeResult
 from picklescope.measure.session import Session
 from picklescope.views.timeline import RunTimeline
@@ -68,7 +69,7 @@ def test_every_run_round_trips_exactly_and_reports_both_sides(flowgrpo_quarter):
     for (codec, transport), r in flowgrpo_quarter.items():
         assert r.outcome == "ok", (codec, transport, r.error)
         assert r.roundtrip == {"ok": True, "mismatches": []}
-        for side in r.sides.values():
+        for side in r.processes.values():
             assert side.baseline_bytes and side.pid and side.exit_code == 0
             assert len(side.timeline.t_s) > 10
             names = [s.name for s in side.steps]
@@ -112,7 +113,7 @@ def test_every_value_of_a_result_is_a_field_and_results_saved_with_an_extra_dict
     written when some values sat under ``extra`` loads into the fields (core/result.py, ``lift_old_extra``)."""
     from picklescope.investigate.reproduce import Investigation
 
-    r = RunResult("numpy", "pickle", "tiny", 1.0, 100, sides={"sender": Process("sender", private_peak_bytes=7)},
+    r = RunResult("numpy", "pickle", "tiny", 1.0, 100, processes={"sender": Process("sender", private_peak_bytes=7)},
                   killed_at="codec.py:3 in encode", role="budgeted", headroom_bytes=42)
     d = r.to_dict()
     assert "extra" not in d and "extra" not in d["sides"]["sender"]
@@ -143,7 +144,7 @@ def test_one_step_and_one_series_shape_and_documents_saved_before_them_still_loa
     step = Step(name="consolidate", start_s=1.0, end_s=None, peak_bytes=5, added_bytes=5, depth=1)
     assert step.until(0.5) == 1.0 and step.until(2.0) == 2.0 and Step("s", 1.0, 3.0).until(9.0) == 3.0
     side = Process("sender", baseline_bytes=10, steps=[step], timeline=Series([0.0, 0.1], [10, 25]))
-    r = RunResult("numpy", "pickle", "tiny", 1.0, 100, sides={"sender": side})
+    r = RunResult("numpy", "pickle", "tiny", 1.0, 100, processes={"sender": side})
     d = r.to_dict()
     assert d["sides"]["sender"]["timeline"] == {"t_s": [0.0, 0.1], "bytes": [10, 25]}
     assert RunResult.from_dict(d) == r and r.sender.own_peak_bytes() == 15
@@ -170,7 +171,8 @@ def test_one_step_and_one_series_shape_and_documents_saved_before_them_still_loa
         "tracers": {"memray": {"t_s": [0.05], "bytes": [3]}}}}
     assert RunTimeline.from_dict(old_tl) == tl
     # a node document whose process steps carry training_step and no line
-    node = NodeResult("numpy", "flowgrpo", 0.05, 2, 2, 1, "chunk", "off", "ray-arg", None)
+    node = NodeResult("numpy", "ray-arg", "flowgrpo", 0.05, 1,
+                      workers=2, steps=2, dispatch="chunk", gc="off", returns=None)
     node.processes["driver"] = Process("driver", 1, "driver", reading="private", steps=[
         Step(name="ray.put", start_s=0.5, end_s=0.7, peak_bytes=3, depth=0, training_step=1)],
         timeline=Series([0.5], [7]))
@@ -197,7 +199,8 @@ def test_one_process_shape_with_one_meaning_per_baseline_and_documents_saved_bef
     assert late.above_baseline() == Series() and late.own_peak_bytes() is None and late.above(50) is None
     assert late.above_baseline(unknown_baseline=0) == Series([0.2], [50])  # a node's sum counts it from zero
     # a node replay's document: the record as it is, plus its own peak above the baseline tick
-    node = NodeResult("numpy", "flowgrpo", 0.05, 2, 2, 1, "chunk", "off", "ray-arg", None, baseline_s=0.1)
+    node = NodeResult("numpy", "ray-arg", "flowgrpo", 0.05, 1,
+                      workers=2, steps=2, dispatch="chunk", gc="off", returns=None, baseline_s=0.1)
     node.processes = {"worker-0": worker, "worker-1": late}
     doc = node.to_json_dict()
     p = doc["processes"]["worker-0"]
@@ -230,6 +233,33 @@ def test_one_process_shape_with_one_meaning_per_baseline_and_documents_saved_bef
     assert loaded == Process("sender", 3, baseline_bytes=10, baseline_s=0.1, peak_bytes=14, held_bytes=0,
                              cycle_held_bytes=0, timeline=Series([0.0, 0.1, 0.2], [8, 25, 12]), exit_code=0)
     assert loaded.own_peak_bytes() == 15
+
+
+def test_a_pairs_run_and_a_node_replay_share_one_root_and_their_documents_keep_their_keys():
+    """A pair's (or a cell's) :class:`RunResult` and a node replay's :class:`NodeResult` are one root,
+    :class:`Measured`: the same processes, the same typed kill record and outcome, read the same way by a
+    view. Each keeps its ``--json`` keys (a run's ``sides`` and ``kill``, a node's ``processes`` and
+    ``killed``), and a run saved with its kill record as a plain dictionary loads it typed."""
+    kill = Kill(process="sender", t_s=1.5, budget_bytes=64, pid=11, above_baseline_bytes=70, step="consolidate")
+    run = RunResult("numpy-legacy", "pickle", "tiny", 1.0, 100, outcome="oom-killed", killed=kill,
+                    processes={"sender": Process("sender", 11, peak_bytes=70), "receiver": Process("receiver")})
+    node = NodeResult("numpy-legacy", "ray-arg", "flowgrpo", 0.05, 100, workers=2, steps=2, dispatch="chunk",
+                      gc="off", returns=None, outcome="oom-killed",
+                      killed=Kill(process="driver", t_s=2.0, node_bytes=300, training_step=2))
+    node.processes["driver"] = Process("driver", 12, "driver", reading="private", peak_bytes=250)
+    for r, victim, peak in ((run, "sender", 70), (node, "driver", 250)):
+        assert isinstance(r, Measured) and r.outcome == "oom-killed"
+        assert r.killed_process is r.process(victim) and r.exact_peaks()[victim] == peak
+    doc = run.to_dict()
+    assert set(doc["sides"]) == {"sender", "receiver"} and doc["kill"]["above_baseline_bytes"] == 70
+    assert "processes" not in doc and "killed" not in doc
+    assert RunResult.from_dict(doc) == run and RunResult.from_json(run.to_json()).killed == kill
+    nodedoc = node.to_json_dict()
+    assert nodedoc["killed"]["training_step"] == 2 and "driver" in nodedoc["processes"]
+    assert NodeResult.from_json_dict(nodedoc).killed == node.killed
+    untouched = RunResult("numpy", "pickle", "tiny", 1.0, 100)
+    assert untouched.killed is None and untouched.killed_process is None and untouched.to_dict()["kill"] is None
+    assert RunResult.from_dict(untouched.to_dict()) == untouched
 
 
 def test_the_session_keeps_the_folds_bookkeeping_beside_the_records():

@@ -51,7 +51,7 @@ def test_an_unavailable_tracer_says_why_and_reports_no_numbers(monkeypatch):
     cls = get_tracer("memray")
     monkeypatch.setattr(cls, "availability", classmethod(lambda c: (False, "memray is not installed")))
     r = ps.RunResult("numpy", "pickle5-oob", "tiny", 1.0, 1000,
-                     sides={"sender": ps.Process("sender", baseline_bytes=0)})
+                     processes={"sender": ps.Process("sender", baseline_bytes=0)})
     Collector(["sampler", "memray"]).collect(r, "/nonexistent", 0.0, {})
     entry = r.tracers["memray"]
     assert entry["available"] is False and entry["reason"] == "memray is not installed"

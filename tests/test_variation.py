@@ -25,7 +25,7 @@ def _result(sender_peak: int, payload: int = 100 * MiB, outcome: str = "ok") -> 
     sender = Process("sender", peak_bytes=sender_peak, steps=[Step("pickle.dumps", 0.0, 1.0, sender_peak, sender_peak)])
     receiver = Process("receiver", peak_bytes=2 * payload)
     return RunResult("numpy-legacy", "pickle", "flowgrpo", 0.05, payload, outcome=outcome,
-                     sides={"sender": sender, "receiver": receiver})
+                     processes={"sender": sender, "receiver": receiver})
 
 
 def test_variation_is_min_median_max_of_every_exact_peak():

@@ -44,7 +44,7 @@ def switched(ip):
     draw = ex._draw
 
     def counting(r, final=False):
-        frames.append(all(s.peak_bytes is not None for s in r.sides.values()))
+        frames.append(all(s.peak_bytes is not None for s in r.processes.values()))
         draw(r, final)
         if not final:
             live.append((ex.status.value, ex.figure.layout.title.text or ""))

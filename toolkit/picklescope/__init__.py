@@ -25,7 +25,7 @@ _PUBLIC: dict[str, str] = {
     "Batch": "picklescope.batch",
     "CODECS": "picklescope.codecs", "get_codec": "picklescope.codecs", "register_codec": "picklescope.codecs",
     "RunResult": "picklescope.core.result", "Process": "picklescope.core.result", "Step": "picklescope.core.result",
-    "Series": "picklescope.core.result",
+    "Series": "picklescope.core.result", "Measured": "picklescope.core.result", "Kill": "picklescope.core.kill",
     "PicklescopeError": "picklescope.errors", "UnknownNameError": "picklescope.errors",
     "UnsupportedCase": "picklescope.errors",
     "run": "picklescope.measure.runner",
@@ -37,7 +37,8 @@ _PUBLIC: dict[str, str] = {
 if TYPE_CHECKING:  # for type checkers and editors: the same names, imported eagerly
     from picklescope.batch import Batch
     from picklescope.codecs import CODECS, get_codec, register_codec
-    from picklescope.core.result import Process, RunResult, Series, Step
+    from picklescope.core.kill import Kill
+    from picklescope.core.result import Measured, Process, RunResult, Series, Step
     from picklescope.errors import PicklescopeError, UnknownNameError, UnsupportedCase
     from picklescope.investigate.node import NodeResult, node
     from picklescope.measure.runner import run
@@ -80,7 +81,8 @@ def load_ipython_extension(ipython: object) -> None:
 
 
 __all__ = [
-    "CODECS", "TRANSPORTS", "Batch", "NodeResult", "PicklescopeError", "Process", "RunResult", "Series", "Step",
+    "CODECS", "TRANSPORTS", "Batch", "Kill", "Measured", "NodeResult", "PicklescopeError", "Process", "RunResult",
+    "Series", "Step",
     "UnknownNameError", "UnsupportedCase", "available_workloads", "get_codec", "get_transport",
     "load_workload", "node", "register_codec", "run",
 ]

@@ -1,7 +1,10 @@
 """A measured run as plain data: computed first, drawn later, saved as JSON and read back.
 
-Nothing here imports plotly or talks to a process; figures, tables, widgets and reports are views of
-a :class:`RunResult`.
+One root, :class:`Measured`, holds what every measured run has whatever its topology (a pair over
+pickle, a cell, a Ray pair, a node replay): the case, its processes (each a :class:`Process`), the one
+kill record and the outcome. :class:`RunResult` (a pair or a cell) and the node replay's ``NodeResult``
+extend it with what only their topology knows. Nothing here imports plotly or talks to a process;
+figures, tables, widgets and reports are views of these records.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+from picklescope.core.kill import Kill
 
 VARIES_FRACTION = 0.01  # a peak whose runs spread by more than this fraction of the payload "varies"
 
@@ -226,7 +231,7 @@ class Variation:
         payload = results[0].payload_bytes
         values: dict[str, list[int]] = {}
         for r in results:
-            for side_name, side in r.sides.items():
+            for side_name, side in r.processes.items():
                 if side.peak_bytes is not None:
                     values.setdefault(side_name, []).append(side.peak_bytes)
                 seen: set[str] = set()
@@ -255,23 +260,52 @@ class Variation:
 
 
 @dataclass
-class RunResult:
-    """One codec x transport x workload run, both sides, with verdict and round trip."""
+class Measured:
+    """The one root of a measured run: the case, every measured process, the kill and the outcome.
+
+    A pair's sender and receiver, a cell, a Ray pair's driver and actor and a node replay's driver,
+    workers and storage units are all :class:`Process` records under ``processes``, killed or not by one
+    :class:`~picklescope.core.kill.Kill` record, so a view that draws processes, peaks or a kill reads
+    any run the same way. Only the case is positional (``codec, transport, workload, scale,
+    payload_bytes``); everything else is named, and a topology's own fields follow in its subclass."""
 
     codec: str
     transport: str
     workload: str
     scale: float
     payload_bytes: int
-    outcome: str = "ok"  # ok | error | oom-killed | memory-error | timeout
-    error: str | None = None
+    outcome: str = field(default="ok", kw_only=True)  # ok | error | oom-killed | memory-error | timeout | interrupted
+    error: str | None = field(default=None, kw_only=True)
+    processes: dict[str, Process] = field(default_factory=dict, kw_only=True)
+    killed: Kill | None = field(default=None, kw_only=True)  # whom a budget (or the kernel, or Ray) killed
+    wall_s: float | None = field(default=None, kw_only=True)
+
+    def process(self, name: str) -> Process | None:
+        """The process called ``name`` (None if the run had none)."""
+        return self.processes.get(name)
+
+    @property
+    def killed_process(self) -> Process | None:
+        """The record of the process the kill record names (None: nothing was killed, or not by a budget)."""
+        return None if self.killed is None else self.processes.get(self.killed.process)
+
+    def exact_peaks(self) -> dict[str, int | None]:
+        """Each process's exact peak (VmHWM above its baseline), by name: the figure every view compares."""
+        return {name: p.peak_bytes for name, p in self.processes.items()}
+
+
+@dataclass
+class RunResult(Measured):
+    """One codec x transport x workload run (a pair's two sides, or a cell), with verdict and round trip.
+
+    In JSON its processes are ``sides`` and its kill record ``kill`` (the ``--json`` schema)."""
+
     blob_bytes: int | None = None
     inband_bytes: int | None = None
     oob_bytes: int | None = None
     serialize_s: float | None = None
     deserialize_s: float | None = None
     roundtrip: dict[str, Any] = field(default_factory=lambda: {"ok": None, "mismatches": []})
-    sides: dict[str, Process] = field(default_factory=dict)
     receiver_codec: str | None = None
     tracer: str = "sampler"
     tracers: dict[str, Any] = field(default_factory=dict)
@@ -284,7 +318,6 @@ class RunResult:
     original_error: str | None = None  # a memory-error's own message, kept beside the explanation
     enforcement: str | None = None  # watchdog | cgroup | address-space (None: no budget)
     enforcement_note: str | None = None  # why that enforcement ran (e.g. why not a cgroup)
-    wall_s: float | None = None
     command: str | None = None
     environment: dict[str, Any] = field(default_factory=dict)
     variation: Variation | None = None  # run(..., repeat=N): this is the worst run, this the spread of all N
@@ -300,7 +333,6 @@ class RunResult:
     import_errors: list[str] | None = None  # a cell's imports that failed in the child
     tracer_notes_error: str | None = None  # why the tracers' notes could not be read
     # how the run was enforced and cleaned up
-    kill: dict[str, Any] | None = None  # the watchdog's kill record (measure.kill.Kill.to_dict)
     stack_note: str | None = None  # how the stack at death relates to the step that crossed the budget
     charged_at_death: int | None = None  # cgroup: the memory charged to the killed side when it died
     cgroup: dict[str, Any] | None = None  # cgroup: the kernel's memory.events counters at the end
@@ -316,14 +348,16 @@ class RunResult:
 
     @property
     def sender(self) -> Process:
-        return self.sides["sender"]
+        return self.processes["sender"]
 
     @property
     def receiver(self) -> Process:
-        return self.sides["receiver"]
+        return self.processes["receiver"]
 
     def to_dict(self) -> dict[str, Any]:
+        """The ``--json`` document: the processes as ``sides`` and the kill record as ``kill``."""
         d = asdict(self)
+        d["sides"], d["kill"] = d.pop("processes"), d.pop("killed")
         if self.variation is not None:
             d["variation"] = self.variation.to_dict()
         return d
@@ -335,7 +369,8 @@ class RunResult:
     def from_dict(cls, d: dict[str, Any]) -> RunResult:
         known = {f.name for f in fields(cls)}
         kw = {k: v for k, v in lift_old_extra(d, known).items() if k in known}
-        kw["sides"] = {name: Process.from_dict(s) for name, s in d.get("sides", {}).items()}
+        kw["processes"] = {name: Process.from_dict(s) for name, s in d.get("sides", {}).items()}
+        kw["killed"] = Kill.from_dict(d["kill"]) if d.get("kill") else None
         if kw.get("variation") is not None:
             kw["variation"] = Variation.from_dict(kw["variation"])
         kw["output"] = [tuple(o) for o in kw.get("output") or []]

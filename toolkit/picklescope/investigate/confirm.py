@@ -70,19 +70,23 @@ class ConfirmReport:
 
 
 def _candidate(baseline: str, candidate: str) -> tuple[str, str, str | None]:
-    """(codec name, environment label, patch path) of the candidate."""
+    """(codec name, environment label, patch path) of the candidate.
+
+    The user's own file is checked before the baseline's environment: a patch that does not exist or does
+    not parse is the first thing to fix, whichever verl is installed."""
     label, mode, bpatch = split_name(baseline)
     if bpatch:
         raise PicklescopeError(f"baseline {baseline!r} is already patched", "give an unpatched baseline")
-    envs.get_env(label)
     path = Path(candidate).expanduser()
     if path.is_dir():
+        envs.get_env(label)
         env = envs.install_source(path, "candidate")
         return f"{env.codec_prefix}:{mode}", env.label, None
     if not path.is_file():
         raise PicklescopeError(f"candidate {candidate} does not exist",
                                "give a .py patch file or a verl checkout folder")
     patch = register_candidate(path)
+    envs.get_env(label)
     return f"verl-{label}:{mode}+{Path(patch).stem}", label, patch
 
 

@@ -149,7 +149,7 @@ def run_cell(code: str, *, imports: list[str] | tuple[str, ...] = (), variables:
     limits = _limits(budget_bytes)
     side = Process(SIDE, budget_bytes=budget_bytes)
     result = RunResult(codec="%%picklescope", transport="none", workload="cell", scale=1.0, payload_bytes=0,
-                       sides={SIDE: side}, tracer=",".join(names))
+                       processes={SIDE: side}, tracer=",".join(names))
     if budget_bytes is not None:
         result.enforcement, result.enforcement_note = limits.enforcement, limits.note
     run_dir = tempfile.mkdtemp(prefix=temp_name("picklescope-cell-"), dir=_SHM)

@@ -24,15 +24,15 @@ class RunFold:
     def __init__(self, result: RunResult, on_event: EventHook | None) -> None:
         self.result = result
         self.on_event = on_event
-        self.open_steps: dict[str, list[Step]] = {name: [] for name in result.sides}
-        self.done: dict[str, bool] = {name: False for name in result.sides}
+        self.open_steps: dict[str, list[Step]] = {name: [] for name in result.processes}
+        self.done: dict[str, bool] = {name: False for name in result.processes}
         self.manifest: dict[str, Any] | None = None
         self.handoff: dict[str, Any] | None = None
         self.errors: list[Error] = []
 
     def handle(self, ev: Event) -> None:
         """Fold one event of any side into the result (see :mod:`picklescope.core.events`), then pass it on."""
-        side = self.result.sides[ev["side"]]
+        side = self.result.processes[ev["side"]]
         kind = ev["type"]
         if kind == "ready":
             if "manifest" in ev:  # a run's side: what the batch must look like after the round trip
@@ -89,7 +89,7 @@ def finish_run(state: RunFold) -> None:
         return
     for name in ("sender", "receiver"):
         if not state.done[name]:
-            side = r.sides[name]
+            side = r.processes[name]
             verdicts.conclude(r, "error", f"{name} process ended without a result (exit code {side.exit_code})")
             return
     if r.roundtrip.get("ok") is False:

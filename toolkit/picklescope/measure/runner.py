@@ -194,9 +194,9 @@ def _run_once(
 
     result = RunResult(codec=codec, transport=transport, workload=spec.name, scale=scale,
                        payload_bytes=payload, receiver_codec=receiver_codec,
-                       sides={"sender": Process("sender"), "receiver": Process("receiver")},
+                       processes={"sender": Process("sender"), "receiver": Process("receiver")},
                        tracer=",".join(tracer_names) or "none")
-    for name, side in result.sides.items():
+    for name, side in result.processes.items():
         side.budget_bytes = limits.budgets[name]
     if limits.any:
         result.enforcement, result.enforcement_note = limits.enforcement, limits.note
@@ -232,13 +232,13 @@ def _run_once(
                     proc, _conn = run.launch(name, target, (cfg,), f"picklescope-{name}",
                                              sampled=bool(tracer_names))  # tracer "none": no sampling at all
                     tracker.add(proc.pid)
-                    result.sides[name].pid = proc.pid
+                    result.processes[name].pid = proc.pid
                 _relay_pair(run, state, t0 + timeout_s, killed=lambda: "sender" in guard.kills)
                 run.stop_sampling()
                 tracker.snapshot()  # while the sides live, their descendants are still in their tree
         finally:
             for name, code in run.exit_codes.items():
-                result.sides[name].exit_code = code
+                result.processes[name].exit_code = code
             stray = [pid for pid in tracker.end(keep=launcher.started_pids) if pid not in tracker.pids]
             if stray:
                 result.killed_descendants = stray  # processes a side started and left running
@@ -251,7 +251,7 @@ def _run_once(
         _raise_bad_setup(state)
         _armed_budgets(result, limits)
         for name, tl in timelines.items():
-            result.sides[name].timeline = tl
+            result.processes[name].timeline = tl
         finish_run(state)
         verdicts.decide(result, state.errors, state.done, guard.kills, result.enforcement, cgroup_counters)
         result.wall_s = time.monotonic() - t0
@@ -293,7 +293,7 @@ def _relay_pair(run: MeasuredRun, state: RunFold, deadline: float,
 def _armed_budgets(result: RunResult, limits: Any) -> None:
     """Each side's budget as enforced: a ``total:`` limit became bytes above the baseline only when the
     watchdog saw that side's baseline (:meth:`~picklescope.measure.budget.Limits.arm_total`)."""
-    for name, side in result.sides.items():
+    for name, side in result.processes.items():
         if limits.budgets.get(name) is not None:
             side.budget_bytes = limits.budgets[name]
 

@@ -50,9 +50,9 @@ from typing import Any, Protocol
 
 from picklescope.core import procmem
 from picklescope.core.events import Event
+from picklescope.core.kill import Kill
 from picklescope.core.procmem import StatmReader
 from picklescope.core.result import Process, Series, Step
-from picklescope.measure.kill import Kill
 from picklescope.measure.sampler import hold_gc, raise_priority
 from picklescope.measure.watchdog import dump_stack_then_kill
 

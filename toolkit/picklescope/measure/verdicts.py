@@ -17,13 +17,11 @@ from __future__ import annotations
 import re
 import sysconfig
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
+from picklescope.core.kill import Kill
 from picklescope.core.result import Process, RunResult, Step
 from picklescope.core.units import fmt_bytes
-
-if TYPE_CHECKING:  # a sibling: the watchdog makes the kill record, the verdict reads it
-    from picklescope.measure.kill import Kill
 
 
 @dataclass(frozen=True)
@@ -177,8 +175,8 @@ def _trim_at_peak(side: Process, since_s: float | None) -> None:
 
 
 def apply_kill(r: RunResult, kill: Kill, enforcement: str) -> None:
-    """Turn a watchdog kill (see :class:`picklescope.measure.kill.Kill`) into the run's verdict."""
-    side = r.sides[kill.process]
+    """Turn a watchdog kill (see :class:`picklescope.core.kill.Kill`) into the run's verdict."""
+    side = r.processes[kill.process]
     _trim(side, kill.sigkill_t_s)
     step = side.step(kill.step) if kill.step else None
     if step is None and kill.reason == "budget":
@@ -194,7 +192,7 @@ def apply_kill(r: RunResult, kill: Kill, enforcement: str) -> None:
     frame = culprit(main_thread_frames(kill.stack)) if kill.stack else None
     r.killed_at_line = frame.line if frame else None
     r.killed_at = str(frame) if frame else None
-    r.kill = kill.to_dict()
+    r.killed = kill
     if step is not None and step.end_s is not None and step.end_s < kill.t_s:
         r.stack_note = (f"the budget was crossed in step {step.name} (its exact peak), which had ended "
                                  "by the time the watchdog saw it; the stack shows where the side was when killed")
@@ -211,7 +209,7 @@ def apply_kill(r: RunResult, kill: Kill, enforcement: str) -> None:
 
 def apply_external_kill(r: RunResult, side_name: str, enforcement: str, counters: dict[str, int]) -> None:
     """A side died of SIGKILL that the watchdog did not send: a cgroup's or the kernel's OOM killer."""
-    side = r.sides[side_name]
+    side = r.processes[side_name]
     step = innermost_open(side)
     _trim_at_peak(side, step.start_s if step else None)
     conclude(r, "oom-killed")
@@ -268,7 +266,7 @@ def cgroup_charge(counters: dict[str, int]) -> dict[str, int] | None:
 
 def apply_memory_error(r: RunResult, err: dict[str, Any], explanation: str) -> None:
     """An allocation failed inside a side and surfaced as an exception: out of memory, explained."""
-    side = r.sides[err["side"]]
+    side = r.processes[err["side"]]
     step = innermost_failed(side)
     original = f"{err['exc_type']}: {err['message']}"
     conclude(r, "memory-error")
@@ -323,7 +321,7 @@ def decide(r: RunResult, errors: list[dict[str, Any]], done: dict[str, bool], ki
         apply_kill(r, min(kills.values(), key=lambda k: k.t_s), enforcement or "watchdog")
         return
     if r.outcome != "timeout":
-        for name, side in r.sides.items():
+        for name, side in r.processes.items():
             if not done.get(name) and side.exit_code == -9:
                 apply_external_kill(r, name, enforcement or "kernel", counters.get(name, {}))
                 return
@@ -342,9 +340,9 @@ _ENDED = {"ok": "finished", "oom-killed": "was killed for using too much memory"
 
 def death_text(r: RunResult) -> str | None:
     """"killed in consolidate at 31.2 MiB (0.66x payload), budget 23.6 MiB" for a killed run, else None."""
-    if not r.killed_side or r.killed_side not in r.sides:
+    if not r.killed_side or r.killed_side not in r.processes:
         return None
-    side = r.sides[r.killed_side]
+    side = r.processes[r.killed_side]
     text = f"killed in {r.killed_in_step or 'its set-up'}"
     death = r.memory_at_death_bytes
     if death is not None:
@@ -372,7 +370,7 @@ def verdict(r: RunResult) -> Verdict:
     death = death_text(r)
     if death is not None:
         return Verdict(ended, f"the {r.killed_side} was {death}")
-    peak = r.sender.peak_bytes if "sender" in r.sides else None
+    peak = r.sender.peak_bytes if "sender" in r.processes else None
     detail = ""
     if r.outcome == "ok" and peak is not None:
         mult = f" ({peak / r.payload_bytes:.2f}x payload)" if r.payload_bytes else ""

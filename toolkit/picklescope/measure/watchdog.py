@@ -23,9 +23,9 @@ import time
 from collections.abc import Callable
 
 from picklescope.core.events import Event
+from picklescope.core.kill import Kill
 from picklescope.core.procmem import machine_memory
 from picklescope.measure.budget import BudgetBelowBaseline, Limits
-from picklescope.measure.kill import Kill
 
 EventHook = Callable[[Event], None]
 STACK_WAIT_S = 0.1  # longest wait for the stack dump before SIGKILL

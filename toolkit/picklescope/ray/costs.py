@@ -47,7 +47,7 @@ def summarize(r: RunResult, shm: dict[str, dict[str, Any]], ray_path: str) -> No
         r.codec_note = (f"TransferQueue moves the TensorDict field by field: codec {r.codec!r} "
                                  "(Batch.__getstate__) is never called")
     shared: dict[str, dict[str, int]] = {}
-    for name, side in r.sides.items():
+    for name, side in r.processes.items():
         rec = shm.get(name, {})
         shared[name] = _shared_by_step(side, rec.get("added", []))
         side.store_pages_by_step = shared[name]

@@ -266,7 +266,7 @@ def run_sides(state: RunFold, pair: PairConfig, *, ray_path: str, timeout_s: flo
             shutil.rmtree(ray_tmp, ignore_errors=True)
         shutil.rmtree(cfg.run_dir, ignore_errors=True)
     for name, tl in session.timelines().items():
-        result.sides[name].timeline = tl
+        result.processes[name].timeline = tl
     if session.store_attached:
         result.object_store = store_trace(session.store.t_s, session.store.bytes, run.store_source,
                                           cfg.object_store_bytes)

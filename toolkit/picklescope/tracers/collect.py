@@ -138,7 +138,7 @@ class Collector:
     def _collect_one(self, tracer: Tracer, ctx: ParentContext, entry: dict[str, Any]) -> None:
         result = ctx.result
         reasons = []
-        for side_name, side in result.sides.items():
+        for side_name, side in result.processes.items():
             d = self.data.get((tracer.name, side_name), SideData())
             if tracer.in_child and not d.started:
                 why = d.reason or "this side never reached its measured phase, so the tracer never started"

@@ -19,7 +19,7 @@ PARTIAL = 0.5  # ... and one that saw less than half of the exact figure saw onl
 
 def _first_steps(result: RunResult, side: str) -> list[Any]:
     seen, out = set(), []
-    for st in result.sides[side].steps:
+    for st in result.processes[side].steps:
         if st.name not in seen:
             seen.add(st.name)
             out.append(st)
@@ -52,7 +52,7 @@ def add_notes(result: RunResult) -> None:
             entry["notes"] = notes
             continue
         for side_name, view in entry.get("sides", {}).items():
-            if side_name not in result.sides or not payload:
+            if side_name not in result.processes or not payload:
                 continue
             steps_seen = view.get("per_step") or {}
             for st in _first_steps(result, side_name):
@@ -153,7 +153,7 @@ def tracker_table(result: RunResult) -> list[dict[str, Any]]:
         return []
     names = [n for n, e in result.tracers.items() if e.get("available")]
     rows = []
-    for side_name in result.sides:
+    for side_name in result.processes:
         for st in _first_steps(result, side_name):
             if st.added_bytes is None or st.added_bytes < BIG_STEP * p:
                 continue
@@ -176,7 +176,7 @@ def blind_spots(result: RunResult) -> list[str]:
             out.append(f"{n} could not run here: {entry.get('reason')}.")
             continue
         missed = []
-        for side_name in result.sides:
+        for side_name in result.processes:
             per = (entry.get("sides", {}).get(side_name) or {}).get("per_step") or {}
             for st in _first_steps(result, side_name):
                 if st.added_bytes is None or not p or st.added_bytes < BIG_STEP * p or st.name not in per:

@@ -37,16 +37,16 @@ class SamplerTracer(Tracer):
 
     def collect(self, ctx: ParentContext, side: str, data: SideData) -> dict[str, Any]:
         tl = ctx.timelines.get(side)
-        proc = ctx.result.sides.get(side)
+        proc = ctx.result.processes.get(side)
         above = replace(proc, timeline=tl).above_baseline() if proc is not None and tl is not None else Series()
         if not above.t_s:
             return {"reason": "no samples were taken for this side"}
         values = above.bytes
         exact: dict[str, int | None] = {}
-        for st in ctx.result.sides[side].steps:
+        for st in ctx.result.processes[side].steps:
             exact.setdefault(st.name, st.added_bytes)
         return {"series": {"t_s": list(tl.t_s), "bytes": values}, "peak_bytes": max(values),
-                "exact_peak_bytes": ctx.result.sides[side].peak_bytes, "exact_per_step": exact}
+                "exact_peak_bytes": ctx.result.processes[side].peak_bytes, "exact_per_step": exact}
 
 
 class TracemallocTracer(Tracer):

@@ -393,7 +393,7 @@ def comparison_figure(results: Sequence[RunResult | dict[str, Any]]) -> go.Figur
 
 
 def _side(r: RunResult, side: str, attr: str) -> Any:
-    s = r.sides.get(side)
+    s = r.processes.get(side)
     return None if s is None else getattr(s, attr)
 
 

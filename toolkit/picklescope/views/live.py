@@ -34,11 +34,11 @@ class LiveRun:
         """An empty live result for the run about to start (budgets per side, when set)."""
         sides = {name: Process(name, budget_bytes=(budgets or {}).get(name)) for name in side_names}
         return cls(RunResult(codec=codec, transport=transport, workload=workload, scale=scale,
-                             payload_bytes=payload_bytes, sides=sides))
+                             payload_bytes=payload_bytes, processes=sides))
 
     def on_event(self, ev: dict[str, Any]) -> None:
         """Fold one child event (called from the thread that called ``run``)."""
-        if ev.get("side") not in self._result.sides or ev.get("type") == "ready":
+        if ev.get("side") not in self._result.processes or ev.get("type") == "ready":
             return  # "ready" carries the manifest, which the runner has already taken
         with self._lock:
             self._fold.handle(dict(ev))
@@ -59,11 +59,11 @@ class LiveRun:
         with self._lock:
             r = copy.deepcopy(self._result)
             for name, tl in self._timelines.items():
-                if name in r.sides:
+                if name in r.processes:
                     n = min(len(tl.t_s), len(tl.bytes))
-                    r.sides[name].timeline = Series(tl.t_s[:n], tl.bytes[:n])
-        now = max((s.timeline.t_s[-1] for s in r.sides.values() if s.timeline.t_s), default=None)
-        for side in r.sides.values():
+                    r.processes[name].timeline = Series(tl.t_s[:n], tl.bytes[:n])
+        now = max((s.timeline.t_s[-1] for s in r.processes.values() if s.timeline.t_s), default=None)
+        for side in r.processes.values():
             for st in side.steps:
                 if st.end_s is None and now is not None:
                     st.end_s = max(now, st.start_s)  # still running: drawn up to the latest sample

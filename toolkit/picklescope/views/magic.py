@@ -116,7 +116,7 @@ def summary_html(r: RunResult, cell: str | None = None, offset: int = 1) -> str:
 
     ``cell`` is the cell as the user sees it (with the ``%%picklescope`` line), for quoting a line.
     """
-    side = r.sides[SIDE]
+    side = r.processes[SIDE]
     peak = fmt_bytes(side.peak_bytes)
     budget = f" (budget {fmt_bytes(side.budget_bytes)})" if side.budget_bytes else ""
     e = html.escape

@@ -17,10 +17,10 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from picklescope.core.kill import kill_during
 from picklescope.core.result import Process
 from picklescope.core.units import fmt_bytes
 from picklescope.investigate.node.result import NodeResult
-from picklescope.measure.kill import kill_during
 
 GROUP_WORKERS_ABOVE = 6
 COLORS = {"driver": "#d62728", "store": "#7f7f7f", "workers": "#1f77b4"}

@@ -59,7 +59,7 @@ def ray_timeline_figure(result: RunResult) -> go.Figure:
             continue
         said = side_title(tl, side_name)
         txt = said[len(side_name) + 2:] if said.startswith(f"{side_name}: ") else said
-        private = result.sides[side_name].private_peak_bytes if side_name in result.sides else None
+        private = result.processes[side_name].private_peak_bytes if side_name in result.processes else None
         if private is not None:
             txt += f", private {private / MiB:.1f} MiB"
         titles.append(f"{label}: {txt}")

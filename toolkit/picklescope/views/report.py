@@ -126,7 +126,7 @@ def _table(rows: list[dict[str, Any]], columns: Iterable[str] | None = None) -> 
 
 
 def _label(r: RunResult) -> str:
-    b = r.sides["sender"].budget_bytes if "sender" in r.sides else None
+    b = r.processes["sender"].budget_bytes if "sender" in r.processes else None
     return f"{r.codec} over {r.transport}" + (f" at sender budget {fmt_bytes(b)}" if b else "")
 
 

@@ -34,14 +34,14 @@ def step_sequence(result: RunResult) -> list[tuple[str, Step]]:
     ``__getstate__`` around it is still running, so the timeline cut there shows the outer step as
     far as it has gone and the inner one complete.
     """
-    seq = [(side.name, st) for side in result.sides.values() for st in side.steps if st.end_s is not None]
+    seq = [(side.name, st) for side in result.processes.values() for st in side.steps if st.end_s is not None]
     return sorted(seq, key=lambda pair: (pair[1].end_s, -pair[1].depth))
 
 
 def truncated(result: RunResult, t_end: float) -> RunResult:
     """The run as it stood at ``t_end`` (run time): samples and steps after it left out."""
     r = copy.deepcopy(result)
-    for side in r.sides.values():
+    for side in r.processes.values():
         keep = [i for i, t in enumerate(side.timeline.t_s) if t <= t_end]
         side.timeline.t_s = [side.timeline.t_s[i] for i in keep]
         side.timeline.bytes = [side.timeline.bytes[i] for i in keep]

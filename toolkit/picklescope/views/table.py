@@ -61,7 +61,7 @@ def comparison_rows(results: Sequence[RunResult]) -> list[dict[str, Any]]:
     """One row per run: the numbers an engineer compares across codecs and transports."""
     rows = []
     for r in results:
-        s, v = r.sides.get("sender"), r.sides.get("receiver")
+        s, v = r.processes.get("sender"), r.processes.get("receiver")
         p = r.payload_bytes
         budget = next((x.budget_bytes for x in (s, v) if x is not None and x.budget_bytes), None)
         row = {
@@ -94,7 +94,7 @@ def comparison_rows(results: Sequence[RunResult]) -> list[dict[str, Any]]:
 def steps_rows(r: RunResult) -> list[dict[str, Any]]:
     """One row per step of both sides, indented by nesting depth."""
     rows = []
-    for side in r.sides.values():
+    for side in r.processes.values():
         for st in side.steps:
             rows.append({
                 "side": side.name,

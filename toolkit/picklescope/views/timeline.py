@@ -57,7 +57,7 @@ class RunTimeline:
         tl = cls(title=title, payload_bytes=r.payload_bytes, outcome=r.outcome, error=r.error,
                  killed_side=r.killed_side, killed_in_step=r.killed_in_step,
                  attribution=[dict(row) for row in r.attribution])
-        for name, side in r.sides.items():
+        for name, side in r.processes.items():
             tl.sides[name] = replace(side, steps=[replace(s) for s in side.steps],
                                      timeline=Series(list(side.timeline.t_s), list(side.timeline.bytes)))
             for tracer, entry in r.tracers.items():

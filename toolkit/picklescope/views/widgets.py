@@ -345,7 +345,7 @@ class Explorer(widgets.VBox):
         drawing in place, so the figure is never blank while a run starts. The title names the run's
         number, as the status line does."""
         if not final and not any(side.timeline.t_s and side.timeline_baseline_bytes is not None
-                                 for side in result.sides.values()):
+                                 for side in result.processes.values()):
             return
         fig = timeline_figure(result)
         number = self.runs_started
@@ -382,7 +382,7 @@ class Explorer(widgets.VBox):
     def _progress(r: RunResult, s: dict[str, Any]) -> str:
         """"running numpy-legacy · sender: consolidate, 31.0 MiB · receiver: waiting for the bytes"."""
         parts = []
-        for side in r.sides.values():
+        for side in r.processes.values():
             open_steps = [st.name for st in side.steps if st.end_s is None or st.peak_bytes is None]
             rss = side.above(side.timeline.bytes[-1]) if side.timeline.bytes else None
             if open_steps:
@@ -399,7 +399,7 @@ class Explorer(widgets.VBox):
     @staticmethod
     def run_end_s(r: RunResult) -> float | None:
         """Where the run's timeline ends: its last RSS sample, in seconds since the run started."""
-        return max((side.timeline.t_s[-1] for side in r.sides.values() if side.timeline.t_s), default=None)
+        return max((side.timeline.t_s[-1] for side in r.processes.values() if side.timeline.t_s), default=None)
 
     @classmethod
     def _verdict(cls, r: RunResult, number: int) -> str:

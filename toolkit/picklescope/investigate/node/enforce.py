@@ -20,9 +20,9 @@ import time
 from typing import Any
 
 from picklescope.core import cgroup
+from picklescope.core.kill import Kill
 from picklescope.investigate.node.result import NodeResult
 from picklescope.investigate.node.tracking import Tracking
-from picklescope.measure.kill import Kill
 from picklescope.measure.session import Session
 from picklescope.ray.cluster import running, start_ticks
 

@@ -111,9 +111,9 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
         room = max(room, (min(steps, 16) * (2 if len(codecs) > 1 else 1) + 1) * payload
                    * (workers if dispatch == "broadcast" else 1))
     store = object_store_bytes(payload, int(room + (returns or 0) * payload + 64 * 2**20))
-    results = [NodeResult(codec, wl.name, scale, workers, steps, payload, dispatch, mode, transport, returns,
-                          engine=engine, enforcement=enforcement, budget_bytes=budget, controller=controller,
-                          data_plane=data_plane)
+    results = [NodeResult(codec, transport, wl.name, scale, payload, workers=workers, steps=steps, dispatch=dispatch,
+                          gc=mode, returns=returns, engine=engine, enforcement=enforcement, budget_bytes=budget,
+                          controller=controller, data_plane=data_plane)
                for codec, mode in zip(codecs, gc_modes)]
     accepter = Accepter(run_dir)
     cfg = NodeConfig(codec=codecs[0], workload=wl.source or wl.name, scale=scale, workers=workers, steps=steps,

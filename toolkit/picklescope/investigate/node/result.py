@@ -10,34 +10,30 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from picklescope.core.result import Process, Series
+from picklescope.core.kill import Kill
+from picklescope.core.result import Measured, Process, Series
 from picklescope.core.units import fmt_bytes
-from picklescope.measure.kill import Kill
 from picklescope.measure.session import TrainingStep
 
 
 @dataclass
-class NodeResult:
-    """A node replay: every process on one clock, the node total, the training steps, the kill."""
+class NodeResult(Measured):
+    """A node replay: every process on one clock, the node total, the training steps, the kill.
 
-    codec: str
-    workload: str
-    scale: float
-    workers: int
-    steps: int
-    payload_bytes: int
-    dispatch: str
-    gc: str
-    transport: str
-    returns: float | None
+    The case, the processes, the kill record and the outcome are the run's root (:class:`Measured`);
+    what follows is what only a node knows: its shape, its total and object store over time, its training
+    steps and how its budget was enforced."""
+
+    workers: int = field(kw_only=True)
+    steps: int = field(kw_only=True)
+    dispatch: str = field(kw_only=True)
+    gc: str = field(kw_only=True)
+    returns: float | None = field(kw_only=True)
     engine: str = "replica"
     enforcement: str = "watchdog"
     controller: str = "process"  # where the training loop ran: the driver process, or a Ray actor (verl's TaskRunner)
     cgroup: dict[str, Any] = field(default_factory=dict)  # --enforcement cgroup: path, limit, counters
     engine_info: dict[str, Any] = field(default_factory=dict)  # what split, called and joined (see docs/node.md)
-    outcome: str = "ok"  # ok | oom-killed | error | timeout | interrupted
-    error: str | None = None
-    killed: Kill | None = None
     killed_by: str | None = None  # "ray" or "kernel" when they chose; None: the watchdog (picklescope's check)
     killed_message: str | None = None  # --enforcement ray: Ray's own words (the OutOfMemoryError's message)
     budget_bytes: int | None = None
@@ -50,12 +46,10 @@ class NodeResult:
     store_source: str | None = None
     node: Series = field(default_factory=Series)  # absolute bytes, one sample per tick
     store: Series = field(default_factory=Series)
-    processes: dict[str, Process] = field(default_factory=dict)
     training_steps: list[TrainingStep] = field(default_factory=list)
     baseline_s: float | None = None
     max_gap_s: float | None = None
     sampler_priority: str = "normal"
-    wall_s: float = 0.0
     cleanup: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     full_collections: dict[str, int] = field(default_factory=dict)  # per process, during the measured steps
@@ -88,7 +82,7 @@ class NodeResult:
                           "baseline_bytes": self.store_baseline_bytes, "source": self.store_source},
                 "per_ray_node": self.per_ray_node(),
                 "max_gap_s": self.max_gap_s, "sampler_priority": self.sampler_priority,
-                "error": self.error, "wall_s": round(self.wall_s, 3), "cleanup": self.cleanup,
+                "error": self.error, "wall_s": round(self.wall_s or 0.0, 3), "cleanup": self.cleanup,
                 "config": {"workload": self.workload, "scale": self.scale, "dispatch": self.dispatch,
                            "gc": self.gc, "transport": self.transport, "returns": self.returns,
                            "engine": self.engine, "enforcement": self.enforcement, "controller": self.controller,
@@ -111,8 +105,9 @@ class NodeResult:
         """The result back from its ``--json`` document (results.json keeps node replays as documents), so
         the tables and the figure draw a saved replay exactly as a fresh one."""
         n, config = doc["node"], doc["node"]["config"]
-        r = cls(doc["codec"], config["workload"], config["scale"], doc["workers"], doc["steps"], doc["payload_bytes"],
-                config["dispatch"], config["gc"], config["transport"], config["returns"], engine=config["engine"],
+        r = cls(doc["codec"], config["transport"], config["workload"], config["scale"], doc["payload_bytes"],
+                workers=doc["workers"], steps=doc["steps"], dispatch=config["dispatch"], gc=config["gc"],
+                returns=config["returns"], engine=config["engine"],
                 enforcement=config["enforcement"], controller=doc.get("controller", "process"),
                 cgroup=n.get("cgroup") or {}, engine_info=n.get("engine") or {},
                 outcome=doc["outcome"], error=n.get("error"), budget_bytes=n.get("budget_bytes"),
