@@ -25,6 +25,7 @@ parent's ``t0``), and ``side`` is the process's name in the result (``sender``, 
 # No ``from __future__ import annotations`` here: with string annotations, Python 3.11's TypedDict
 # cannot see ``NotRequired`` and would count every key as required.
 import sys
+from collections.abc import Callable
 from typing import Any, Literal, Union
 
 if sys.version_info >= (3, 11):
@@ -449,6 +450,22 @@ Event = Union[  # noqa: UP007 - a runtime union of TypedDicts, readable as a lis
     Received, Done, Finished, Next, Release, Result, Engine, Controller,
 ]
 """Any event of the protocol; tell them apart by ``ev["type"]``."""
+
+EventHook = Callable[[Event], None]
+"""What sees each event as it arrives: a live view, the watchdog, the tracers' collector."""
+
+
+def chain(first: EventHook, then: "EventHook | None") -> EventHook:
+    """One hook that hands each event to ``first``, then to ``then`` (if any): how the watchdog and the
+    tracers' collector see every event before the caller's own hook does."""
+
+    def both(ev: Event) -> None:
+        first(ev)
+        if then is not None:
+            then(ev)
+
+    return both
+
 
 KINDS: dict[str, type] = {
     "hello": Hello, "note": Note, "codec_info": CodecInfo, "ray_info": RayInfo, "store_process": StoreProcess,

@@ -64,27 +64,69 @@ def hwm_resettable() -> bool:
         return False
 
 
-class StatmReader:
-    """Fast repeated RSS reads of one process (one open file, ``pread``), for 1 ms sampling."""
+class ProcFileReader:
+    """Fast repeated reads of one ``/proc/PID`` file (opened once, one ``pread`` a sample), for 1 ms
+    sampling: the one reader behind every reading the session samples. A subclass names the file and
+    parses its bytes; a read returns None once the process is gone (or, a zombie, has no memory)."""
+
+    FILE = ""
+    SIZE = 256  # bytes read a sample: enough for the fields parsed
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
-        self._fd = os.open(f"/proc/{pid}/statm", os.O_RDONLY)
+        self._fd = os.open(f"/proc/{pid}/{self.FILE}", os.O_RDONLY)
 
     def read(self) -> int | None:
-        """RSS in bytes, or None once the process is gone."""
         try:
-            data = os.pread(self._fd, 256, 0)
+            data = os.pread(self._fd, self.SIZE, 0)
         except OSError:
             return None
-        if not data:
-            return None
-        return int(data.split()[1]) * PAGE
+        return self.parse(data) if data else None
+
+    def parse(self, data: bytes) -> int | None:
+        raise NotImplementedError
 
     def close(self) -> None:
         if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+            fd, self._fd = self._fd, -1
+            try:
+                os.close(fd)
+            except OSError:  # already closed (a process that forked after opening it, say): nothing to free
+                pass
+
+
+class StatmReader(ProcFileReader):
+    """Resident bytes (RSS, shared pages included) from ``statm``."""
+
+    FILE = "statm"
+
+    def parse(self, data: bytes) -> int | None:
+        return int(data.split()[1]) * PAGE
+
+
+class StatusReader(ProcFileReader):
+    """Private resident bytes (``VmRSS - RssShmem``) from ``status``: a node's processes, whose mapped
+    object-store pages belong to the store."""
+
+    FILE = "status"
+    SIZE = 4096
+
+    def parse(self, data: bytes) -> int | None:
+        rss = status_bytes(data, b"VmRSS:")
+        if rss is None:  # a zombie has no memory fields
+            return None
+        return rss - (status_bytes(data, b"RssShmem:") or 0)
+
+
+class HwmReader(ProcFileReader):
+    """The kernel's peak resident bytes (``VmHWM``) from ``status``: what the watchdog checks between its
+    RSS samples, since a spike shorter than a sample still raises it."""
+
+    FILE = "status"
+    SIZE = 4096
+
+    def parse(self, data: bytes) -> int | None:
+        return status_bytes(data, b"VmHWM:")
 
 
 def trim_heap() -> bool:

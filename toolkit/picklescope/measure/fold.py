@@ -8,14 +8,11 @@ another to reach it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from picklescope.core.events import Error, Event
+from picklescope.core.events import Error, Event, EventHook
 from picklescope.core.result import RunResult, Step
 from picklescope.measure import verdicts
-
-EventHook = Callable[[Event], None]
 
 
 class RunFold:

@@ -18,7 +18,7 @@ from picklescope import tracers
 from picklescope.codecs import get_codec
 from picklescope.core import procmem
 from picklescope.core.childconfig import PairConfig
-from picklescope.core.events import Go
+from picklescope.core.events import EventHook, Go
 from picklescope.core.leftovers import RunTracker, sweep_orphans, temp_name
 from picklescope.core.plugins import load_plugins
 from picklescope.core.result import Process, RunResult, Variation
@@ -27,7 +27,7 @@ from picklescope.errors import PicklescopeError
 from picklescope.measure import child, launcher, verdicts
 from picklescope.measure.budget import plan as plan_limits
 from picklescope.measure.engine import MeasuredRun
-from picklescope.measure.fold import EventHook, RunFold, finish_run
+from picklescope.measure.fold import RunFold, finish_run
 from picklescope.measure.watchdog import Watchdog
 from picklescope.transports import OwnsItsReceiver, check_handoff_space, get_transport, handoff_root
 from picklescope.workloads.spec import DEFAULT_WORKLOAD, check_scale, load_workload

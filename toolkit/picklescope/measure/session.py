@@ -48,10 +48,9 @@ from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import wait
 from typing import Any, Protocol
 
-from picklescope.core import procmem
 from picklescope.core.events import Event
 from picklescope.core.kill import Kill
-from picklescope.core.procmem import StatmReader
+from picklescope.core.procmem import StatmReader, StatusReader
 from picklescope.core.result import Process, Series, Step
 from picklescope.measure.sampler import hold_gc, raise_priority
 from picklescope.measure.watchdog import dump_stack_then_kill
@@ -101,31 +100,6 @@ class TrainingStep:
 
 
 # -- reading /proc -----------------------------------------------------------------------------------
-
-
-class StatusReader:
-    """Private resident bytes (``VmRSS - RssShmem``) of one process, one ``pread`` per sample."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self._fd = os.open(f"/proc/{pid}/status", os.O_RDONLY)
-
-    def read(self) -> int | None:
-        try:
-            data = os.pread(self._fd, 4096, 0)
-        except OSError:
-            return None
-        if not data:
-            return None
-        rss = procmem.status_bytes(data, b"VmRSS:")
-        if rss is None:  # a zombie has no memory fields
-            return None
-        return rss - (procmem.status_bytes(data, b"RssShmem:") or 0)
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
 
 
 class Reader(Protocol):

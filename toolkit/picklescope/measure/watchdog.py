@@ -20,28 +20,15 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
 
-from picklescope.core.events import Event
+from picklescope.core.events import Event, EventHook, chain
 from picklescope.core.kill import Kill
-from picklescope.core.procmem import machine_memory
+from picklescope.core.procmem import HwmReader, machine_memory
 from picklescope.measure.budget import BudgetBelowBaseline, Limits
 
-EventHook = Callable[[Event], None]
 STACK_WAIT_S = 0.1  # longest wait for the stack dump before SIGKILL
 STACK_STABLE_S = 0.005  # the dump is complete once its size has not changed for this long
 MEMINFO_EVERY_S = 0.01
-
-
-def _hwm_from(fd: int) -> int | None:
-    try:
-        data = os.pread(fd, 4096, 0)
-    except OSError:
-        return None
-    i = data.find(b"VmHWM:")
-    if i < 0:
-        return None
-    return int(data[i + 6:data.index(b"kB", i)]) * 1024
 
 
 class Watchdog:
@@ -57,7 +44,7 @@ class Watchdog:
         self.pids: dict[str, int] = {}
         self.baselines: dict[str, int] = {}
         self.last_rss: dict[str, int] = {}
-        self._status: dict[str, int] = {}
+        self._hwm: dict[str, HwmReader] = {}
         self._lock = threading.Lock()
         self._next_meminfo = 0.0
 
@@ -65,19 +52,13 @@ class Watchdog:
         """Start watching a side (before its baseline only the machine guard applies)."""
         self.pids[side] = pid
         try:
-            self._status[side] = os.open(f"/proc/{pid}/status", os.O_RDONLY)
+            self._hwm[side] = HwmReader(pid)
         except OSError:
             pass
 
     def chain(self, hook: EventHook | None) -> EventHook:
         """An event hook that lets the watchdog see each event, then calls ``hook``."""
-
-        def both(ev: Event) -> None:
-            self.event(ev)
-            if hook is not None:
-                hook(ev)
-
-        return both
+        return chain(self.event, hook)
 
     def _budget(self, side: str) -> int | None:
         return self.limits.budgets.get(side) if self.enforce else None
@@ -113,8 +94,8 @@ class Watchdog:
             if rss - base > budget:
                 self._kill(side, "budget", "sampled RSS", rss - base)
                 return
-            fd = self._status.get(side)
-            hwm = _hwm_from(fd) if fd is not None else None
+            reader = self._hwm.get(side)
+            hwm = reader.read() if reader is not None else None
             if hwm is not None and hwm - base > budget:
                 self._kill(side, "budget", "kernel peak (VmHWM)", hwm - base)
                 return
@@ -147,12 +128,9 @@ class Watchdog:
             raise BudgetBelowBaseline(side, total, baseline)
 
     def close(self) -> None:
-        for fd in self._status.values():
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self._status = {}
+        for reader in self._hwm.values():
+            reader.close()
+        self._hwm = {}
 
 
 def dump_stack_then_kill(pid: int, path: str, t0: float, kill: Kill) -> None:

@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import ast
 import functools
-from collections.abc import Callable
 from typing import Any
 
-from picklescope.core.events import Event
+from picklescope.core.events import Event, EventHook, chain
 from picklescope.core.result import RunResult, Series, Step
 from picklescope.tracers.base import ParentContext, SideData, Tracer
 from picklescope.tracers.catalog import TRACERS
 from picklescope.tracers.compare import add_notes
 
-EventHook = Callable[[Event], None]
 TAIL_S = 0.005
 
 
@@ -110,13 +108,7 @@ class Collector:
 
     def hook(self, on_event: EventHook | None) -> EventHook:
         """An event hook that records tracer data, then calls ``on_event``."""
-
-        def h(ev: Event) -> None:
-            self.observe(ev)
-            if on_event is not None:
-                on_event(ev)
-
-        return h
+        return chain(self.observe, on_event)
 
     def collect(self, result: RunResult, run_dir: str, t0: float, timelines: dict[str, Series]) -> None:
         """Fill ``result.tracers`` and ``result.attribution``; never raises."""
