@@ -138,8 +138,8 @@ def test_under_rays_monitor_the_actor_is_among_what_ray_considers_and_names():
         pytest.skip(f"--enforcement ray is unavailable here: {why}")
     r = node("numpy-legacy", "flowgrpo", 0.1, workers=2, steps=4, gc="off", node_budget="6x", enforcement="ray",
              controller="actor")
-    assert r.outcome == "oom-killed" and r.killed_by == "ray", (r.error, r.cgroup, r.notes)
-    message = r.killed_message or ""
+    assert r.outcome == "oom-killed" and r.killed is not None and r.killed.by == "ray", (r.error, r.cgroup, r.notes)
+    message = r.killed.message or ""
     assert "ray::TaskRunner.run" in message and "task name=TaskRunner" in message, message
     top = [row["command"] for row in r.cgroup["ray_top_memory_users"]]
     assert "ray::TaskRunner.run" in top, top

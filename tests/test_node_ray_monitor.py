@@ -101,11 +101,14 @@ def test_killed_by_names_the_enforcer_in_the_json_both_ways():
                    workers=2, steps=4, dispatch="chunk", gc="off", returns=None, enforcement="watchdog")
     r.killed = Kill("worker-1", 1.0, 20, 42, node_bytes=10, training_step=2, step="compute")
     assert r.to_json_dict()["killed"]["by"] == "watchdog" and r.to_json_dict()["killed"]["message"] is None
-    r.killed_by, r.killed_message = "ray", MESSAGE
+    r.killed.by, r.killed.message = "ray", MESSAGE
     doc = r.to_json_dict()
     assert doc["killed"]["by"] == "ray" and doc["killed"]["message"] == MESSAGE
     back = NodeResult.from_json_dict(doc)
-    assert back.killed_by == "ray" and back.killed_message == MESSAGE
+    assert back.killed.by == "ray" and back.killed.message == MESSAGE and back.killed == r.killed
+    # a document saved when the record said nothing of its chooser was the watchdog's
+    old = {k: v for k, v in doc["killed"].items() if k not in ("by", "message")}
+    assert Kill.from_dict(old).by == "watchdog" and Kill.from_dict({**old, "by": None}).by == "watchdog"
     assert "by Ray's memory monitor" in back.summary() and "Memory on the node" in back.summary()
 
 
@@ -152,12 +155,12 @@ def test_legacy_is_killed_by_ray_and_numpy_completes_under_the_same_budget():
     kw = {"scale": 0.1, "workers": 2, "steps": 4, "gc": "off", "node_budget": "6x", "enforcement": "ray"}
     legacy = node("numpy-legacy", **kw)
     assert legacy.outcome == "oom-killed", (legacy.error, legacy.cgroup, legacy.notes)
-    assert legacy.killed_by == "ray" and "Memory on the node" in (legacy.killed_message or ""), legacy.killed_message
+    assert legacy.killed.by == "ray" and "Memory on the node" in (legacy.killed.message or ""), legacy.killed
     k = legacy.killed
     assert k.process.startswith("worker-") and k.training_step in range(1, 5), k
     assert set(k.memory_bytes) >= {"driver", "store"}
     doc = legacy.to_json_dict()
-    assert doc["killed"]["by"] == "ray" and doc["killed"]["message"] == legacy.killed_message
+    assert doc["killed"]["by"] == "ray" and doc["killed"]["message"] == legacy.killed.message
     fixed = node("numpy", **kw)
     assert fixed.outcome == "ok", (fixed.error, fixed.cgroup, fixed.notes)
     for r in (legacy, fixed):  # nothing left: no Ray process, no cgroup
@@ -242,4 +245,4 @@ def test_the_kernels_victim_is_the_first_whose_memory_vanished_even_while_it_is_
     k = session.kill
     assert k is not None and k.process == "driver", k
     assert k.node_bytes == 55 * mib, k.node_bytes / mib  # the controller at its highest, every process there
-    assert r.killed_by == "kernel"
+    assert k.by == "kernel" and k.message is None

@@ -297,6 +297,8 @@ def test_user_errors_are_one_line(verl_envs, tmp_path, capfd):
 
     empty = tmp_path / "nothing.py"
     empty.write_text("x = 1\n")
+    patch = tmp_path / "fix.py"  # a readable candidate, so that what is wrong is the baseline's verl alone
+    patch.write_text("def __getstate__(self):\n    return {}\n")
     for args, needle in [
         (("verl", "install", "nine"), "not a verl version number"),
         (("confirm", "--baseline", "verl-0.9.0:numpy", "--candidate", str(empty)), "defines neither"),
@@ -306,7 +308,8 @@ def test_user_errors_are_one_line(verl_envs, tmp_path, capfd):
         assert needle in p.stderr and len(p.stderr.strip().splitlines()) == 1, (args, p.stderr)
     for call, needle in [
         (lambda: confirm("verl-0.9.0:numpy", str(tmp_path / "missing.py")), "does not exist"),
-        (lambda: confirm("verl-7.7.7:numpy", str(empty)), "picklescope verl install 7.7.7"),
+        (lambda: confirm("verl-7.7.7:numpy", str(patch)), "picklescope verl install 7.7.7"),
+        (lambda: confirm("verl-7.7.7:numpy", str(empty)), "defines neither"),  # the user's own file comes first
         (lambda: confirm("verl-0.9.0:json", str(empty)), "unknown mode"),
         (lambda: run("verl-0.9.0:json", workload="tiny"), "verl-0.9.0:numpy"),  # lists the known codecs
     ]:

@@ -10,7 +10,9 @@ and a saved result's document are written once for all of them.
 A field only one kind of budget can know has a default: a side's ``reason``, ``via`` and
 ``above_baseline_bytes`` come from the watchdog, a node's ``node_bytes``, ``training_step``,
 ``oom_scores``, ``memory_bytes`` and ``step_of`` from a node replay. ``stack`` and ``sigkill_t_s`` are
-set by :func:`picklescope.measure.watchdog.dump_stack_then_kill` as the process dies.
+set by :func:`picklescope.measure.watchdog.dump_stack_then_kill` as the process dies. ``by`` names who
+chose the victim (picklescope's ``watchdog``, the ``kernel``'s OOM killer in a cgroup, or ``ray``'s memory
+monitor) and ``message`` keeps the chooser's own words (Ray's).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ class Kill:
     memory_bytes: dict[str, int] = field(default_factory=dict)  # per process (private) and "store", absolute
     stack: str | None = None  # the process's Python stack at death (faulthandler), if it was written
     sigkill_t_s: float | None = None  # run clock when SIGKILL was sent: the process's timeline ends here
+    by: str = "watchdog"  # who chose the victim: "watchdog" (picklescope's budget), "kernel" (OOM killer), "ray"
+    message: str | None = None  # the chooser's own words, when it wrote any (Ray's OutOfMemoryError message)
 
     def during(self) -> str:
         """Where the kill landed, in words (:func:`kill_during`)."""
@@ -49,11 +53,11 @@ class Kill:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Kill:
-        """The record back from :meth:`to_dict`. Keys that are not fields are left out, since a document keeps
-        its own beside the record's (a node replay's ``by`` and ``message``); a field missing takes its
-        default."""
+        """The record back from :meth:`to_dict`. Keys that are not fields are left out; a field missing takes its
+        default (a record saved before ``by`` was one of its fields was the watchdog's, or named its chooser
+        beside it, as a node replay's document did)."""
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        return cls(**{k: v for k, v in d.items() if k in names and not (k == "by" and v is None)})
 
 
 def kill_during(process: str, step: str | None, step_of: str | None) -> str:

@@ -62,7 +62,11 @@ class ConfirmReport:
     ok: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The ``--json`` document: each role's run in its own schema (:meth:`RunResult.to_dict`)."""
+        d = asdict(self)
+        for name, role in (("baseline", self.baseline), ("candidate", self.candidate)):
+            d[name]["result"] = role.result.to_dict()
+        return d
 
     @property
     def removed_fraction(self) -> float | None:

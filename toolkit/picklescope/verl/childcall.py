@@ -29,10 +29,13 @@ def _entry(conn: Any, dotted: str, kwargs: dict[str, Any], env: dict[str, str]) 
         result = getattr(importlib.import_module(module), name)(**kwargs)
         conn.send(Result(type="result", result=result))
     except BaseException as exc:  # noqa: BLE001 - every failure is reported to the parent
+        ours = exc if isinstance(exc, PicklescopeError) else None
+        mismatch = exc if isinstance(exc, ModeMismatch) else None
         conn.send(Error(type="error", exc_type=type(exc).__name__, message=str(exc),
-                        problem=getattr(exc, "problem", None), hint=getattr(exc, "hint", None),
-                        picklescope=isinstance(exc, PicklescopeError),
-                        written_by=getattr(exc, "written_by", None), read_by=getattr(exc, "read_by", None),
+                        problem=ours.problem if ours else None, hint=ours.hint if ours else None,
+                        picklescope=ours is not None,
+                        written_by=mismatch.written_by if mismatch else None,
+                        read_by=mismatch.read_by if mismatch else None,
                         traceback=traceback.format_exc(limit=30)))
 
 

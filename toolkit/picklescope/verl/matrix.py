@@ -23,7 +23,7 @@ from picklescope.batch import Batch, set_active_codec
 from picklescope.codecs import get_codec
 from picklescope.codecs.base import batch_features
 from picklescope.codecs.verify import compare, manifest
-from picklescope.errors import PicklescopeError
+from picklescope.errors import PicklescopeError, UnsupportedCase
 from picklescope.verl import childcall, envs, loader
 from picklescope.verl.codec import VerlCodec, describe_verl_state, main_feature
 from picklescope.workloads.spec import load_workload
@@ -115,9 +115,10 @@ def _round_trip(codec_name: str, batch: Any) -> tuple[str, str | None, str, str 
         data = pickle.dumps(batch, protocol=5, buffer_callback=buffers.append)
         side = "receiver"
         got = pickle.loads(data, buffers=buffers)
+    except UnsupportedCase as exc:
+        return "unsupported", side, str(exc), exc.leaf
     except PicklescopeError as exc:
-        status = "unsupported" if type(exc).__name__ == "UnsupportedCase" else "error"
-        return status, side, str(exc), getattr(exc, "leaf", None)
+        return "error", side, str(exc), None
     except Exception as exc:  # noqa: BLE001 - reported as a cell, not raised
         return "error", side, f"{type(exc).__name__}: {exc}", None
     finally:

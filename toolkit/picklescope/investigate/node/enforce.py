@@ -81,7 +81,7 @@ def _moment(session: Session, at: float) -> tuple[dict[str, int], int]:
 
 
 def _node_kill(session: Session, tracking: Tracking, victim: str, pid: int, t: float, last: float,
-               in_step: bool = True) -> Kill:
+               in_step: bool = True, *, by: str, message: str | None = None) -> Kill:
     """The node's kill record, whoever killed (the kernel's OOM killer or Ray's monitor): the victim, the
     step it died in (closed since or not: it is read after the fact; none when ``in_step`` is false, for a
     victim Ray did not name as one of the run's processes) and what each process and the node held just
@@ -90,7 +90,7 @@ def _node_kill(session: Session, tracking: Tracking, victim: str, pid: int, t: f
     memory, node_now = _moment(session, _before_fall(session, victim, last))
     return Kill(process=victim, t_s=t, budget_bytes=int(tracking.budget or 0), pid=pid, node_bytes=node_now,
                 training_step=session.current_training_step(last), step=step, step_of=step_of,
-                memory_bytes=memory)
+                memory_bytes=memory, by=by, message=message)
 
 
 def record_kill(session: Session, result: NodeResult, tracking: Tracking) -> None:
@@ -125,9 +125,8 @@ def record_kill(session: Session, result: NodeResult, tracking: Tracking) -> Non
         driver = session.processes.get("driver")
         last = (driver.timeline.t_s[-1] if driver is not None and driver.timeline.t_s
                 else (session.node.t_s or [t])[-1])
-    session.kill = _node_kill(session, tracking, victim, named[victim], t, last)
+    session.kill = _node_kill(session, tracking, victim, named[victim], t, last, by="kernel")
     result.cgroup["killed_by"] = "the kernel's OOM killer in the run's memory cgroup"
-    result.killed_by = "kernel"
     if len(dead) > 1:
         others = ", ".join(n for n in dead if n != victim)
         result.notes.append(f"also gone when the cgroup's OOM killer fired: {others}")
@@ -228,8 +227,8 @@ def record_ray_kill(session: Session, result: NodeResult, tracking: Tracking, ev
     victim = first_gone or (listed[0] if listed else "a Ray worker")
     rec = session.processes.get(victim)
     last = rec.timeline.t_s[-1] if rec is not None and rec.timeline.t_s else t
-    session.kill = _node_kill(session, tracking, victim, named.get(victim, 0), t, last, in_step=rec is not None)
-    result.killed_by, result.killed_message = "ray", message
+    session.kill = _node_kill(session, tracking, victim, named.get(victim, 0), t, last, in_step=rec is not None,
+                              by="ray", message=message)
     result.cgroup["killed_by"] = "Ray's memory monitor"
     result.cgroup["ray_worker_id"] = said["worker_id"]
     result.cgroup["ray_selected"] = {"pid": said["pid"], "task": said["task"],

@@ -34,8 +34,6 @@ class NodeResult(Measured):
     controller: str = "process"  # where the training loop ran: the driver process, or a Ray actor (verl's TaskRunner)
     cgroup: dict[str, Any] = field(default_factory=dict)  # --enforcement cgroup: path, limit, counters
     engine_info: dict[str, Any] = field(default_factory=dict)  # what split, called and joined (see docs/node.md)
-    killed_by: str | None = None  # "ray" or "kernel" when they chose; None: the watchdog (picklescope's check)
-    killed_message: str | None = None  # --enforcement ray: Ray's own words (the OutOfMemoryError's message)
     budget_bytes: int | None = None
     node_baseline_bytes: int | None = None
     node_peak_bytes: int | None = None  # node total above its baseline, highest sample
@@ -64,9 +62,7 @@ class NodeResult(Measured):
 
     def to_json_dict(self) -> dict[str, Any]:
         """The ``--json`` document (see docs/node.md for every key)."""
-        killed = None
-        if self.killed is not None:
-            killed = {**self.killed.to_dict(), "by": self.killed_by or "watchdog", "message": self.killed_message}
+        killed = None if self.killed is None else self.killed.to_dict()
         procs = {name: {**asdict(p), "own_peak_bytes": self.own_peak_bytes(name)}
                  for name, p in self.processes.items()}
         return {
@@ -123,8 +119,6 @@ class NodeResult(Measured):
             k = doc["killed"]
             # a document without the record's own budget has the node's
             r.killed = Kill.from_dict({"budget_bytes": n.get("budget_bytes"), **k})
-            r.killed_by = k.get("by") if k.get("by") != "watchdog" else None
-            r.killed_message = k.get("message")
         for name, p in doc["processes"].items():
             r.processes[name] = Process.from_dict({"name": name, **p})
         for s in doc["training_steps"]:
@@ -236,11 +230,11 @@ class NodeResult(Measured):
         if self.killed is not None:
             k = self.killed
             chooser = {"ray": "by Ray's memory monitor", "kernel": "by the kernel's OOM killer"}.get(
-                self.killed_by or "", f"(highest oom_score {k.oom_scores.get(k.process)})")
+                k.by, f"(highest oom_score {k.oom_scores.get(k.process)})")
             out.append(f"killed {k.process} {chooser} in training step "
                        f"{k.training_step}, {k.during()}, node {fmt_bytes(k.node_bytes)} above baseline")
-            if self.killed_message:
-                lines = [ln.strip() for ln in self.killed_message.splitlines() if ln.strip()]
+            if k.message:
+                lines = [ln.strip() for ln in k.message.splitlines() if ln.strip()]
                 said = next((ln for ln in lines if "Memory on the node" in ln), lines[0] if lines else "")
                 out.append("Ray said: " + said[:400])
         out += self.step_lines()
