@@ -33,13 +33,10 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def store_levels(r: NodeResult) -> list[float]:
-    """The store's level at each training step's end, above its baseline, as a multiple of the payload."""
-    base = r.store_baseline_bytes or 0
-    out = []
-    for s in r.training_steps:
-        before = [b for t, b in zip(r.store.t_s, r.store.bytes) if t <= s.end_s]
-        out.append(round((before[-1] - base) / r.payload_bytes, 3) if before else 0.0)
-    return out
+    """The store's level at each training step's end, above its baseline, as a multiple of the payload: the
+    session's own reading at the step's end (``TrainingStep.per_process_bytes["store"]``), which the fit
+    reads too."""
+    return [round(s.per_process_bytes.get("store", 0) / r.payload_bytes, 3) for s in r.training_steps]
 
 
 def main() -> int:
