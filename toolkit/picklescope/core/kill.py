@@ -48,7 +48,7 @@ class Kill:
         return kill_during(self.process, self.step, self.step_of)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON values, every field by its name: ``RunResult.kill`` and a node replay's ``killed``."""
+        """Plain JSON values, every field by its name: a run's ``kill`` and a node replay's ``killed`` in JSON."""
         return asdict(self)
 
     @classmethod
