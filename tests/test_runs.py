@@ -249,7 +249,7 @@ def test_a_pairs_run_and_a_node_replay_share_one_root_and_their_documents_keep_t
     node.processes["driver"] = Process("driver", 12, "driver", reading="private", peak_bytes=250)
     for r, victim, peak in ((run, "sender", 70), (node, "driver", 250)):
         assert isinstance(r, Measured) and r.outcome == "oom-killed"
-        assert r.killed_process is r.process(victim) and r.exact_peaks()[victim] == peak
+        assert r.killed is not None and r.processes[r.killed.process].peak_bytes == peak and r.killed.process == victim
     doc = run.to_dict()
     assert set(doc["sides"]) == {"sender", "receiver"} and doc["kill"]["above_baseline_bytes"] == 70
     assert "processes" not in doc and "killed" not in doc
@@ -258,7 +258,7 @@ def test_a_pairs_run_and_a_node_replay_share_one_root_and_their_documents_keep_t
     assert nodedoc["killed"]["training_step"] == 2 and "driver" in nodedoc["processes"]
     assert NodeResult.from_json_dict(nodedoc).killed == node.killed
     untouched = RunResult("numpy", "pickle", "tiny", 1.0, 100)
-    assert untouched.killed is None and untouched.killed_process is None and untouched.to_dict()["kill"] is None
+    assert untouched.killed is None and untouched.to_dict()["kill"] is None
     assert RunResult.from_dict(untouched.to_dict()) == untouched
 
 

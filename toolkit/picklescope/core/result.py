@@ -280,19 +280,6 @@ class Measured:
     killed: Kill | None = field(default=None, kw_only=True)  # whom a budget (or the kernel, or Ray) killed
     wall_s: float | None = field(default=None, kw_only=True)
 
-    def process(self, name: str) -> Process | None:
-        """The process called ``name`` (None if the run had none)."""
-        return self.processes.get(name)
-
-    @property
-    def killed_process(self) -> Process | None:
-        """The record of the process the kill record names (None: nothing was killed, or not by a budget)."""
-        return None if self.killed is None else self.processes.get(self.killed.process)
-
-    def exact_peaks(self) -> dict[str, int | None]:
-        """Each process's exact peak (VmHWM above its baseline), by name: the figure every view compares."""
-        return {name: p.peak_bytes for name, p in self.processes.items()}
-
 
 @dataclass
 class RunResult(Measured):
