@@ -504,3 +504,27 @@ def test_a_ctrl_c_while_the_forkserver_starts_is_not_lost():
     its own), but the command does not: a SIGINT that arrives while the forkserver starts ends it."""
     p = subprocess.run([sys.executable, "-c", WARM_START_SIGINT], capture_output=True, text=True, timeout=600)
     assert p.stdout.split() == ["interrupted", "True"], (p.stdout, p.stderr)
+
+
+def test_without_a_shell_the_forkserver_starts_as_it_would_and_with_one_through_its_trap(monkeypatch, tmp_path):
+    """``_spawn_ignoring_sigint`` starts processes through ``sh -c 'trap "" INT; exec ...'``; on a system
+    with no ``/bin/sh`` it leaves ``multiprocessing``'s spawn alone (the forkserver then starts with SIGINT
+    as it is, and a Ctrl-C while it imports torch may print its traceback; nothing else changes)."""
+    from multiprocessing import util
+
+    from picklescope.measure import launcher
+
+    calls: list[tuple[bytes, list[str]]] = []
+    monkeypatch.setattr(util, "spawnv_passfds", lambda path, args, passfds: calls.append((path, args)) or 7)
+    plain = util.spawnv_passfds
+    monkeypatch.setattr(launcher, "_SH", str(tmp_path / "no-shell"))
+    with launcher._spawn_ignoring_sigint():
+        assert util.spawnv_passfds is plain
+        util.spawnv_passfds(b"/usr/bin/python3", ["python3", "-c", "pass"], ())
+    assert calls == [(b"/usr/bin/python3", ["python3", "-c", "pass"])]
+    calls.clear()
+    monkeypatch.setattr(launcher, "_SH", "/bin/sh")
+    with launcher._spawn_ignoring_sigint():
+        assert util.spawnv_passfds(b"/usr/bin/python3", ["python3", "-c", "pass"], ()) == 7
+    assert util.spawnv_passfds is plain
+    assert calls == [(b"/bin/sh", ["/bin/sh", "-c", 'trap "" INT; exec "$0" "$@"', "/usr/bin/python3", "-c", "pass"])]
