@@ -14,8 +14,8 @@
 # %% [markdown]
 # # 06 · Would my node have survived?
 #
-# *Short on time?* [The answer](#The-answer), in three sentences with the numbers this run measured, is
-# the last section.
+# *Short on time?* [The answer](#The-answer), a few sentences with the numbers this run measured, is
+# the section before the last; the last one predicts a machine too big for this one.
 #
 # New words are defined where they first appear; all of them are in the
 # [glossary](../docs/glossary.md).
@@ -132,8 +132,13 @@ def replays(codecs: list[str], gc: list[str], **kw) -> list[ps.NodeResult]:
 # Python's default collector, then under each mode of `gc_modes` (section 3 shows those). The table gives each run's outcome and peaks as multiples of the payload (the batch's tensor
 # bytes): *driver peak* is the kernel's exact high-water mark of the driver (it also counts the object
 # store's pages the driver maps), *driver own peak* the highest sample of its private memory (the
-# store apart), *node peak* the highest total of all processes plus the store. The figure stacks every process's memory above its
-# baseline, plus the store: the top edge is the node's total. Shaded bands are training steps.
+# store apart), *node peak* the highest total of all processes plus the store. The three are read
+# differently, so where they are close they can disagree by about a hundredth of the payload: the exact
+# peak counts from the memory the driver reported at its baseline and the own peak from its sample at
+# the moment every baseline was taken, and the node's total also subtracts a process that went below
+# its baseline. The figure stacks
+# every process's memory above its baseline, plus the store: the top edge is the node's total. Shaded
+# bands are training steps.
 
 # %%
 modes = list(dict.fromkeys(["default", *gc_modes, "off"]))  # "off" always: section 4 places its budget by it
@@ -286,15 +291,26 @@ if cluster is not None:
 # %% [markdown]
 # ### Next: your node
 #
-# The replays above fit on this machine. `picklescope predict` answers for a node that does not: it
-# plays a cost model fitted on small replays forward at your batch, your workers and your node's RAM,
-# and names the training step and the process Ray's memory monitor would kill (docs/predict.md). Set
-# the sizes of your node below; add `"transferqueue"` to `your_planes` to predict verl's TransferQueue
-# trainer beside the DataProto one (section 5). The fit needs replays at three sizes and two worker
-# counts for each data plane; they are cached after the first `picklescope predict` on this workload,
-# and this cell uses them only if they are all cached (it says so otherwise, and runs nothing).
+# The replays above fit on this machine. `picklescope predict` answers for a node that does not. It
+# runs small replays like the ones above (three batch sizes, two worker counts: the *fit*), reads from
+# them how each process's memory grows with the batch, the workers and the training steps (a *cost
+# model*), and plays that forward at your batch, your workers and your node's RAM (docs/predict.md).
+# In a real job it is usually not the kernel that kills first but **Ray's memory monitor**: when the
+# whole node passes a *threshold* (0.95 of its memory by default) it kills one of Ray's processes. The
+# prediction names the training step at which the node would cross it and the process the monitor
+# would pick. The *controller* is the process that runs the training loop and holds the batch: the
+# driver above (verl's TaskRunner).
+#
+# The prediction counts the batch's own bytes: the memory each process had before the batch (model weights,
+# optimizer state, the rollout's data) counts as nothing unless you give it in `your_baselines`, for
+# example from the memory figures of your kill report. Set the sizes of your node below; add
+# `"transferqueue"` to `your_planes` to predict verl's TransferQueue trainer beside the DataProto one
+# (section 5). The fit's replays are cached after the first `picklescope predict` on this workload, and
+# this cell uses them only if they are all cached (it says so otherwise, and runs nothing).
 
 # %%
+import textwrap  # noqa: E402
+
 from picklescope.investigate.predict import fit as fitting  # noqa: E402
 from picklescope.investigate.predict.prediction import fit_scales, predict  # noqa: E402
 from picklescope.workloads.spec import load_workload  # noqa: E402
@@ -303,6 +319,7 @@ your_payload = "44GB"  # the batch's tensor payload (verl-omni #402: 512 videos 
 your_workers, your_steps, your_node_memory = 8, 120, "1507GB"
 your_store_capacity = None  # your cluster's object_store_memory, e.g. "100GB"; None: Ray's default for the node
 your_gc = "default"
+your_baselines = []  # what each process held before the batch, e.g. ["controller=379GB", "worker=40GB"]
 your_planes = ["dataproto"]  # and/or "transferqueue" (built-in codecs only: the tensors skip the codec there)
 wl_fit = load_workload(workload)
 missing = [(plane, c, s, w) for plane in your_planes for c in (legacy, fixed) for w in fitting.FIT_WORKERS
@@ -315,14 +332,16 @@ if missing:
           f"  picklescope predict --workload {workload} --codec {legacy},{fixed} --gc {your_gc} "
           f"--data-plane {','.join(your_planes)} --payload {your_payload} --workers {your_workers} "
           f"--steps {your_steps} --node-memory {your_node_memory}"
-          + (f" --store-capacity {your_store_capacity}" if your_store_capacity else ""))
+          + (f" --store-capacity {your_store_capacity}" if your_store_capacity else "")
+          + "".join(f" --process-baseline {b}" for b in your_baselines))
 else:
     yours = [p for plane in your_planes
              for p in predict((legacy, fixed), workload, payload=your_payload, workers=your_workers, steps=your_steps,
                               gc=your_gc, node_memory=your_node_memory, store_capacity=your_store_capacity,
-                              data_plane=plane)]
-    for p in yours:
-        print(p.summary(), end="\n\n")
+                              process_baselines=your_baselines, data_plane=plane)]
+    for p in yours:  # each line wrapped to the page, so no word is cut in two
+        print("\n".join(textwrap.fill(line, 110, subsequent_indent=" " * (len(line) - len(line.lstrip()) + 2))
+                        for line in p.summary().splitlines()), end="\n\n")
     # per codec: the node (solid), the controller (dotted) and the object store (dashed) per training step,
     # Ray's threshold, the store's capacity and where Ray would kill
     display(figures.predict_figure(yours))

@@ -509,6 +509,14 @@ def test_node_figure_stacks_processes_over_the_store_and_marks_the_kill():
     doc["killed"] = {**doc["killed"], "step": "frombuffer", "step_of": "worker-3"}
     ungrouped = figures.node_figure(doc, group_workers=False)
     assert [t.name for t in ungrouped.data][:3] == ["driver", "worker-0", "worker-1"]
+    colors = [t.line.color for t in ungrouped.data if t.name not in ("kill",)]
+    assert len(set(colors)) == len(colors), colors  # nine processes and the store: no two alike
+    # steps too short for their labels side by side: every step keeps its band, crowded labels are left out
+    crowded = {**doc, "killed": None, "outcome": "ok", "training_steps": [
+        {"index": i, "start_s": 0.0001 * (i - 1), "end_s": 0.0001 * i} for i in range(1, 11)]}
+    crowded_fig = figures.node_figure(crowded)
+    labels = [a.text for a in crowded_fig.layout.annotations if a.text and a.text.startswith("step ")]
+    assert len(crowded_fig.layout.shapes) >= 10 and labels[0] == "step 1" and 1 < len(labels) < 10, labels
     # the curves end at the kill: the cluster being stopped afterwards is not the node's story
     doc["killed"]["t_s"] = 0.002
     assert max(figures.node_figure(doc).data[0].x) == 0.002

@@ -708,8 +708,17 @@ def test_the_figure_is_drawn_from_the_plain_data():
     assert list(store.y) == pytest.approx([s["store_bytes"] / 2**30 for s in doc["training_steps"]])
     assert all(pay // 8 <= s["store_bytes"] <= cap for s in doc["training_steps"])
     lines = {a.text for a in fig.layout.annotations}
-    assert f"object store's capacity ({source})" in lines and any("Ray's threshold" in t for t in lines)
+    assert f"object store's capacity, {fmt_bytes(cap)} ({source})" in lines
+    assert f"Ray's threshold, {fmt_bytes(0.95 * 6 * pay)} (0.95 of the node)" in lines
     assert len(fig.layout.shapes) == 2
+    # a node far under its threshold: the lines are named above the chart, not drawn, so the curves keep their height
+    far = {**doc, "node_memory_bytes": 400 * pay, "store_capacity_bytes": 100 * pay, "killed": None}
+    far_fig = figures.predict_figure([far])
+    top = max(v for t in far_fig.data for v in t.y if v is not None)
+    assert not far_fig.layout.shapes and far_fig.layout.yaxis.range[1] == pytest.approx(1.15 * top)
+    said = " ".join(a.text for a in far_fig.layout.annotations)
+    assert f"above this chart: Ray's threshold, {fmt_bytes(0.95 * 400 * pay)}" in said
+    assert f"above this chart: object store's capacity, {fmt_bytes(100 * pay)}" in said
     for s in doc["training_steps"]:  # a document saved before the store was kept per step draws without it
         del s["store_bytes"]
     assert "numpy-legacy: object store" not in [t.name for t in figures.predict_figure([doc]).data]

@@ -24,7 +24,11 @@ from picklescope.investigate.node.result import NodeResult
 
 GROUP_WORKERS_ABOVE = 6
 COLORS = {"driver": "#d62728", "store": "#7f7f7f", "workers": "#1f77b4"}
-WORKER_COLORS = ("#1f77b4", "#2ca02c", "#9467bd", "#17becf", "#bcbd22", "#8c564b")
+# every other process: twelve colours none of which is the driver's red or the store's grey, handed out in
+# order, so a node of up to twelve such processes (workers, the TransferQueue plane's own) never repeats one
+WORKER_COLORS = ("#1f77b4", "#2ca02c", "#9467bd", "#17becf", "#bcbd22", "#8c564b", "#e377c2", "#ff7f0e",
+                 "#393b79", "#637939", "#8c6d31", "#7b4173")
+LABEL_GAP = 0.06  # a step's label is left out when it would start this close (of the time axis) to the last one
 
 
 def _mib(v: float) -> float:
@@ -82,15 +86,24 @@ def node_figure(result: NodeResult | dict[str, Any], *, group_workers: bool | No
     n_workers = sum(1 for n in doc["processes"] if n.startswith("worker-"))
     group = n_workers > GROUP_WORKERS_ABOVE if group_workers is None else group_workers
     fig = go.Figure()
-    for i, (name, ts, vals) in enumerate(_layers(doc, group)):
-        color = COLORS.get(name.split(" ")[0], WORKER_COLORS[i % len(WORKER_COLORS)])
+    others = 0
+    for name, ts, vals in _layers(doc, group):
+        color = COLORS.get(name.split(" ")[0])
+        if color is None:
+            color, others = WORKER_COLORS[others % len(WORKER_COLORS)], others + 1
         fig.add_trace(go.Scatter(x=ts, y=[_mib(v) for v in vals], name=name, mode="lines", stackgroup="node",
                                  line={"width": 0.5, "color": color},
                                  hovertemplate=f"{name}: %{{y:.1f}} MiB at %{{x:.3f}} s<extra></extra>"))
     ended = [s for s in doc.get("training_steps", []) if s.get("end_s") is not None]
-    for s in ended:
+    axis = doc["node"]["timeline"]["t_s"]
+    span = (axis[-1] - axis[0]) if len(axis) > 1 else 0.0
+    last_label: float | None = None
+    for s in ended:  # short steps side by side would print their labels over each other: every band, not every label
+        label = last_label is None or s["start_s"] - last_label >= LABEL_GAP * span
+        last_label = s["start_s"] if label else last_label
         fig.add_vrect(x0=s["start_s"], x1=s["end_s"], fillcolor="#ffbf00" if s["index"] % 2 else "#ffe08a",
-                      opacity=0.15, line_width=0, annotation_text=f"step {s['index']}", annotation_position="top left")
+                      opacity=0.15, line_width=0, annotation_text=f"step {s['index']}" if label else None,
+                      annotation_position="top left")
     killed = doc.get("killed")
     if killed:  # the step the kill landed in never ended: its band runs to the kill, so the label has a band
         for s in doc.get("training_steps", []):

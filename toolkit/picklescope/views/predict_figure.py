@@ -4,8 +4,9 @@ one colour per codec.
 Drawn from the plain data of :class:`~picklescope.investigate.predict.prediction.CodecPrediction`
 (or its ``--json`` document), never measured here. Ray's threshold and the store's capacity are
 horizontal lines; a predicted kill is a marker at the step and height of the crossing, labelled with
-the process Ray would kill. The store is drawn because a store at its capacity explains a node total
-that stops rising (Ray spills the rest to disk).
+the process Ray would kill; a line far above every curve (a node that stays far under Ray's threshold)
+is named above the chart instead of drawn, so the curves keep their height. The store is drawn because a
+store at its capacity explains a node total that stops rising (Ray spills the rest to disk).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import plotly.graph_objects as go
+
+from picklescope.core.units import fmt_bytes
 
 COLORS = ("#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#17becf")
 
@@ -48,14 +51,34 @@ def predict_figure(predictions: Sequence[Any]) -> go.Figure:
                                      marker={"symbol": "x", "size": 14, "color": color}, showlegend=False,
                                      text=[f"Ray kills {k['process']}"], textposition="top left", cliponaxis=False))
     first = docs[0] if docs else {}
+    lines: list[tuple[float, str, dict[str, Any]]] = []  # (GiB, label, line style): drawn, or said off the chart
     if first.get("node_memory_bytes"):
         limit = first["threshold"] * first["node_memory_bytes"]
-        fig.add_hline(y=_gib(limit), line={"color": "#7f7f7f", "dash": "dash"}, annotation_position="top left",
-                      annotation_text=f"Ray's threshold ({first['threshold']:g} of the node)")
+        lines.append((_gib(limit), f"Ray's threshold, {fmt_bytes(limit)} ({first['threshold']:g} of the node)",
+                      {"color": "#000000", "width": 1.5}))
     caps = {d["store_capacity_bytes"]: d.get("store_capacity_source") for d in docs if d.get("store_capacity_bytes")}
     for cap, source in caps.items():
-        fig.add_hline(y=_gib(cap), line={"color": "#bcbd22", "dash": "dot"}, annotation_position="top right",
-                      annotation_text=f"object store's capacity ({source})")
+        lines.append((_gib(cap), f"object store's capacity, {fmt_bytes(cap)} ({source})",
+                      {"color": "#7f7f7f", "dash": "dashdot", "width": 1}))
+    top = _data_top(fig)
+    shown = [ln for ln in lines if top is None or ln[0] <= OFF_CHART * top]
+    off = [ln for ln in lines if ln not in shown]
+    for y, text, style in shown:
+        fig.add_hline(y=y, line=style, annotation_position="top left", annotation_text=text)
+    if off and top is not None:  # lines far above every curve would squeeze the curves flat: said, not drawn
+        fig.update_yaxes(range=[0, 1.15 * max([top] + [y for y, _, _ in shown])])
+        fig.add_annotation(xref="paper", yref="paper", x=0, y=1.0, xanchor="left", yanchor="bottom", showarrow=False,
+                           align="left", text="<br>".join(f"above this chart: {t}" for _, t, _ in off))
     fig.update_layout(title="Predicted node memory per training step", xaxis_title="training step",
-                      yaxis_title="GiB (peak during the step)", template="plotly_white", height=420)
+                      yaxis_title="GiB (peak during the step)", template="plotly_white", height=440,
+                      margin={"t": 60 + 18 * len(off)})
     return fig
+
+
+OFF_CHART = 3.0  # a line more than this many times the highest curve is said above the chart, not drawn
+
+
+def _data_top(fig: go.Figure) -> float | None:
+    """The highest value any curve or marker of ``fig`` reaches (None: nothing drawn)."""
+    values = [v for trace in fig.data for v in (trace.y or ()) if v is not None]
+    return max(values) if values else None

@@ -21,7 +21,7 @@ from typing import Any
 from picklescope.core.result import RunResult
 from picklescope.core.units import fmt_bytes
 from picklescope.errors import PicklescopeError
-from picklescope.investigate.predict.prediction import CodecPrediction
+from picklescope.investigate.predict.prediction import NO_BASELINES, CodecPrediction
 from picklescope.investigate.reproduce import (
     Investigation,
     budgeted_results,
@@ -415,11 +415,14 @@ def render_predictions(preds: Sequence[CodecPrediction], workload: str, command:
     node = "no node memory given" if first.node_memory_bytes is None else \
         f"a node of {fmt_bytes(first.node_memory_bytes)}, Ray's threshold {first.threshold:g}"
     parts = [f"<h1>{e(title)}</h1>",
-             f"<p class='note'>Payload {e(fmt_bytes(first.payload_bytes))} ({first.rows} rows), {first.workers} "
+             f"<p class='note'>Payload {e(fmt_bytes(first.payload_bytes))} = {first.payload_bytes / 1e9:.2f} GB "
+             f"(batch size {first.rows}), {first.workers} "
              f"workers, {first.steps} training steps, collector {e(first.gc)}; {e(node)}. Predicted by a model "
              f"fitted on node replays at {e(', '.join(first.fitted_on))}, not measured; written "
              f"{e(time.strftime('%Y-%m-%d %H:%M:%S'))}.</p>",
              "<p class='headline'>" + "<br>".join(e(prediction_sentence(p)) for p in preds) + "</p>",
+             *([f"<p class='note'>{e(NO_BASELINES[:1].upper() + NO_BASELINES[1:])}.</p>"]
+               if not first.baselines else []),
              figs.block(predict_figure, list(preds),
                         caption="Per codec: the node's total (solid), the controller (dotted) and the object store "
                                 "(dashed) at each training step's peak; Ray's threshold and the store's capacity as "

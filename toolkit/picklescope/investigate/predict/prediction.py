@@ -120,6 +120,11 @@ class Check:
         return doc
 
 
+NO_BASELINES = ("these are the batch's own bytes: what each process held before it (model weights, optimizer "
+                "state, the rollout's own data) counts as nothing here; add it with --process-baseline "
+                "(e.g. controller=379GB, from your kill report) to compare with the node's memory")
+
+
 @dataclass
 class CodecPrediction:
     """One codec's predicted node: bytes are absolute (the baselines given plus the predicted growth)."""
@@ -173,10 +178,12 @@ class CodecPrediction:
     def summary(self) -> str:
         p = self.payload_bytes
         plane = "" if self.data_plane == "dataproto" else f", data plane {self.data_plane}"
-        out = [f"{self.codec} (gc {self.gc}{plane}), payload {fmt_bytes(p)} ({self.rows} rows), "
-               f"{self.workers} workers, {self.steps} steps: node peak {fmt_bytes(self.node_peak_bytes)}, controller "
-               f"{fmt_bytes(self.processes['controller'])}"]
+        out = [f"{self.codec} (gc {self.gc}{plane}), payload {fmt_bytes(p)} = {p / 1e9:.2f} GB (batch size "
+               f"{self.rows}), {self.workers} workers, {self.steps} steps: node peak "
+               f"{fmt_bytes(self.node_peak_bytes)}, controller {fmt_bytes(self.processes['controller'])}"]
         out.append("  " + self.verdict_text())
+        if not self.baselines:
+            out.append("  " + NO_BASELINES)
         largest = self.largest_text()
         if largest:
             out.append(f"  {largest}")
