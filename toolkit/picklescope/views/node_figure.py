@@ -21,6 +21,7 @@ from picklescope.core.kill import kill_during
 from picklescope.core.result import Process
 from picklescope.core.units import fmt_bytes
 from picklescope.investigate.node.result import NodeResult
+from picklescope.views import steplabels
 
 GROUP_WORKERS_ABOVE = 6
 COLORS = {"driver": "#d62728", "store": "#7f7f7f", "workers": "#1f77b4"}
@@ -28,7 +29,6 @@ COLORS = {"driver": "#d62728", "store": "#7f7f7f", "workers": "#1f77b4"}
 # order, so a node of up to twelve such processes (workers, the TransferQueue plane's own) never repeats one
 WORKER_COLORS = ("#1f77b4", "#2ca02c", "#9467bd", "#17becf", "#bcbd22", "#8c564b", "#e377c2", "#ff7f0e",
                  "#393b79", "#637939", "#8c6d31", "#7b4173")
-LABEL_GAP = 0.06  # a step's label is left out when it would start this close (of the time axis) to the last one
 
 
 def _mib(v: float) -> float:
@@ -96,13 +96,15 @@ def node_figure(result: NodeResult | dict[str, Any], *, group_workers: bool | No
                                  hovertemplate=f"{name}: %{{y:.1f}} MiB at %{{x:.3f}} s<extra></extra>"))
     ended = [s for s in doc.get("training_steps", []) if s.get("end_s") is not None]
     axis = doc["node"]["timeline"]["t_s"]
-    span = (axis[-1] - axis[0]) if len(axis) > 1 else 0.0
-    last_label: float | None = None
-    for s in ended:  # short steps side by side would print their labels over each other: every band, not every label
-        label = last_label is None or s["start_s"] - last_label >= LABEL_GAP * span
-        last_label = s["start_s"] if label else last_label
+    # short steps side by side would print their labels over each other: every step keeps its band, and a
+    # label goes where steplabels (the run timeline's placement) finds it room in the one row above the bands
+    labelled = {p.label.key for p in steplabels.place(
+        [steplabels.Label(f"step {s['index']}", s["start_s"], s["end_s"], key=str(s["index"])) for s in ended],
+        axis[0], axis[-1], max_rows=1)} if axis else set()
+    for s in ended:
         fig.add_vrect(x0=s["start_s"], x1=s["end_s"], fillcolor="#ffbf00" if s["index"] % 2 else "#ffe08a",
-                      opacity=0.15, line_width=0, annotation_text=f"step {s['index']}" if label else None,
+                      opacity=0.15, line_width=0,
+                      annotation_text=f"step {s['index']}" if str(s["index"]) in labelled else None,
                       annotation_position="top left")
     killed = doc.get("killed")
     if killed:  # the step the kill landed in never ended: its band runs to the kill, so the label has a band
