@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import picklescope as ps
-from picklescope.views import figures, steplabels
+from picklescope.views import figures, label_layout
 from picklescope.views.richtext import HtmlText, plain_text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
@@ -101,12 +101,12 @@ def test_real_run_records_its_baseline_time_and_axis_starts_there(budgeted_tiny)
 # -- 2. step labels do not overlap -----------------------------------------------------------------
 
 def test_label_layout_puts_overlapping_labels_in_different_rows():
-    labels = [steplabels.Label("pickle.dumps", 1.0, 1.03), steplabels.Label("handoff", 1.03, 1.08)]
-    placed = steplabels.place(labels, 0.95, 1.13)
+    labels = [label_layout.Label("pickle.dumps", 1.0, 1.03), label_layout.Label("handoff", 1.03, 1.08)]
+    placed = label_layout.place(labels, 0.95, 1.13)
     assert len(placed) == 2
     a, b = placed
     assert a.row != b.row or a.hi <= b.lo or b.hi <= a.lo
-    wide = steplabels.place(labels, 0.95, 1.13, plot_px=5000)  # plenty of room: both stay in the top row
+    wide = label_layout.place(labels, 0.95, 1.13, plot_px=5000)  # plenty of room: both stay in the top row
     assert [p.row for p in wide] == [0, 0]
 
 

@@ -22,7 +22,7 @@ from picklescope.errors import PicklescopeError
 from picklescope.investigate.headroom import find_headroom
 from picklescope.measure import verdicts
 from picklescope.measure.runner import run
-from picklescope.verl import blobs, envs, stepview
+from picklescope.verl import blobs, callsites, envs
 from picklescope.verl.codec import PATCH_ENV, register_candidate, split_name
 
 NOISE = 0.05  # of the payload: differences smaller than this are "no change"
@@ -101,11 +101,11 @@ def _run_role(role: str, codec: str, label: str, patch: str | None, workload: st
         env[PATCH_ENV] = patch
     events: list[dict[str, Any]] = []
     r = run(codec, transport, workload, scale, env={"sender": env, "receiver": env}, on_event=events.append, **run_kw)
-    out = Role(role, codec, label, patch, r, stepview.call_sites(events))
+    out = Role(role, codec, label, patch, r, callsites.call_sites(events))
     info = out.verl_info
     if info.get("verl_file"):
-        srcs = stepview.sources_for(info["verl_file"], patch, info.get("patched") or [])
-        out.sources = {name: stepview.listing(src, out.call_sites) for name, src in srcs.items()}
+        srcs = callsites.sources_for(info["verl_file"], patch, info.get("patched") or [])
+        out.sources = {name: callsites.listing(src, out.call_sites) for name, src in srcs.items()}
     return out
 
 
@@ -131,7 +131,7 @@ def _workload_arg(workload: str) -> str:
 def _trace(role: Role, transport: str, workload: str) -> dict[str, Any]:
     r = role.result
     files = [f for f in (role.verl_info.get("verl_file"), role.patch) if f]
-    return stepview.trace(role.codec, workload, r.scale, transport, _env(role), files)
+    return callsites.trace(role.codec, workload, r.scale, transport, _env(role), files)
 
 
 def _headroom(role: Role, transport: str, workload: str, run_kw: dict[str, Any]) -> dict[str, Any]:

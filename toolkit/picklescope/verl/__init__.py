@@ -10,7 +10,7 @@ its ~5 s / ~360 MiB import and two versions never mix.
 - :mod:`~picklescope.verl.blobs`: reference blobs, ``inspect --as`` (the inert description of any blob
   file is :mod:`picklescope.workloads.blobinfo`)
 - :mod:`~picklescope.verl.loader`: the child side (one verl on the path, patch, instrumentation)
-- :mod:`~picklescope.verl.stepview`: the step-through of a real codec, for the confirm investigation
+- :mod:`~picklescope.verl.callsites`: the step-through of a real codec, for the confirm investigation
   (:mod:`picklescope.investigate.confirm`, drawn by :mod:`picklescope.views.confirm_text`; the regression
   test it emits for the verl repository is :mod:`picklescope.investigate.emit`)
 """

@@ -30,7 +30,7 @@ from picklescope.core.result import Process, RunResult, Series
 from picklescope.core.units import fmt_bytes
 from picklescope.investigate.stepthrough import StepThrough
 from picklescope.tracers.compare import attribution_rows
-from picklescope.views import steplabels
+from picklescope.views import label_layout
 from picklescope.views.timeline import RunTimeline
 
 MiB = 1024**2
@@ -297,7 +297,7 @@ def draw_rss(fig: go.Figure, side: Process, row: int, window: tuple[float, float
                              showlegend=not any(tr.name == SETUP_NAME for tr in fig.data)),
                   row=row, col=1)
     x0, x1 = window
-    if side.baseline_s - max(x0, t_s[0]) >= steplabels.text_width(SETUP_NAME, x1 - x0):
+    if side.baseline_s - max(x0, t_s[0]) >= label_layout.text_width(SETUP_NAME, x1 - x0):
         _note(fig, x=side.baseline_s, y=0.02, xref=f"x{row if row > 1 else ''}", yref=_yref(row),
               text=SETUP_NAME, showarrow=False, xanchor="right", yanchor="bottom",
               font={"size": 10, "color": "#777777"})
@@ -308,7 +308,7 @@ def draw_bands(fig: go.Figure, side: Any, row: int, end: float, min_width: float
                 window: tuple[float, float] | None = None) -> int:
     """Shade each step and label it; returns how many rows of labels it used.
 
-    Labels are laid out by :func:`picklescope.views.steplabels.place` so that short consecutive steps
+    Labels are laid out by :func:`picklescope.views.label_layout.place` so that short consecutive steps
     (``pickle.dumps`` then ``handoff``) do not print over each other. Bands narrower than
     ``min_width`` are not labelled (their names are in the hover of their exact-peak lines).
     """
@@ -318,17 +318,17 @@ def draw_bands(fig: go.Figure, side: Any, row: int, end: float, min_width: float
         _vrect(fig, row, st.start_s, max(x1, st.start_s + 1e-4), fillcolor=_step_color(st.name),
                opacity=0.10 + 0.06 * min(st.depth, 3), line_width=0, layer="below")
         if x1 - st.start_s >= min_width:
-            labels.append(steplabels.Label(st.name + (" (killed here)" if st.end_s is None else ""),
+            labels.append(label_layout.Label(st.name + (" (killed here)" if st.end_s is None else ""),
                                            st.start_s, x1, st.depth, key=st.name))
     if window is None:
         window = (min((lab.start for lab in labels), default=0.0), max((lab.end for lab in labels), default=1.0))
-    placed = steplabels.place(labels, *window)
+    placed = label_layout.place(labels, *window)
     for p in placed:
         _note(fig, x=p.x, y=1.0 - LABEL_ROW * p.row, xref=f"x{row if row > 1 else ''}", yref=_yref(row),
               text=plain(p.label.text), showarrow=False, yanchor="top",
               font={"size": 10, "color": _step_color(p.label.key)})
     _flush(fig)
-    return steplabels.rows_used(placed)
+    return label_layout.rows_used(placed)
 
 
 def draw_step_peaks(fig: go.Figure, side: Any, row: int, end: float) -> None:

@@ -21,7 +21,7 @@ from picklescope.core.kill import kill_during
 from picklescope.core.result import Process
 from picklescope.core.units import fmt_bytes
 from picklescope.investigate.node.result import NodeResult
-from picklescope.views import steplabels
+from picklescope.views import label_layout
 
 GROUP_WORKERS_ABOVE = 6
 COLORS = {"driver": "#d62728", "store": "#7f7f7f", "workers": "#1f77b4"}
@@ -97,9 +97,9 @@ def node_figure(result: NodeResult | dict[str, Any], *, group_workers: bool | No
     ended = [s for s in doc.get("training_steps", []) if s.get("end_s") is not None]
     axis = doc["node"]["timeline"]["t_s"]
     # short steps side by side would print their labels over each other: every step keeps its band, and a
-    # label goes where steplabels (the run timeline's placement) finds it room in the one row above the bands
-    labelled = {p.label.key for p in steplabels.place(
-        [steplabels.Label(f"step {s['index']}", s["start_s"], s["end_s"], key=str(s["index"])) for s in ended],
+    # label goes where label_layout (the run timeline's placement) finds it room in the one row above the bands
+    labelled = {p.label.key for p in label_layout.place(
+        [label_layout.Label(f"step {s['index']}", s["start_s"], s["end_s"], key=str(s["index"])) for s in ended],
         axis[0], axis[-1], max_rows=1)} if axis else set()
     for s in ended:
         fig.add_vrect(x0=s["start_s"], x1=s["end_s"], fillcolor="#ffbf00" if s["index"] % 2 else "#ffe08a",
