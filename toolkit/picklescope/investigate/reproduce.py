@@ -421,9 +421,10 @@ def headline(inv: Investigation) -> str:
         gap = f"; over {t} the legacy codec needs {diff:.2f}x payload more sender memory than the fixed one"
     if LEGACY in budgeted and FIXED in budgeted:
         b, bb = inv.budget, inv.budget_bytes
+        clause = verdicts.outcome_clause
         return (f"At a sender budget of {b} payload ({fmt_bytes(bb)}) on {inv.workload} x{inv.scale:g}, "
-                f"{LEGACY} {verdicts.fate(budgeted[LEGACY])} while {FIXED} {verdicts.fate(budgeted[FIXED])}"
-                + "".join(f"; {c} {verdicts.fate(r)}" for c, r in budgeted.items() if c not in (LEGACY, FIXED))
+                f"{LEGACY} {clause(budgeted[LEGACY])} while {FIXED} {clause(budgeted[FIXED])}"
+                + "".join(f"; {c} {clause(r)}" for c, r in budgeted.items() if c not in (LEGACY, FIXED))
                 + f"{gap}.")
     if gap:
         return f"On {inv.workload} x{inv.scale:g}{gap} (no budgeted run: {inv.budget_note or ''})."

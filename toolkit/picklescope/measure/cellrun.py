@@ -187,7 +187,7 @@ def run_cell(code: str, *, imports: list[str] | tuple[str, ...] = (), variables:
             verdicts.conclude(result, "error", f"{last['exc_type']}: {last['message']}")
     if not done and result.outcome == "ok":
         verdicts.conclude(result, "error", f"the cell's process ended without a result (exit code {side.exit_code})")
-    verdicts.decide(result, fold.errors, {SIDE: done}, guard.kills, result.enforcement, {})
+    verdicts.apply_memory_verdict(result, fold.errors, {SIDE: done}, guard.kills, result.enforcement, {})
     if result.outcome == "oom-killed" and side.peak_bytes is None:
         side.peak_bytes = result.memory_at_death_bytes  # no VmHWM reading survives a SIGKILL
         side.peak_source = "sampled at the kill"

@@ -253,7 +253,8 @@ def _run_once(
         for name, tl in timelines.items():
             result.processes[name].timeline = tl
         finish_run(state)
-        verdicts.decide(result, state.errors, state.done, guard.kills, result.enforcement, cgroup_counters)
+        verdicts.apply_memory_verdict(result, state.errors, state.done, guard.kills, result.enforcement,
+                                      cgroup_counters)
         result.wall_s = time.monotonic() - t0
         return result
     finally:

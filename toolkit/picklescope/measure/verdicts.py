@@ -310,8 +310,8 @@ def time_out(r: HasOutcome, what: str = "the run") -> None:
     conclude(r, "timeout", f"{what} exceeded its wall-clock limit")
 
 
-def decide(r: RunResult, errors: list[dict[str, Any]], done: dict[str, bool], kills: dict[str, Kill],
-           enforcement: str | None, counters: dict[str, dict[str, int]]) -> None:
+def apply_memory_verdict(r: RunResult, errors: list[dict[str, Any]], done: dict[str, bool], kills: dict[str, Kill],
+                         enforcement: str | None, counters: dict[str, dict[str, int]]) -> None:
     """Override the run's generic verdict when memory ran out; leave every other outcome alone.
 
     A kill by the watchdog wins (it is the first thing that happened); then a SIGKILL nobody in
@@ -380,12 +380,12 @@ def verdict(r: RunResult) -> Verdict:
     return Verdict(ended, detail)
 
 
-def sentence(r: RunResult) -> str:
+def run_sentence(r: RunResult) -> str:
     """``verdict(r)`` as one sentence about "<codec> over <transport>"."""
     return verdict(r).sentence(f"{r.codec} over {r.transport}")
 
 
-def fate(r: RunResult) -> str:
+def outcome_clause(r: RunResult) -> str:
     """The verdict as a short clause for comparing runs: "survived", "was OOM-killed on the sender in step X"."""
     if r.outcome == "ok":
         return "survived"

@@ -272,7 +272,7 @@ def run_sides(state: RunFold, pair: PairConfig, *, ray_path: str, timeout_s: flo
                                           cfg.object_store_bytes)
     finish_run(state)
     if guard is not None:
-        verdicts.decide(result, state.errors, state.done, guard.kills, result.enforcement, counters)
+        verdicts.apply_memory_verdict(result, state.errors, state.done, guard.kills, result.enforcement, counters)
     costs.summarize(result, run.shm, ray_path)
     result.wall_s = time.monotonic() - t0
     return result

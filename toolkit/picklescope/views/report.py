@@ -149,7 +149,7 @@ def _verdict_block(r: RunResult) -> str:
             ("enforcement", r.enforcement), ("why this enforcement", r.enforcement_note)]
     if r.outcome in ("oom-killed", "memory-error"):
         out.append("<table>" + "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in rows) + "</table>")
-    out.append(f"<p>{e(verdicts.sentence(r))}.</p>")
+    out.append(f"<p>{e(verdicts.run_sentence(r))}.</p>")
     if r.original_error:
         out.append(f"<p><b>Original error</b> (classified as out-of-memory): <code>{e(r.original_error)}</code></p>")
     if r.stack_note:
