@@ -517,6 +517,7 @@ def test_node_figure_stacks_processes_over_the_store_and_marks_the_kill():
     crowded_fig = figures.node_figure(crowded)
     labels = [a.text for a in crowded_fig.layout.annotations if a.text and a.text.startswith("step ")]
     assert len(crowded_fig.layout.shapes) >= 10 and labels[0] == "step 1" and 1 < len(labels) < 10, labels
+    assert all(a.text and a.text != "new text" for a in crowded_fig.layout.annotations)  # no placeholder label
     # the curves end at the kill: the cluster being stopped afterwards is not the node's story
     doc["killed"]["t_s"] = 0.002
     assert max(figures.node_figure(doc).data[0].x) == 0.002

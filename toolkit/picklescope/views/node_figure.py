@@ -95,17 +95,18 @@ def node_figure(result: NodeResult | dict[str, Any], *, group_workers: bool | No
                                  line={"width": 0.5, "color": color},
                                  hovertemplate=f"{name}: %{{y:.1f}} MiB at %{{x:.3f}} s<extra></extra>"))
     ended = [s for s in doc.get("training_steps", []) if s.get("end_s") is not None]
-    axis = doc["node"]["timeline"]["t_s"]
+    start, stop = doc["node"].get("baseline_s") or 0.0, (doc.get("killed") or {}).get("t_s")
+    axis = [t for t in doc["node"]["timeline"]["t_s"] if t >= start and (stop is None or t <= stop)]  # as drawn
     # short steps side by side would print their labels over each other: every step keeps its band, and a
     # label goes where label_layout (the run timeline's placement) finds it room in the one row above the bands
     labelled = {p.label.key for p in label_layout.place(
         [label_layout.Label(f"step {s['index']}", s["start_s"], s["end_s"], key=str(s["index"])) for s in ended],
         axis[0], axis[-1], max_rows=1)} if axis else set()
-    for s in ended:
+    for s in ended:  # a band without a label gets no annotation at all (plotly would print "new text")
+        label = {"annotation_text": f"step {s['index']}", "annotation_position": "top left"} \
+            if str(s["index"]) in labelled else {}
         fig.add_vrect(x0=s["start_s"], x1=s["end_s"], fillcolor="#ffbf00" if s["index"] % 2 else "#ffe08a",
-                      opacity=0.15, line_width=0,
-                      annotation_text=f"step {s['index']}" if str(s["index"]) in labelled else None,
-                      annotation_position="top left")
+                      opacity=0.15, line_width=0, **label)
     killed = doc.get("killed")
     if killed:  # the step the kill landed in never ended: its band runs to the kill, so the label has a band
         for s in doc.get("training_steps", []):
