@@ -14,8 +14,8 @@
 # %% [markdown]
 # # 06 · Would my node have survived?
 #
-# *Short on time?* [The answer](#The-answer), a few sentences with the numbers this run measured, is
-# the section before the last; the last one predicts a machine too big for this one.
+# *Short on time?* [The answer](#The-answer) gives it in a few sentences with the numbers this run
+# measured; after it, a prediction for a machine too big for this one.
 #
 # New words are defined where they first appear; all of them are in the
 # [glossary](../docs/glossary.md).
@@ -132,11 +132,10 @@ def replays(codecs: list[str], gc: list[str], **kw) -> list[ps.NodeResult]:
 # Python's default collector, then under each mode of `gc_modes` (section 3 shows those). The table gives each run's outcome and peaks as multiples of the payload (the batch's tensor
 # bytes): *driver peak* is the kernel's exact high-water mark of the driver (it also counts the object
 # store's pages the driver maps), *driver own peak* the highest sample of its private memory (the
-# store apart), *node peak* the highest total of all processes plus the store. The three are read
-# differently, so where they are close they can disagree by about a hundredth of the payload: the exact
-# peak counts from the memory the driver reported at its baseline and the own peak from its sample at
-# the moment every baseline was taken, and the node's total also subtracts a process that went below
-# its baseline. The figure stacks
+# store apart), *node peak* the highest total of all processes plus the store, up to a kill. The three
+# are read differently, so where they are close they can disagree slightly: the exact peak counts from
+# the memory the driver reported at its baseline and the own peak from its sample at the moment every
+# baseline was taken, and the node's total also subtracts a process that went below its baseline. The figure stacks
 # every process's memory above its baseline, plus the store: the top edge is the node's total. Shaded
 # bands are training steps.
 

@@ -149,23 +149,25 @@ class Process:
         base = self.timeline_baseline_bytes
         return None if base is None else value - base
 
-    def above_baseline(self, since_s: float | None = None, *, unknown_baseline: int | None = None) -> Series:
-        """The timeline above its baseline, from ``since_s`` on (default: all of it). Without a baseline the
-        curve is empty, or counted from ``unknown_baseline`` when the caller gives one (a node's sum above
-        baselines counts such a process from zero)."""
+    def above_baseline(self, since_s: float | None = None, *, until_s: float | None = None,
+                       unknown_baseline: int | None = None) -> Series:
+        """The timeline above its baseline, from ``since_s`` on and up to ``until_s`` (default: all of it).
+        Without a baseline the curve is empty, or counted from ``unknown_baseline`` when the caller gives one
+        (a node's sum above baselines counts such a process from zero)."""
         base = self.timeline_baseline_bytes
         if base is None:
             if unknown_baseline is None:
                 return Series()
             base = unknown_baseline
-        keep = [i for i, t in enumerate(self.timeline.t_s) if since_s is None or t >= since_s]
+        keep = [i for i, t in enumerate(self.timeline.t_s)
+                if (since_s is None or t >= since_s) and (until_s is None or t <= until_s)]
         return Series([self.timeline.t_s[i] for i in keep], [self.timeline.bytes[i] - base for i in keep])
 
-    def own_peak_bytes(self, since_s: float | None = None) -> int | None:
-        """The highest sample above the baseline (from ``since_s`` on): sampled at about 1 ms, so it can miss
-        a spike shorter than that, but in the private reading it never counts object-store pages, which
-        the exact peak does."""
-        return self.above_baseline(since_s).peak()
+    def own_peak_bytes(self, since_s: float | None = None, until_s: float | None = None) -> int | None:
+        """The highest sample above the baseline (from ``since_s`` up to ``until_s``): sampled at about 1 ms,
+        so it can miss a spike shorter than that, but in the private reading it never counts object-store
+        pages, which the exact peak does."""
+        return self.above_baseline(since_s, until_s=until_s).peak()
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Process:

@@ -75,7 +75,7 @@ def predict_figure(predictions: Sequence[Any]) -> go.Figure:
     return fig
 
 
-OFF_CHART = 3.0  # a line more than this many times the highest curve is said above the chart, not drawn
+OFF_CHART = 2.0  # a line more than this many times the highest curve is said above the chart, not drawn
 
 
 def _data_top(fig: go.Figure) -> float | None:

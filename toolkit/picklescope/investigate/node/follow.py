@@ -258,7 +258,9 @@ def settle(session: Session, result: NodeResult) -> None:
         verdicts.conclude(result, "oom-killed", None)
     base = session.node_baseline
     if base is not None and session.baseline_s is not None:
-        pairs = [(t, v) for t, v in zip(session.node.t_s, session.node.bytes) if t >= session.baseline_s]
+        end = None if session.kill is None else session.kill.t_s  # the replay's story ends at a kill (the figure's too)
+        pairs = [(t, v) for t, v in zip(session.node.t_s, session.node.bytes)
+                 if t >= session.baseline_s and (end is None or t <= end)]
         if pairs:
             t_peak, v_peak = max(pairs, key=lambda p: p[1])
             result.node_peak_bytes, result.node_peak_t_s = v_peak - base, t_peak

@@ -182,7 +182,8 @@ class NodeResult(Measured):
         apart): sampled at about 1 ms, so it can miss a spike shorter than that, but unlike the exact
         peak it never counts store pages the process maps."""
         rec = self.processes.get(name)
-        return None if rec is None else rec.own_peak_bytes(since_s=self.baseline_s)
+        until = None if self.killed is None else self.killed.t_s  # the replay ends at a kill, as its node total does
+        return None if rec is None else rec.own_peak_bytes(since_s=self.baseline_s, until_s=until)
 
     def own_peaks_sum_bytes(self, prefix: str) -> int | None:
         """The sum of the own peaks of every process whose name starts with ``prefix`` (``storage-``,
