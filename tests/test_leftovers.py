@@ -17,12 +17,14 @@ import sys
 import tempfile
 import textwrap
 import time
+from multiprocessing import util
 from pathlib import Path
 
 import psutil
 import pytest
 
 from picklescope.core import leftovers
+from picklescope.measure import launcher
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
 from private_tmp import private_tmp, unshare_works  # noqa: E402
@@ -510,10 +512,6 @@ def test_without_a_shell_the_forkserver_starts_as_it_would_and_with_one_through_
     """``_spawn_ignoring_sigint`` starts processes through ``sh -c 'trap "" INT; exec ...'``; on a system
     with no ``/bin/sh`` it leaves ``multiprocessing``'s spawn alone (the forkserver then starts with SIGINT
     as it is, and a Ctrl-C while it imports torch may print its traceback; nothing else changes)."""
-    from multiprocessing import util
-
-    from picklescope.measure import launcher
-
     calls: list[tuple[bytes, list[str]]] = []
     monkeypatch.setattr(util, "spawnv_passfds", lambda path, args, passfds: calls.append((path, args)) or 7)
     plain = util.spawnv_passfds

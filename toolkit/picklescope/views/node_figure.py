@@ -35,12 +35,17 @@ def _mib(v: float) -> float:
     return v / 2**20
 
 
+def _drawn_ticks(doc: dict[str, Any]) -> list[float]:
+    """The node's sample times the figure draws: from the node baseline on, up to a kill."""
+    t0, end = doc["node"].get("baseline_s") or 0.0, (doc.get("killed") or {}).get("t_s")
+    return [t for t in doc["node"]["timeline"]["t_s"] if t >= t0 and (end is None or t <= end)]
+
+
 def _layers(doc: dict[str, Any], group: bool) -> list[tuple[str, list[float], list[float]]]:
     """(name, t_s, bytes above baseline) per layer, samples from the node baseline on (up to a kill)."""
     node = doc["node"]
     t0 = node.get("baseline_s") or 0.0
-    end = (doc.get("killed") or {}).get("t_s")
-    ticks = [t for t in node["timeline"]["t_s"] if t >= t0 and (end is None or t <= end)]
+    ticks = _drawn_ticks(doc)
     layers: list[tuple[str, list[float], list[float]]] = []
 
     def above(series: dict[str, Any], base: int | None) -> dict[float, float]:
@@ -95,8 +100,7 @@ def node_figure(result: NodeResult | dict[str, Any], *, group_workers: bool | No
                                  line={"width": 0.5, "color": color},
                                  hovertemplate=f"{name}: %{{y:.1f}} MiB at %{{x:.3f}} s<extra></extra>"))
     ended = [s for s in doc.get("training_steps", []) if s.get("end_s") is not None]
-    start, stop = doc["node"].get("baseline_s") or 0.0, (doc.get("killed") or {}).get("t_s")
-    axis = [t for t in doc["node"]["timeline"]["t_s"] if t >= start and (stop is None or t <= stop)]  # as drawn
+    axis = _drawn_ticks(doc)
     # short steps side by side would print their labels over each other: every step keeps its band, and a
     # label goes where label_layout (the run timeline's placement) finds it room in the one row above the bands
     labelled = {p.label.key for p in label_layout.place(
