@@ -477,7 +477,7 @@ def test_a_run_leaves_nothing_in_tmp_or_tmpdir_when_tmpdir_points_elsewhere(tran
 
 
 WARM_START_SIGINT = textwrap.dedent('''
-    import os, signal
+    import os, signal, sys, time
     from multiprocessing import forkserver
     from picklescope.measure import launcher
 
@@ -493,9 +493,20 @@ WARM_START_SIGINT = textwrap.dedent('''
     except KeyboardInterrupt:
         forkserver._forkserver.ensure_running = real
         pid = launcher.warm_up()
+        # the pid is a fork of this process, then the shell that sets its trap, and only then the forkserver's
+        # Python (on a busy machine the reading can come before either exec): wait for the forkserver's command
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:  # (this script's own text names the module too)
+                if any(a.startswith(b"from multiprocessing.forkserver import") for a in f.read().split(b"\\0")):
+                    break
+            time.sleep(0.05)
         with open(f"/proc/{pid}/status") as f:
             ignored = int(next(line for line in f if line.startswith("SigIgn:")).split()[1], 16)
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            command = f.read()[:100]
         print("interrupted", bool(ignored & (1 << (signal.SIGINT - 1))))
+        print("forkserver", pid, hex(ignored), command, file=sys.stderr)  # for the assertion's message
     else:
         print("ran on")
 ''')
