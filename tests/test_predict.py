@@ -285,6 +285,18 @@ def test_mapped_leaves_count_once_per_call_open_at_once_not_once_per_worker():
     assert timed.calls_text().startswith("2, at most the workers") and "upper bound" in untimed.calls_text()
 
 
+def test_a_leaf_of_exactly_the_largest_mmap_threshold_is_mapped():
+    """glibc maps a request whose chunk (the request, its 8-byte size word, rounded up to 16) reaches the mmap
+    threshold, which never rises past 32 MiB: a 256-row chunk of many-keys' latents (128 KiB a row, exactly
+    32 MiB; benchmarks/workloads/many_keys.yaml at x0.5 with 4 workers) is given back after each call, as the
+    replay measured (a worker's level 0.01 x payload after its call, not a chunk). The boundary, to the byte."""
+    assert not model_mod.heap_sized(32 * MiB) and not model_mod.heap_sized(32 * MiB - 16)
+    assert model_mod.heap_sized(32 * MiB - 24) and model_mod.heap_sized(MiB)
+    m = model_mod.fit(fit_set(), [128 * 1024, 2048])  # bytes per row of two leaves
+    x = m.features(4 * 256 * (128 * 1024 + 2048), 1024, 4, 2)
+    assert x["mapped"] == 32 * MiB and x["h"] == 256 * 2048 and x["M"] == 4 * 32 * MiB  # fits not timed: all 4
+
+
 def test_one_slow_step_does_not_set_the_calls_open_at_once():
     """Every replay's longest call lasted 1.6 x the controller's sending of a chunk (two calls open), but in
     one step of one replay, slowed by the machine's load, a call lasted 3.5 sends. The maximum over all steps
