@@ -152,14 +152,27 @@ def test_sigkilled_run_keeps_its_timeline_up_to_the_kill():
 
 
 def test_legacy_is_killed_in_consolidate_where_the_fix_survives():
-    legacy = ps.run("numpy-legacy", "pickle5-oob", "flowgrpo", 0.1, budget="0.5x")
+    """The legacy codec dies in its consolidate step, at the line of the discarded consolidate() copy; the fix
+    survives the same budget. The step comes from the exact peaks, so it is right on any machine. The line
+    comes from the stack at the kill: on a busy machine the watchdog can see the crossing only after the
+    step has ended (the result then says so in ``stack_note``, and the stack is wherever the sender had got
+    to), so the line is checked on the first of up to three runs whose kill landed inside the step."""
     fixed = ps.run("numpy", "pickle5-oob", "flowgrpo", 0.1, budget="0.5x")
-    assert (legacy.outcome, legacy.killed_side, legacy.killed_in_step) == ("oom-killed", "sender", "consolidate")
     assert fixed.outcome == "ok" and fixed.roundtrip["ok"] is True
+    late = []
+    for _ in range(3):
+        legacy = ps.run("numpy-legacy", "pickle5-oob", "flowgrpo", 0.1, budget="0.5x")
+        assert (legacy.outcome, legacy.killed_side, legacy.killed_in_step) == ("oom-killed", "sender", "consolidate")
+        if legacy.stack_note is None:
+            break
+        assert "had ended by the time the watchdog saw it" in legacy.stack_note, legacy.stack_note
+        late.append(legacy.killed_at)
+    else:
+        pytest.fail(f"in three runs the kill landed after the consolidate step ended (stacks at: {late})")
     # the line where it died is the discarded consolidate() of the legacy codec
     path, line = legacy.killed_at.split(" in ")[0].rsplit(":", 1)
     assert int(line) == legacy.killed_at_line
-    assert "consolidate()" in Path(path).read_text().splitlines()[legacy.killed_at_line - 1]
+    assert "consolidate()" in Path(path).read_text().splitlines()[legacy.killed_at_line - 1], legacy.stack_at_death
 
 
 def test_receiver_budget_kills_the_receiver_in_its_copy():

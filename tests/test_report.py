@@ -85,7 +85,12 @@ def test_the_legacy_codec_is_oom_killed_where_the_fix_survives(reproduced):
     headline = inv.headline
     assert "numpy-legacy was OOM-killed on the sender in step consolidate while numpy survived" in headline
     assert headline in stdout and headline.replace("'", "&#x27;") in html
-    assert "numpy_codec.py" in legacy.killed_at and legacy.stack_at_death
+    assert legacy.stack_at_death
+    if legacy.stack_note is None:  # the kill landed inside the step: its stack is in the codec's own code
+        assert "numpy_codec.py" in legacy.killed_at, legacy.stack_at_death
+    else:  # a busy machine's watchdog saw the crossing after the step ended, and the result says so (the line
+        # of a kill inside the step is checked with retries in test_budget.py)
+        assert "had ended by the time the watchdog saw it" in legacy.stack_note, legacy.stack_note
 
 
 def test_every_case_has_a_sender_headroom_in_the_table(reproduced):
