@@ -121,7 +121,7 @@ def replays(codecs: list[str], gc: list[str], **kw) -> list[ps.NodeResult]:
     if any(c.startswith("verl-") for c in codecs):  # one node each: a process loads one verl
         return [ps.node(c, workload, scale, gc=mode, **kw) for c, mode in zip(codecs, gc)]
     done = node_series(codecs, workload, scale, gc=gc, **kw)
-    ran = [r for r in done if r.wall_s is not None]  # a replay after one that ended early is not run
+    ran = [r for r in done if r.wall_s is not None]  # not one never run, nor a driver that never started
     print(f"{len(ran)} replay{'s' * (len(ran) > 1)} on one driver and {workers} workers, each (s):",
           ", ".join(f"{r.wall_s:.1f}" for r in ran), "(the first includes starting them)")
     return done
@@ -257,7 +257,7 @@ if None not in grew.values():
                f"training step 1 to the end of step {steps} ({fixed}: {grew[fixed]:+.2f}x).")
 k = capped[legacy].killed
 ended = {c: "completed every step" if r.outcome == "ok" else
-         "was not replayed" if (r.error or "").startswith("not replayed") else f"ended {r.outcome}"
+         "was not replayed" if not r.replayed else f"ended {r.outcome}"
          for c, r in capped.items()}
 if k is not None:
     answer += (f" Under a node budget of {fmt_bytes(budget)}, {legacy} was killed ({k.process}, training step "

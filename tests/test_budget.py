@@ -17,7 +17,7 @@ import pytest
 import picklescope as ps
 from picklescope.core import cgroup
 from picklescope.core.units import Size
-from picklescope.measure import budget, verdicts
+from picklescope.measure import budget, verdicts, watchdog
 
 # Budgets kept clear of every peak these cases are known to reach. In-band pickle peaks take one of
 # two exact values from run to run (numpy-legacy 2.64x or 3.00x, numpy 1.64x or 2.00x: whether glibc
@@ -259,8 +259,6 @@ def test_impossible_budget_is_refused_before_any_process_starts():
 
 def test_machine_guard_kills_a_side_before_the_machine_runs_out(monkeypatch):
     """With no budget at all, a machine short of memory gets the biggest side killed, not the parent."""
-    from picklescope.measure import watchdog
-
     monkeypatch.setattr(watchdog, "machine_memory", lambda: {"total": 1 << 34, "available": 1})
     r = ps.run("numpy", "pickle5-oob", "tiny", 1.0)
     assert r.outcome == "oom-killed"
@@ -283,8 +281,6 @@ def test_cgroup_enforcement_is_used_or_explained():
 
 def test_total_budget_is_armed_above_the_measured_baseline():
     """``total:2GiB`` counts the whole process: the side's budget becomes 2 GiB minus its own baseline."""
-    import picklescope as ps
-
     r = ps.run("numpy-legacy", "pickle5-oob", "tiny", 1.0, budget="total:2GiB")
     s = r.processes["sender"]
     assert r.outcome == "ok", r.error

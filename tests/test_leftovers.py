@@ -23,8 +23,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from picklescope.core import leftovers
+import picklescope as ps
+from picklescope.core import cgroup, leftovers, paths
+from picklescope.core.paths import OutFolder
+from picklescope.errors import PicklescopeError
 from picklescope.measure import launcher
+from picklescope.ray import cluster, ray_available
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
 from private_tmp import private_tmp, unshare_works  # noqa: E402
@@ -106,8 +110,6 @@ def test_session_that_leaves_a_child_an_orphan_and_a_file_fails_naming_them(tmp_
 def test_a_run_sweeps_temporaries_of_dead_creators_only(tmp_path):
     """A parent killed with SIGKILL leaves its hand-off folder; the next run removes it, and never
     touches one whose creator is alive (another run in progress)."""
-    import picklescope as ps
-
     dead = subprocess.Popen(["true"])
     dead.wait()  # its pid now names nobody
     root = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
@@ -153,9 +155,6 @@ ESCAPER = textwrap.dedent('''
 def test_a_grandchild_in_its_own_session_ends_with_the_run(tmp_path, monkeypatch, tracking):
     """The sender starts ``sleep 600`` with ``setsid``: a process group and session of its own, which no
     process-group kill reaches. The run's tracking (a cgroup, else a subreaper) still ends it."""
-    import picklescope as ps
-    from picklescope.core import cgroup
-
     if tracking == "cgroup" and cgroup.tracking_base() is None:
         pytest.skip("no writable v1 pids/freezer cgroup here")
     if tracking == "subreaper":
@@ -236,8 +235,6 @@ def test_the_sweep_removes_a_multiprocessing_folder_whose_creator_is_gone(tmp_pa
 def test_a_stale_tracking_cgroup_is_emptied_and_removed(tmp_path):
     """A parent killed mid-run leaves its tracking cgroup (named with its pid) and whatever still runs in
     it; any later run's sweep kills those processes and removes the cgroup."""
-    from picklescope.core import cgroup
-
     base = cgroup.tracking_base()
     if base is None:
         pytest.skip("no writable v1 pids/freezer cgroup here (the subreaper path is the one used)")
@@ -322,8 +319,6 @@ def test_a_local_cluster_whose_starter_is_killed_during_start_up_is_ended(tmp_pa
     """``LocalCluster`` runs ``ray start --block`` in a session of its own; its starter SIGKILLed while the
     cluster comes up (a raylet exists) must not leave that session or its psrayc- folder: a watcher
     process (transports_ray.cluster.watch_main) ends them within seconds, without waiting for a sweep."""
-    from picklescope.ray import ray_available
-
     if not ray_available():
         pytest.skip("ray is not installed (pip install 'picklescope[ray]')")
     script = tmp_path / "parent.py"
@@ -357,8 +352,6 @@ def test_a_local_cluster_whose_starter_is_killed_during_start_up_is_ended(tmp_pa
 def test_the_cluster_watcher_starts_on_the_standard_library_alone(tmp_path):
     """The watcher runs ``cluster.py`` as a script under ``python -S`` (no site-packages, no picklescope on the
     path): an import of picklescope there would kill it at once and leave a dead starter's cluster running."""
-    from picklescope.ray import cluster
-
     # a leader that is not running (pid 1 never started at tick 0): the watcher has nothing to do and exits 0
     p = subprocess.run([sys.executable, "-S", cluster.__file__, str(os.getpid()), "0", "1", "0", ""],
                        capture_output=True, text=True, timeout=60, cwd=tmp_path,
@@ -370,9 +363,6 @@ def test_the_cluster_watcher_starts_on_the_standard_library_alone(tmp_path):
 
 
 def test_temp_folders_go_under_tmpdir_and_a_too_long_one_is_refused_in_one_line(tmp_path, monkeypatch):
-    from picklescope.core import paths
-    from picklescope.errors import PicklescopeError
-
     short = tempfile.mkdtemp(prefix="ps-t-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     try:
         monkeypatch.setattr(tempfile, "tempdir", short)
@@ -392,9 +382,6 @@ def test_temp_folders_go_under_tmpdir_and_a_too_long_one_is_refused_in_one_line(
 
 
 def test_an_out_folder_is_locked_while_held_and_removed_when_the_run_that_made_it_stops(tmp_path):
-    from picklescope.core.paths import OutFolder
-    from picklescope.errors import PicklescopeError
-
     new = tmp_path / "new"
     with OutFolder(str(new), own=("results.json",)):
         assert new.is_dir()
@@ -424,8 +411,6 @@ def _cli(*args: str, **kw) -> subprocess.Popen:
 
 
 def test_reproduce_into_a_folder_another_run_writes_gets_one_line(tmp_path):
-    from picklescope.core.paths import OutFolder
-
     out = tmp_path / "out"
     with OutFolder(str(out)):  # held as a running reproduce holds it
         p = _cli("reproduce", "--workload", "tiny", "--out", str(out), "--no-ray")
@@ -459,11 +444,8 @@ def test_a_killed_reproduce_removes_the_out_folder_it_created(tmp_path, sig):
 def test_a_run_leaves_nothing_in_tmp_or_tmpdir_when_tmpdir_points_elsewhere(transport):
     """Over Ray the cluster's temp dir, its sockets and torch's cache of every Ray worker go under TMPDIR
     too; a Ray that cannot start on a busy machine ends in its one line (exit 2), and leaves nothing either."""
-    if transport == "ray":
-        from picklescope.ray import ray_available
-
-        if not ray_available():
-            pytest.skip("ray is not installed")
+    if transport == "ray" and not ray_available():
+        pytest.skip("ray is not installed")
     tmpdir = tempfile.mkdtemp(prefix="ps-t-", dir="/var/tmp")
     try:
         rc, out, err, left = private_tmp([sys.executable, "-m", "picklescope", "run", "--codec", "numpy",

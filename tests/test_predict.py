@@ -30,6 +30,7 @@ from picklescope.investigate.predict import model as model_mod
 from picklescope.investigate.predict import prediction
 from picklescope.investigate.predict.fit import Replay, StepObs
 from picklescope.ray.transferqueue import missing
+from picklescope.views import figures
 from picklescope.workloads.spec import load_workload
 
 MiB = 2**20
@@ -438,8 +439,6 @@ def test_tq_plane_prediction_names_its_processes_and_ray_kills_the_last_worker()
     doc = p.to_json_dict()
     assert doc["data_plane"] == "transferqueue" and "storage units" in doc["kill_policy"]
     assert "data plane transferqueue" in p.summary()
-    from picklescope.views import figures
-
     names = [t.name for t in figures.predict_figure([doc]).data]
     assert "numpy (transferqueue): node" in names
 
@@ -709,8 +708,6 @@ def test_tq_plane_fit_on_small_replays_predicts_a_held_out_replay(tmp_path, monk
 
 
 def test_the_figure_is_drawn_from_the_plain_data():
-    from picklescope.views import figures
-
     wl = load_workload("flowgrpo")
     m = model_mod.fit(fit_set())
     per_row = wl.payload_bytes(1.0) / wl.rows(1.0)

@@ -18,7 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from picklescope import cli as main_cli
+from picklescope.investigate import ray_matrix
 from picklescope.investigate.reproduce import Investigation, budgeted_results, matrix_results, traced_results
+from picklescope.ray import ray_available
 from picklescope.views.report import prepare_out_dir, render
 
 SCALE = "0.1"
@@ -249,10 +252,6 @@ RAY_START_FAILURE = ("The current node timed out during startup. This could happ
 def test_a_ray_lane_that_fails_is_one_sentence_in_the_terminal_and_the_report(tmp_path, monkeypatch, capsys):
     """Ray forced to fail at start-up (as on a loaded machine): the in-process rows stand; the terminal
     gives one line saying the Ray rows did not run and why, the report says it too, no traceback."""
-    from picklescope import cli as main_cli
-    from picklescope.investigate import ray_matrix
-    from picklescope.ray import ray_available
-
     if not ray_available():
         pytest.skip("ray is not installed: there is no Ray lane to fail")
 

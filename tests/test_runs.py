@@ -17,6 +17,7 @@ import picklescope as ps
 from picklescope.core.kill import Kill
 from picklescope.core.result import Measured, Process, RunResult, Series, Step
 from picklescope.investigate.node.result import NodeResult
+from picklescope.measure import verdicts
 from picklescope.measure.session import Session
 from picklescope.views.timeline import RunTimeline
 
@@ -290,3 +291,19 @@ def test_the_session_keeps_the_folds_bookkeeping_beside_the_records():
 def test_unknown_names_fail_before_any_process_starts():
     with pytest.raises(ps.UnknownNameError):
         ps.run("nope", "pickle", "tiny")
+
+
+def test_a_series_replay_that_never_ran_is_told_from_one_that_failed():
+    """A replay of a series after one that ended early is concluded ``error`` with "not replayed: ..."
+    (investigate/node/parent.py); the notebook and the driver-log note tell it from a replay that ran and
+    failed by ``NodeResult.replayed``, not by reading the message again."""
+
+    def result() -> NodeResult:
+        return NodeResult("numpy", "ray-arg", "flowgrpo", 0.05, 1, workers=2, steps=2, dispatch="chunk", gc="off",
+                          returns=None)
+
+    skipped, failed, ok = result(), result(), result()
+    verdicts.conclude(skipped, "error", "not replayed: the numpy-legacy replay before it ended oom-killed")
+    verdicts.conclude(failed, "error", "the driver ended before its first training step")
+    verdicts.conclude(ok, "ok", None)
+    assert (skipped.replayed, failed.replayed, ok.replayed) == (False, True, True)

@@ -29,7 +29,7 @@ from picklescope.investigate.node.config import NodeConfig
 from picklescope.investigate.node.controller import check_controller
 from picklescope.investigate.node.driver import DRIVER_LOG, node_driver_main
 from picklescope.investigate.node.follow import Accepter, adopt_known, follow, settle
-from picklescope.investigate.node.result import NodeResult
+from picklescope.investigate.node.result import NOT_REPLAYED, NodeResult
 from picklescope.investigate.node.tracking import Tracking, set_phase, timeout_message
 from picklescope.measure import launcher, verdicts
 from picklescope.measure.engine import MeasuredRun
@@ -185,12 +185,12 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
             if result.outcome != "ok" or not tracking.finished:
                 for later in results[i + 1:]:
                     verdicts.conclude(later, "error",
-                                      f"not replayed: the {result.codec} replay before it ended {result.outcome}")
+                                      f"{NOT_REPLAYED}: the {result.codec} replay before it ended {result.outcome}")
                 break
     except DriverStartTimeout:
         verdicts.conclude(current, "timeout", timeout_message(tracking))
         for later in results[1:]:
-            verdicts.conclude(later, "error", f"not replayed: the {current.codec} replay before it ended timeout")
+            verdicts.conclude(later, "error", f"{NOT_REPLAYED}: the {current.codec} replay before it ended timeout")
     except KeyboardInterrupt:
         verdicts.conclude(current, "interrupted", "interrupted (Ctrl-C); every process was stopped")
         raise
@@ -214,8 +214,7 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
         if ray_tmp:
             shutil.rmtree(ray_tmp, ignore_errors=True)
     for r in results:
-        if r.outcome in ("error", "timeout") and tracking.driver_log and \
-                not (r.error or "").startswith("not replayed"):
+        if r.outcome in ("error", "timeout") and tracking.driver_log and r.replayed:
             r.notes.append("the driver's own output ended with:\n" + tracking.driver_log)
         r.cleanup = current.cleanup
     if len(results) == 1:

@@ -15,6 +15,8 @@ from picklescope.core.result import Measured, Process, Series
 from picklescope.core.units import fmt_bytes
 from picklescope.measure.session import TrainingStep
 
+NOT_REPLAYED = "not replayed"  # how the error of a series' replay that never ran begins (see NodeResult.replayed)
+
 
 @dataclass
 class NodeResult(Measured):
@@ -59,6 +61,12 @@ class NodeResult(Measured):
     @property
     def driver(self) -> Process:
         return self.processes["driver"]
+
+    @property
+    def replayed(self) -> bool:
+        """False for a replay of a series that never ran because the one before it ended early (its error,
+        beginning "not replayed", names that one): it has no measurement, no wall time and no driver log."""
+        return not (self.outcome == "error" and (self.error or "").startswith(NOT_REPLAYED))
 
     def to_json_dict(self) -> dict[str, Any]:
         """The ``--json`` document (see docs/node.md for every key)."""

@@ -76,15 +76,6 @@ TQ_PARTS = ("controller", "producer", "workers", "storage", "tq-controller", "st
 # call-to-send ratio; all W when unknown, an upper bound). Calls are timed, not weighed: the fits' chunks
 # never reach the threshold, so no sampled byte of theirs shows the overlap, but their calls' spans do.
 MMAP_THRESHOLD_MAX = 32 * 2**20
-
-
-def heap_sized(block: float) -> bool:
-    """Whether glibc can keep a freed block of ``block`` bytes in its heap. It maps every request whose
-    chunk (the request plus its 8-byte size word, rounded up to 16 bytes) reaches the mmap threshold, and
-    that threshold never rises past :data:`MMAP_THRESHOLD_MAX`: a leaf of exactly 32 MiB (many-keys'
-    latents in a 256-row chunk) is mapped, and given back to the kernel when freed."""
-    return math.ceil((block + 8) / 16) * 16 < MMAP_THRESHOLD_MAX
-
 # On the TransferQueue plane: the controller passes metadata (keys per row) and reads the per-token result of
 # every row, both in proportion to the rows, so to P for one workload (P, W, 1 as above); the producer writes
 # the whole batch at every step (P); the storage units hold the batch from the producer's write to the
@@ -98,6 +89,14 @@ FEATURES = {"controller": ("P", "W", "1"), "worker": ("h", "1"), "workers": ("H"
 # the whole batch (P), what stays in it between steps and its rise within a step are of the chunk in hand
 # (c: half the payload with 2 workers, a quarter with 4), not a cost per worker call.
 DATAPROTO_FEATURES = {"controller": ("P", "c", "1")}
+
+
+def heap_sized(block: float) -> bool:
+    """Whether glibc can keep a freed block of ``block`` bytes in its heap. It maps every request whose
+    chunk (the request plus its 8-byte size word, rounded up to 16 bytes) reaches the mmap threshold, and
+    that threshold never rises past :data:`MMAP_THRESHOLD_MAX`: a leaf of exactly 32 MiB (many-keys'
+    latents in a 256-row chunk) is mapped, and given back to the kernel when freed."""
+    return math.ceil((block + 8) / 16) * 16 < MMAP_THRESHOLD_MAX
 
 
 @dataclass
