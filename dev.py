@@ -6,7 +6,8 @@
         --quick                       only the quick tier (docs/testing.md): the core checks, no Ray, browser,
                                       real verl, fault or slow tests
         --coverage                    also measure line coverage of toolkit/picklescope, children included
-        (PICKLESCOPE_TEST_WORKERS=N runs pytest on N pytest-xdist workers; docs/testing.md, "Workers")
+        (on two pytest-xdist workers where there are two cores; PICKLESCOPE_TEST_WORKERS=N chooses,
+        0 runs one process; docs/testing.md, "Workers")
     python3 dev.py lab                open JupyterLab on notebooks/ (the .py files open as notebooks)
     python3 dev.py picklescope ARGS   any picklescope command
 
@@ -36,9 +37,11 @@ TRANSFERQUEUE = ("transferqueue==0.1.11", "msgspec==0.23.0")
 # The quick tier (docs/testing.md): what no tier marker of tests/conftest.py marks.
 QUICK = "quick and not (ray or browser or verl or fault or slow)"
 COVERAGE_DIR = ROOT / "out" / "coverage"
-# pytest-xdist workers of `dev.py test`: none unless asked for; docs/testing.md ("Workers") says why and
-# what was measured.
-WORKERS = os.environ.get("PICKLESCOPE_TEST_WORKERS", "")
+# pytest-xdist workers of `dev.py test`: two where the machine has two cores or more (the suite in one
+# process keeps about one core busy: its tests mostly wait on the children, clusters and kernels they
+# start), none on one core; PICKLESCOPE_TEST_WORKERS=N chooses, 0 runs in one process. docs/testing.md
+# ("Workers") says what was measured.
+WORKERS = os.environ.get("PICKLESCOPE_TEST_WORKERS", "2" if (os.cpu_count() or 1) >= 2 else "0")
 
 
 def _python311() -> str:
@@ -107,8 +110,8 @@ def _caller_workers(args: list[str]) -> str | None:
 
 
 def _workers(args: list[str]) -> tuple[list[str], Path | None]:
-    """``-n WORKERS --dist loadgroup`` when ``$PICKLESCOPE_TEST_WORKERS`` asks for workers and the caller
-    did not choose; with workers, a short ``--basetemp`` of its own: xdist puts every test's folder one
+    """``-n WORKERS --dist loadgroup`` unless the caller chose (``-n``, ``-p no:xdist``) or there are no
+    workers (``WORKERS`` is 0); with workers, a short ``--basetemp`` of its own: xdist puts every test's folder one
     level deeper (``popen-gw0/``), and a Ray session's socket paths under it must stay within the 107
     characters of an AF_UNIX path. Also returns that folder (None if the caller gave one or there are no
     workers), to remove after a passing run: pytest prunes its own numbered folders, not one named for

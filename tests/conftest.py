@@ -140,32 +140,47 @@ def tiers_of(item: pytest.Item) -> set[str]:
 # counts 0. A test named "file::test" is a group of its own: the long tests of a file that share no
 # module-scoped fixture with the rest of it (its module fixtures are made again for it, on its worker).
 COST: dict[str, float] = {
-    "test_browser.py::test_every_notebook_shows_its_outputs_in_lab_saves_back_and_leaves_the_checkout_clean": 80.0,
-    "test_node.py": 300.0,
-    "test_notebooks.py": 291.0,
-    "test_node.py::test_real_verl_0_9_0_grows_and_0_9_1_does_not": 250.0,
-    "test_node_controller.py": 261.0,
-    "test_verl.py": 172.0,
-    "test_node_ray_faults.py": 140.0,
-    "test_interrupts.py": 199.0,
-    "test_node.py::test_reproduce_replays_the_node_pair_on_one_node_of_its_ray_cluster_and_its_report_shows_it": 125.0,
-    "test_install.py": 117.0,
-    "test_budget.py": 116.0,
-    "test_predict.py": 112.0,
-    "test_leftovers.py": 110.0,
-    "test_node.py::test_interrupted_or_killed_parent_leaves_no_process_or_file": 102.0,
-    "test_browser.py": 102.0,
-    "test_bad_input.py": 83.0,
-    "test_hostile_inspect.py": 82.0,
-    "test_browser_views.py": 80.0,
-    "test_node.py::test_two_node_cluster_groups_processes_by_ray_node_and_takes_a_workload_path": 54.0,
+    "notebooks": 351.0,
+    "test_node.py": 172.0,
+    "test_predict.py": 119.0,
+    "test_interrupts.py": 114.0,
+    "test_node_transferqueue.py": 114.0,
+    "test_verl.py": 93.0,
+    "test_node_ray_faults.py": 87.0,
+    "test_ray.py": 86.0,
+    "test_install.py": 70.0,
+    "test_node_controller.py": 64.0,
+    "test_workload_from.py": 58.0,
+    "test_budget.py": 57.0,
+    "test_node.py::test_real_verl_0_9_0_grows_and_0_9_1_does_not": 55.0,
+    "test_leftovers.py": 54.0,
+    "test_hostile_inspect.py": 46.0,
+    "test_ray_startup.py": 45.0,
+    "test_bad_input.py": 43.0,
+    "test_node.py::test_interrupted_or_killed_parent_leaves_no_process_or_file": 40.0,
+    "test_node.py::test_reproduce_replays_the_node_pair_on_one_node_of_its_ray_cluster_and_its_report_shows_it": 37.0,
+    "test_browser_views.py": 35.0,
+    "test_node_ray_monitor.py": 32.0,
+    "test_report.py": 30.0,
+    "test_node.py::test_two_node_cluster_groups_processes_by_ray_node_and_takes_a_workload_path": 23.0,
+}
+
+
+# Files that share a costly session fixture run as one group, so that one worker makes it: a session
+# fixture is made once per worker that asks for it. Running every notebook headless
+# (``executed_notebooks``, with ``postmortem_export`` beside it) is the most costly set-up of the suite,
+# and ``flowgrpo_quarter`` the most costly of the quick tier.
+SHARED: dict[str, str] = {
+    "test_notebooks.py": "notebooks", "test_browser.py": "notebooks",
+    **dict.fromkeys(("test_headroom.py", "test_runs.py", "test_safe_loading.py", "test_tracers.py"),
+                    "flowgrpo_quarter"),
 }
 
 
 def _group(item: pytest.Item) -> str:
     name = Path(str(item.fspath)).name
     own = f"{name}::{getattr(item, 'originalname', item.name)}"
-    return own if own in COST else name
+    return own if own in COST else SHARED.get(name, name)
 
 
 def _schedule(items: list[pytest.Item]) -> None:
