@@ -184,10 +184,17 @@ print(json.dumps({"child": os.waitstatus_to_exitcode(status), "parent": [r["pid"
 '''
 
 
-def test_each_process_records_its_own_calls_after_a_fork(tmp_path):
-    """Counters opened as /proc/self in the parent would read the parent's memory: a child opens its own."""
+@pytest.mark.parametrize("handler_first", [False, True], ids=["alone", "after-another-at-fork-handler"])
+def test_each_process_records_its_own_calls_after_a_fork(tmp_path, handler_first):
+    """Counters opened as /proc/self in the parent would read the parent's memory: a child opens its own.
+    Its limit is its own too, also when an at-fork handler registered before the probe's (coverage.py's
+    fork patch is one) calls the target in the child before the probe's handler has run."""
     script = tmp_path / "forker.py"
-    script.write_text(FORKER)
+    # registered after threading's own at-fork handler, as coverage.py's is (a thread started before
+    # threading's handler has run would be marked stopped by it in the child)
+    early = "import threading\nos.register_at_fork(after_in_child=lambda: json.loads('2'))\n" if handler_first else ""
+    script.write_text(FORKER.replace("import picklescope.investigate.capture as capture\n",
+                                     early + "import picklescope.investigate.capture as capture\n", 1))
     p = subprocess.run([sys.executable, str(script), str(tmp_path / "cap")], capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 0, p.stderr

@@ -185,6 +185,7 @@ class Probe:
         self._writer: threading.Thread | None = None
         self._wrote_first = False
         self._closing = False  # set when the original is back: the writer ends once it has written all
+        self._pid = os.getpid()  # the process whose counters and limit these are (a forked child resets them)
 
     @property
     def active(self) -> bool:
@@ -214,9 +215,15 @@ class Probe:
         self.flush(5.0)  # the thread is parked before any call: it wants no lock during one
 
     def _after_fork(self) -> None:
+        """In a forked child, once: its own counters, writer and limit. Both the probe's at-fork handler and
+        a call call this; whichever comes first resets, since an at-fork handler registered before the
+        probe's (coverage.py's fork patch is one) may call the target before the probe's handler runs."""
+        if self._pid == os.getpid():
+            return
         # the counters opened as /proc/self belong to the parent, and the writer thread did not come along
         self._meter, self._writer, self._lock = None, None, threading.Lock()
         self.calls, self.records = 0, []  # the limit counts per process
+        self._pid = os.getpid()
 
     def _wrap(self) -> None:
         # Deferred on purpose: workload_from imports numpy and YAML, which installing the probe in a job's start-up
@@ -277,6 +284,7 @@ class Probe:
 
     # -- one call: only the measurement --------------------------------------------------------------------
     def _call(self, original: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        self._after_fork()  # a no-op unless this is a forked child whose at-fork handler has not run yet
         with self._lock:
             n = self.calls + 1
             take = self._armed and n <= self.limit
