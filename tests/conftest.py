@@ -139,6 +139,7 @@ def tiers_of(item: pytest.Item) -> set[str]:
 # suite in one process, summed per group; benchmarks/README.md, "The test suite"); a group not listed
 # counts 0. A test named "file::test" is a group of its own: the long tests of a file that share no
 # module-scoped fixture with the rest of it (its module fixtures are made again for it, on its worker).
+# A group name of SHARED (below) stands for its files together.
 COST: dict[str, float] = {
     "notebooks": 351.0,
     "test_node.py": 172.0,
