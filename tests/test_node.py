@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=import
 from private_tmp import private_tmp, unshare_works  # noqa: E402
 
 from picklescope.ray import ray_available
+from picklescope.ray.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.skipif(not ray_available(), reason="ray is not installed (pip install 'picklescope[ray]')")
 
@@ -424,37 +425,16 @@ def test_two_node_cluster_groups_processes_by_ray_node_and_takes_a_workload_path
     """Workers pinned to a second Ray node are grouped under it; and a workload file named by a relative
     path reaches the driver and every worker actor, which run elsewhere (on the other node here): one
     replay for both checks, so its two workers start once."""
-    from picklescope.ray import cluster as ray_procs
-
     (tmp_path / "sub").mkdir()
     preset = Path(__file__).resolve().parents[1] / "data" / "workloads" / "tiny.yaml"
     (tmp_path / "sub" / "my.yaml").write_text(preset.read_text().replace("name: tiny", "name: my-name"))
     monkeypatch.chdir(tmp_path)
 
-    tmp = tempfile.mkdtemp(prefix=f"psrayc-{os.getpid()}-")
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
-    second = None
+    # the added node starts under the product's start-up policy (several tries on a loaded machine: Ray's
+    # own wait for a node to register is a fixed 30 s), and stops its own processes only
+    second = LocalCluster(object_store_bytes=256 * MiB, num_cpus=0, join=cluster.address, resources={"node2": 1})
     try:
-        # Ray's own start-up deadline is sometimes missed on a loaded two-core machine ("timed out during
-        # startup"); as for the shared cluster (LocalCluster.start), a second try follows a first one that
-        # timed out, once that try's processes are stopped
-        for attempt in (1, 2):
-            path = Path(tmp) / f"node2-{attempt}.log"
-            with open(path, "wb") as log:
-                second = subprocess.Popen([sys.executable, "-m", "ray.scripts.scripts", "start", "--block",
-                                           f"--address={cluster.address}", "--resources", '{"node2": 1}',
-                                           "--num-cpus=0", f"--object-store-memory={256 * MiB}", f"--temp-dir={tmp}"],
-                                          stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-            ticks = ray_procs.start_ticks(second.pid)
-            deadline = time.monotonic() + 240
-            while b"Ray runtime started" not in path.read_bytes():
-                if second.poll() is not None and attempt == 1 and "timed out during startup" in path.read_text():
-                    ray_procs.stop_all(lambda s=second, t=ticks: ray_procs.cluster_processes(s.pid, t, (), tmp))
-                    break
-                assert second.poll() is None and time.monotonic() < deadline, path.read_text()
-                time.sleep(0.5)
-            else:
-                break
+        second.start()
         r = node("numpy", workload="sub/my.yaml", scale=1.0, workers=2, steps=1, ray_address=cluster.address,
                  worker_resources={"node2": 0.01})
         assert r.outcome == "ok" and r.workload == "my-name", (r.outcome, r.error)
@@ -471,10 +451,8 @@ def test_two_node_cluster_groups_processes_by_ray_node_and_takes_a_workload_path
         assert one.outcome == "ok", one.error
         assert {one.processes[f"worker-{i}"].node_id for i in range(2)} == {one.driver.node_id}
     finally:
-        if second is not None:
-            ray_procs.stop_all(lambda: ray_procs.cluster_processes(second.pid, ticks, (), tmp))
-            second.wait(timeout=30)
-        shutil.rmtree(tmp, ignore_errors=True)
+        assert second.stop()["remaining"] == [], second.report
+    assert cluster.pids(), "stopping the added node left the shared cluster running"
 
 
 def test_node_figure_stacks_processes_over_the_store_and_marks_the_kill():

@@ -80,3 +80,37 @@ def test_a_cluster_whose_agent_misses_rays_deadline_twice_starts_on_a_later_try(
     finally:
         report = cluster.stop()
     assert report["remaining"] == [], report
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_a_node_joining_a_cluster_starts_under_the_same_policy_and_stops_alone(ray_cluster, tmp_path, monkeypatch):
+    """``LocalCluster(join=...)`` (a second Ray node on this machine, tests/test_node.py's two-node replay):
+    an address where no cluster listens ends in one sentence naming the join, within the caller's limit;
+    a node whose agent misses Ray's deadline on its first try joins on the next; stopping it leaves the
+    cluster it joined running."""
+    if not ray_available():
+        pytest.skip("ray is not installed (pip install 'picklescope[ray]')")
+    nowhere = LocalCluster(object_store_bytes=100 * MiB, num_cpus=0, join="127.0.0.1:9")
+    with pytest.raises(startup.RayStartError) as err:
+        nowhere.start(timeout_s=20)
+    assert str(err.value).startswith("a node joining the Ray cluster at 127.0.0.1:9 did not start within"), err.value
+    assert nowhere.report["remaining"] == [], nowhere.report
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(HOLD_BACK)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p))
+    monkeypatch.setenv("PS_TEST_AGENT_DIR", str(tmp_path))
+    monkeypatch.setenv("PS_TEST_AGENT_HOLD_STARTS", "1")
+    monkeypatch.setenv("PS_TEST_AGENT_HOLD_S", "25")  # past the raylet's fixed 15 s
+    node = LocalCluster(object_store_bytes=100 * MiB, num_cpus=0, join=ray_cluster.address, resources={"held": 1})
+    try:
+        node.start()
+        assert node.address == ray_cluster.address
+        assert len(node.failures) == 1 and "raylet" in node.failures[0], node.failures
+        assert Path(tmp_path / "held").read_text() == "xx"
+    finally:
+        report = node.stop()
+    assert report["remaining"] == [], report
+    assert ray_cluster.pids(), "stopping the added node stopped the cluster it joined"

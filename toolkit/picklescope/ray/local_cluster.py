@@ -6,10 +6,16 @@ start one cluster here (``ray start --head --block`` in its own session) and pas
 every run (``transport_options={"ray_address": cluster.address}``, the same path as joining a real
 multi-node cluster with ``--ray-address``). Leaving the ``with`` block kills every process of the
 session and checks that none is left.
+
+The same class adds a node to a running cluster (``join=`` its address): a second Ray node on this
+machine, for a replay whose workers are placed on another node than the driver's (``--worker-resources``
+names a custom resource that only the added node has). It starts under the same policy and stops the
+same way, its own processes only.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -46,11 +52,17 @@ def _free_port() -> int:
 
 
 class LocalCluster:
-    """``with LocalCluster() as c: picklescope.run(..., transport_options={"ray_address": c.address})``."""
+    """``with LocalCluster() as c: picklescope.run(..., transport_options={"ray_address": c.address})``.
 
-    def __init__(self, object_store_bytes: int = 512 * 1024 * 1024, num_cpus: int = 1) -> None:
+    ``LocalCluster(join=c.address, num_cpus=0, resources={"node2": 1})`` adds a node to ``c``; its
+    ``address`` is then ``c``'s, and :meth:`stop` ends the added node only."""
+
+    def __init__(self, object_store_bytes: int = 512 * 1024 * 1024, num_cpus: int = 1, *,
+                 join: str | None = None, resources: dict[str, float] | None = None) -> None:
         self.object_store_bytes = int(object_store_bytes)
         self.num_cpus = num_cpus
+        self.join = join  # a running cluster's address: start a node of it instead of a head
+        self.resources = dict(resources or {})  # custom resources of this node, {"node2": 1}
         self.address: str | None = None
         self.proc: subprocess.Popen | None = None
         self.temp_dir: str | None = None
@@ -70,20 +82,24 @@ class LocalCluster:
             except _TryFailed as exc:
                 self.failures.append(exc.reason)
                 log = exc.log
+        what = f"a node joining the Ray cluster at {self.join}" if self.join else "the local Ray cluster"
         raise startup.RayStartError(time.monotonic() - t0, self.failures or ["no time was left to try"],
-                                    startup.load_average(), log=log)
+                                    startup.load_average(), log=log, what=what)
 
     def _start_once(self, budget_s: float) -> LocalCluster:
         self.temp_dir = make_temp_dir("psrayc-", for_ray=True)
-        port = _free_port()
+        port = None if self.join else _free_port()
         env = dict(os.environ)
         env.setdefault("RAY_AUTH_MODE", "disabled")
         env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         env.update(torch_cache_env(self.temp_dir))  # its workers import torch: the cache stays in our folder
-        cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={port}",
+        where = [f"--address={self.join}"] if self.join else ["--head", f"--port={port}", "--include-dashboard=false"]
+        cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", *where,
                "--node-ip-address=127.0.0.1", f"--num-cpus={self.num_cpus}",
                f"--object-store-memory={self.object_store_bytes}", f"--temp-dir={self.temp_dir}",
-               "--include-dashboard=false", "--disable-usage-stats"]
+               "--disable-usage-stats"]
+        if self.resources:
+            cmd.append(f"--resources={json.dumps(self.resources)}")
         log = os.path.join(self.temp_dir, "start.log")
         with open(log, "wb") as out:
             # Its own session (every Ray process stays in it) at a raised priority for start-up only,
@@ -104,7 +120,7 @@ class LocalCluster:
             with open(log, "rb") as f:
                 text = f.read().decode(errors="replace")
             if "Ray runtime started" in text:
-                self.address = f"127.0.0.1:{port}"
+                self.address = self.join or f"127.0.0.1:{port}"
                 break
             if watch.poll() is not None:
                 reason = watch.sentence("start-up")

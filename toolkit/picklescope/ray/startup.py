@@ -70,15 +70,16 @@ class RayStartError(PicklescopeError):
     ``reasons`` holds one short reason per try; ``log`` whatever Ray printed (kept for a reader who
     wants it, never printed by the toolkit)."""
 
-    def __init__(self, seconds: float, reasons: list[str], load: float | None = None, log: str = "") -> None:
-        self.seconds, self.reasons, self.load, self.log = seconds, list(reasons), load, log
+    def __init__(self, seconds: float, reasons: list[str], load: float | None = None, log: str = "",
+                 what: str = "the local Ray cluster") -> None:
+        self.seconds, self.reasons, self.load, self.log, self.what = seconds, list(reasons), load, log, what
         tries = f"{len(reasons)} {'try' if len(reasons) == 1 else 'tries'}"
         why = f"; {reasons[-1]}" if reasons else ""
         where = f"; the machine's load average was {load:.1f}" if load is not None else ""
-        super().__init__(f"the local Ray cluster did not start within {seconds:.0f} s ({tries}){why}{where}", WAY_OUT)
+        super().__init__(f"{what} did not start within {seconds:.0f} s ({tries}){why}{where}", WAY_OUT)
 
     def __reduce__(self) -> tuple:  # crosses process boundaries whole (the driver -> the parent)
-        return (RayStartError, (self.seconds, self.reasons, self.load, self.log))
+        return (RayStartError, (self.seconds, self.reasons, self.load, self.log, self.what))
 
 
 def short_reason(exc: BaseException) -> str:
