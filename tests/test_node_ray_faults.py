@@ -12,7 +12,6 @@ from __future__ import annotations
 import glob
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from picklescope.core import cgroup
 from picklescope.ray import ray_available
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
-from test_node import CLI, SMALL, _cmd, _ours, _wait_for_workers, left_nothing  # noqa: E402
+from test_node import SMALL, _cmd, _ours, _start_running, left_nothing  # noqa: E402
 from test_node_ray_monitor import _usable  # noqa: E402
 
 pytestmark = [pytest.mark.skipif(not ray_available(), reason="ray is not installed (pip install 'picklescope[ray]')"),
@@ -49,10 +48,9 @@ def test_interrupted_or_killed_ray_enforced_run_leaves_no_process_cgroup_or_file
     if why:
         pytest.skip(f"--enforcement ray is unavailable here: {why}")
     # a budget far above what the fixed codec's node holds: the run is in its training steps when it is stopped
-    p = subprocess.Popen(CLI + ["node", *SMALL, "--steps", "1000", "--enforcement", "ray", "--node-budget", "100x",
-                                "--controller", controller], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p, procs = _start_running(["node", *SMALL, "--steps", "1000", "--enforcement", "ray", "--node-budget", "100x",
+                               "--controller", controller], 2)
     try:
-        procs = _wait_for_workers(p, 2)
         assert any("TaskRunner" in " ".join(_cmd(q)) for q in procs) == (controller == "actor")
         cgroups = [c for c in _left(p.pid) if c.startswith("/sys/fs/cgroup")]
         assert len(cgroups) == 2, f"the run's start and watched cgroups should exist while it runs: {cgroups}"
