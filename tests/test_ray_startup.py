@@ -35,6 +35,18 @@ if b"dashboard/agent.py" in _cmd:
 '''
 
 
+def _hold_back_agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, starts: int) -> None:
+    """Every Ray started from here on holds its dashboard agent back 25 s (past the raylet's fixed 15 s)
+    at its first ``starts`` starts; ``tmp_path / "held"`` gets an "x" per agent started."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(HOLD_BACK)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p))
+    monkeypatch.setenv("PS_TEST_AGENT_DIR", str(tmp_path))
+    monkeypatch.setenv("PS_TEST_AGENT_HOLD_STARTS", str(starts))
+    monkeypatch.setenv("PS_TEST_AGENT_HOLD_S", "25")
+
+
 def test_tries_fit_the_budget_and_early_failures_leave_room_for_more(monkeypatch):
     """Each try gets at most TRY_TIMEOUT_S of what is left; all together at most START_BUDGET_S or the
     caller's limit; a retry only with MIN_TRY_S left. Tries that fail early (20 s each, as when the
@@ -63,13 +75,7 @@ def test_tries_fit_the_budget_and_early_failures_leave_room_for_more(monkeypatch
 def test_a_cluster_whose_agent_misses_rays_deadline_twice_starts_on_a_later_try(tmp_path, monkeypatch):
     if not ray_available():
         pytest.skip("ray is not installed (pip install 'picklescope[ray]')")
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(HOLD_BACK)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p))
-    monkeypatch.setenv("PS_TEST_AGENT_DIR", str(tmp_path))
-    monkeypatch.setenv("PS_TEST_AGENT_HOLD_STARTS", "2")
-    monkeypatch.setenv("PS_TEST_AGENT_HOLD_S", "25")  # past the raylet's fixed 15 s
+    _hold_back_agent(tmp_path, monkeypatch, starts=2)
     cluster = LocalCluster(object_store_bytes=100 * MiB, num_cpus=1)
     try:
         cluster.start()
@@ -97,13 +103,7 @@ def test_a_node_joining_a_cluster_starts_under_the_same_policy_and_stops_alone(r
     assert str(err.value).startswith("a node joining the Ray cluster at 127.0.0.1:9 did not start within"), err.value
     assert nowhere.report["remaining"] == [], nowhere.report
 
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(HOLD_BACK)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p))
-    monkeypatch.setenv("PS_TEST_AGENT_DIR", str(tmp_path))
-    monkeypatch.setenv("PS_TEST_AGENT_HOLD_STARTS", "1")
-    monkeypatch.setenv("PS_TEST_AGENT_HOLD_S", "25")  # past the raylet's fixed 15 s
+    _hold_back_agent(tmp_path, monkeypatch, starts=1)
     node = LocalCluster(object_store_bytes=100 * MiB, num_cpus=0, join=ray_cluster.address, resources={"held": 1})
     try:
         node.start()
