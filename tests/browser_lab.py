@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import own_processes  # beside this file: the tests that import this module put tests/ on the path
 import psutil
 
 CHROMIUM = Path(os.environ.get("PICKLESCOPE_CHROMIUM", "/usr/bin/chromium"))
@@ -273,9 +274,10 @@ def chromium(work: Path, viewport: tuple[int, int] = (1500, 1100)) -> Iterator[B
 
 
 def leftover_processes(names: tuple[str, ...] = ("jupyter", "chrom", "ipykernel", "node")) -> list[str]:
-    """Descendants of this process whose command line mentions one of ``names`` (should be none)."""
+    """Descendants of this process whose command line mentions one of ``names`` (should be none); the
+    session's shared Ray cluster is not one of them (tests/own_processes.py)."""
     found = []
-    for c in psutil.Process().children(recursive=True):
+    for c in own_processes.descendants():
         with contextlib.suppress(psutil.NoSuchProcess):
             if not _pid_alive(c.pid):
                 continue

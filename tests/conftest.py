@@ -50,6 +50,9 @@ from picklescope import cli
 # After the last test: no process and no temporary of the session may be left (fails the session).
 from picklescope.measure.pytest_leftovers import pytest_sessionfinish, pytest_sessionstart  # noqa: F401
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
+import own_processes  # noqa: E402
+
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 # The Ctrl-C tests send SIGINT to commands they start. A suite started in the background of a shell without job
@@ -132,14 +135,14 @@ def tiers_of(item: pytest.Item) -> set[str]:
     return found
 
 
-# Workers (pytest-xdist, `dev.py test` starts them with `--dist loadgroup`): each file is one group,
-# so its module-scoped fixtures are made once, on one worker. A worker takes the next group when it is
-# free, in the order of the items: the files that take longest start first, so that no long file is
-# left to run alone at the end. COST is their pytest time in seconds (a `--durations=0` run of the
-# suite in one process, summed per group; benchmarks/README.md, "The test suite"); a group not listed
-# counts 0. A test named "file::test" is a group of its own: the long tests of a file that share no
-# module-scoped fixture with the rest of it (its module fixtures are made again for it, on its worker).
-# A group name of SHARED (below) stands for its files together.
+# Workers (pytest-xdist, `dev.py test` starts them with `--dist loadgroup`, scheduled by GroupScheduling
+# below): each file is one group, so its module-scoped fixtures are made once, on one worker. A worker takes
+# the next group when it is free, in the order of the items: the files that take longest start first, so that
+# no long file is left to run alone at the end. COST is their pytest time in seconds (a `--durations=0` run of
+# the suite in one process, summed per group; benchmarks/README.md, "The test suite"); a group not listed
+# counts 0. A test named "file::test" is a group of its own: the long tests of a file that share no module-
+# scoped fixture with the rest of it (its module fixtures are made again for it, on its worker). A group name
+# of SHARED (below) stands for its files together.
 COST: dict[str, float] = {
     "notebooks": 351.0,
     "test_node.py": 172.0,
@@ -178,31 +181,73 @@ SHARED: dict[str, str] = {
 }
 
 
-def _group(item: pytest.Item) -> str:
-    name = Path(str(item.fspath)).name
-    own = f"{name}::{getattr(item, 'originalname', item.name)}"
+def group_of(nodeid: str) -> str:
+    """The worker group of a test, from its node id alone (the controller's scheduler sees only ids):
+    ``file::test`` when COST lists that test, the file's SHARED group name, else the file's name."""
+    path, _, rest = nodeid.partition("::")
+    name = path.rsplit("/", 1)[-1]
+    own = f"{name}::{rest.split('[', 1)[0]}"
     return own if own in COST else SHARED.get(name, name)
 
 
 def _schedule(items: list[pytest.Item]) -> None:
-    """Give every item its worker group and put the costliest groups first (stable within a group)."""
-    groups = {id(item): _group(item) for item in items}
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(groups[id(item)]))
+    """Put the costliest groups first, stable within a group (each worker collects, in the same order)."""
+    groups = {id(item): group_of(item.nodeid) for item in items}
     first = {}
     for k, item in enumerate(items):
         first.setdefault(groups[id(item)], k)
     items.sort(key=lambda item: (-COST.get(groups[id(item)], 0.0), first[groups[id(item)]]))
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the items
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         have = {m.name for m in item.iter_markers()}
         for name in sorted(tiers_of(item) - have):
             item.add_marker(getattr(pytest.mark, name))
-    if config.pluginmanager.hasplugin("xdist") and config.getoption("dist", "no") == "loadgroup":
+    if grouped(config):
         _schedule(items)
+
+
+def grouped(config: pytest.Config) -> bool:
+    """Whether this process collects for ``--dist loadgroup``. The items are collected by each worker, not
+    by the controller, and xdist sets a worker's ``dist`` to "no" and its ``loadgroup`` to True."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return False
+    return bool(getattr(config.option, "loadgroup", False)) or config.getoption("dist", "no") == "loadgroup"
+
+
+try:
+    from xdist.scheduler import LoadScopeScheduling
+except ImportError:  # pytest-xdist is not installed: the suite runs in one process
+    LoadScopeScheduling = None
+
+
+if LoadScopeScheduling is not None:
+
+    class GroupScheduling(LoadScopeScheduling):
+        """``--dist loadgroup`` with the groups of :func:`group_of`, read from each test's node id.
+
+        xdist's own loadgroup reads ``xdist_group`` marks in the workers and passes them to the
+        controller by appending ``@group`` to each node id, which pytest 9.2 no longer lets a plugin
+        change (pytest-dev/pytest-xdist#1386): every test became a group of its own, and a module's
+        fixtures were made again on each worker its tests landed on. The group is computed where the
+        schedule is made instead. Groups are handed out in the collection's order (costliest first,
+        :func:`_schedule`), not reordered by their number of tests."""
+
+        def __init__(self, config: pytest.Config, log: object = None) -> None:
+            super().__init__(config, log)
+            config.option.loadscopereorder = False
+
+        def _split_scope(self, nodeid: str) -> str:  # the extension point xdist's own loadgroup overrides
+            return group_of(nodeid)
+
+    @pytest.hookimpl(optionalhook=True)  # `-p no:xdist` runs without the hook's spec
+    def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+        """The suite's schedule for ``--dist loadgroup`` (``dev.py test`` passes it); others are xdist's."""
+        if config.getoption("dist", "no") == "loadgroup":
+            return GroupScheduling(config, log)
+        return None
 
 
 @pytest.fixture(scope="session")
@@ -220,8 +265,10 @@ def ray_cluster():
     # LocalCluster.start tries up to four times within its own deadlines (ray/startup.py) and raises
     # one sentence with the reason and the load average when no try came up
     c = LocalCluster(object_store_bytes=1024 * MiB, num_cpus=3).start()
+    own_processes.share(c.proc.pid)  # a test that counts what it left running leaves this tree out
     yield c
     report = c.stop()
+    own_processes.unshare(c.proc.pid)
     assert report["remaining"] == [], report
 
 
@@ -270,10 +317,9 @@ def executed_notebooks(tmp_path_factory):
     from concurrent.futures import ThreadPoolExecutor
     from types import SimpleNamespace
 
-    from picklescope.views import nbrun
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
     from notebook_params import PARAMETERS
+
+    from picklescope.views import nbrun
 
     notebooks = Path(__file__).resolve().parents[1] / "notebooks"
     out = tmp_path_factory.mktemp("notebooks")

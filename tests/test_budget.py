@@ -19,6 +19,9 @@ from picklescope.core import cgroup
 from picklescope.core.units import Size
 from picklescope.measure import budget, verdicts, watchdog
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
+from own_processes import measured_processes  # noqa: E402
+
 # Budgets kept clear of every peak these cases are known to reach. In-band pickle peaks take one of
 # two exact values from run to run (numpy-legacy 2.64x or 3.00x, numpy 1.64x or 2.00x: whether glibc
 # grows pickle's output buffer in place or by a copy, see docs/varying_peaks.md), so a budget of exactly
@@ -27,28 +30,6 @@ SWEEP = (0.2, 1.05, 2.05, 3.2)  # 0.5x has its own test below
 REPEAT = 3  # unbudgeted runs per case: the range of its exact peak, not one draw
 CASES = [(c, t) for c in ("torch", "numpy-legacy", "numpy") for t in ("pickle", "pickle5-oob")]
 FLOW_SCALE = 0.05  # about 24 MiB of payload: quick, and far above the noise of a few hundred KiB
-
-
-def measured_processes() -> list[psutil.Process]:
-    """Children of this process's children (the forkserver's forks): the measured processes. The session's
-    shared Ray cluster (``ray_cluster`` in tests/conftest.py, a ``ray start`` child of this process) is not
-    one of them: a test of another file that ran before in this process, or on this xdist worker, started it."""
-    me = psutil.Process()
-    shared = set()
-    for c in me.children():
-        try:
-            if "ray.scripts.scripts" in c.cmdline():
-                shared.add(c.pid)
-        except psutil.Error:
-            pass
-    out = []
-    for c in me.children(recursive=True):
-        try:
-            if c.ppid() != me.pid and not shared & {p.pid for p in c.parents()}:
-                out.append(c)
-        except psutil.Error:  # ended while we looked: not left behind
-            pass
-    return out
 
 
 def gone(pid: int | None) -> bool:

@@ -21,6 +21,7 @@ import psutil
 import pytest
 
 from picklescope.ray import ray_available
+from picklescope.ray.startup import DID_NOT_START
 
 PLUGIN = textwrap.dedent('''
     import time
@@ -437,7 +438,7 @@ def test_fault_matrix_leaves_nothing(tmp_path, point, signame):
     script.write_text(MATRIX_PARENT)
     where, extra = POINTS[point]
     # Ray's own line, or picklescope's when its two start-up tries failed (ray/startup.py)
-    RAY_DID_NOT_START = ("timed out during startup", "the local Ray cluster did not start")  # noqa: N806
+    RAY_DID_NOT_START = ("timed out during startup", DID_NOT_START)  # noqa: N806
     for attempt in range(3):  # a run whose Ray never started (Ray's own 15 s deadline, on a loaded machine)
         # never reached the point: it is ended, checked for leftovers like any other run, and started again
         marker = f"fault-matrix-{uuid.uuid4().hex}"

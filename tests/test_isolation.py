@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import sys
 import textwrap
+from pathlib import Path
 
-import psutil
 import pytest
 
 import picklescope as ps
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
+from own_processes import measured_processes  # noqa: E402
 
 PLUGIN = textwrap.dedent('''
     import os, time
@@ -46,12 +50,6 @@ def plugin(tmp_path_factory):
     path = tmp_path_factory.mktemp("plugin") / "test_codecs_plugin.py"
     path.write_text(PLUGIN)
     return str(path)
-
-
-def measured_processes() -> list[psutil.Process]:
-    """Children of this process's children (the forkserver's forks): the measured processes."""
-    me = psutil.Process()
-    return [c for c in me.children(recursive=True) if c.ppid() != me.pid]
 
 
 def assert_nothing_left(*results):

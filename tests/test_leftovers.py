@@ -29,6 +29,7 @@ from picklescope.core.paths import OutFolder
 from picklescope.errors import PicklescopeError
 from picklescope.measure import launcher
 from picklescope.ray import cluster, ray_available
+from picklescope.ray.startup import DID_NOT_START
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
 from private_tmp import private_tmp, unshare_works  # noqa: E402
@@ -450,7 +451,7 @@ def test_a_run_leaves_nothing_in_tmp_or_tmpdir_when_tmpdir_points_elsewhere(tran
     try:
         rc, out, err, left = private_tmp([sys.executable, "-m", "picklescope", "run", "--codec", "numpy",
                                           "--workload", "tiny", "--transport", transport], tmpdir, 900)
-        assert rc == 0 or (transport == "ray" and rc == 2 and "the local Ray cluster did not start" in err), \
+        assert rc == 0 or (transport == "ray" and rc == 2 and DID_NOT_START in err), \
             (out, err)
         assert left == [], f"left in /tmp: {left}"
         assert os.listdir(tmpdir) == [], f"left in TMPDIR: {os.listdir(tmpdir)}"  # torchinductor_* included
@@ -476,12 +477,15 @@ WARM_START_SIGINT = textwrap.dedent('''
         forkserver._forkserver.ensure_running = real
         pid = launcher.warm_up()
         # the pid is a fork of this process, then the shell that sets its trap, and only then the forkserver's
-        # Python (on a busy machine the reading can come before either exec): wait for the forkserver's command
+        # Python (on a busy machine the reading can come before either exec): wait for the forkserver's command.
+        # The shell's own command line carries the forkserver's code as an argument too: its first one is the shell.
+        shell = launcher._SH.encode()
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             with open(f"/proc/{pid}/cmdline", "rb") as f:  # (this script's own text names the module too)
-                if any(a.startswith(b"from multiprocessing.forkserver import") for a in f.read().split(b"\\0")):
-                    break
+                args = f.read().split(b"\\0")
+            if args[0] != shell and any(a.startswith(b"from multiprocessing.forkserver import") for a in args):
+                break
             time.sleep(0.05)
         with open(f"/proc/{pid}/status") as f:
             ignored = int(next(line for line in f if line.startswith("SigIgn:")).split()[1], 16)

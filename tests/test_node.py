@@ -10,6 +10,7 @@ their own. Every check is a ratio to the payload measured in the same run, or a 
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import glob
 import json
@@ -33,6 +34,7 @@ from private_tmp import private_tmp, unshare_works  # noqa: E402
 
 from picklescope.ray import ray_available
 from picklescope.ray.local_cluster import LocalCluster
+from picklescope.ray.startup import DID_NOT_START
 
 pytestmark = pytest.mark.skipif(not ray_available(), reason="ray is not installed (pip install 'picklescope[ray]')")
 
@@ -293,14 +295,12 @@ def _start_running(args: list[str], n: int, tries: int = 3) -> tuple[subprocess.
     On a loaded machine every try of a run's Ray start-up can fail (ray/startup.py; it ends with one
     line, checked by its own tests). These tests check what stopping a running replay leaves, so a run
     whose cluster did not start is started again, up to ``tries`` times, and the line is kept if none did."""
-    for attempt in range(tries):
+    for _ in range(tries - 1):
         p = subprocess.Popen(CLI + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
+        with contextlib.suppress(RayDidNotStart):
             return p, _wait_for_workers(p, n)
-        except RayDidNotStart:
-            if attempt == tries - 1:
-                raise
-    raise AssertionError("unreachable")
+    p = subprocess.Popen(CLI + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return p, _wait_for_workers(p, n)
 
 
 def _wait_for_workers(p: subprocess.Popen, n: int, timeout_s: float = 400) -> list[psutil.Process]:
@@ -308,7 +308,7 @@ def _wait_for_workers(p: subprocess.Popen, n: int, timeout_s: float = 400) -> li
     while time.monotonic() < deadline:
         if p.poll() is not None:
             out, err = p.communicate()
-            if "the local Ray cluster did not start" in err:
+            if DID_NOT_START in err:
                 raise RayDidNotStart(err.strip())
             raise AssertionError((out, err))
         procs = psutil.Process(p.pid).children(recursive=True)

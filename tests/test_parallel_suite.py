@@ -8,6 +8,7 @@ the controller, after every worker has ended.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -148,3 +149,51 @@ def test_every_group_of_the_worker_schedule_exists():
         if not path.is_file() or (test and f"def {test}(" not in path.read_text()):
             stale.append(name)
     assert stale == [], f"conftest.COST names files or tests that do not exist: {stale}"
+
+
+PROBE = '''
+import os
+import subprocess
+import pytest
+
+@pytest.fixture(scope="module")
+def made():
+    with open(os.environ["PS_GROUP_PROBE"], "a") as f:
+        f.write(f"setup {__name__.rsplit('.', 1)[-1]} {os.environ.get('PYTEST_XDIST_WORKER')}\\n")
+
+@pytest.mark.parametrize("k", range(6))
+def test_one(made, k):
+    with open(os.environ["PS_GROUP_PROBE"], "a") as f:
+        f.write(f"test {__name__.rsplit('.', 1)[-1]} {os.environ.get('PYTEST_XDIST_WORKER')}\\n")
+'''
+
+
+def test_on_real_workers_each_file_runs_on_one_worker_and_makes_its_module_fixtures_once(tmp_path):
+    """Two files of six tests, each with a module-scoped fixture, on two real workers with ``--dist
+    loadgroup`` as ``dev.py test`` runs them: every test of a file runs on one worker, and each file's
+    fixture is made once. With xdist's own loadgroup on pytest 9.2 (pytest-dev/pytest-xdist#1386), or a
+    group read in the controller only, each test is a group of its own and a file's tests are spread."""
+    folder = tmp_path / "suite"
+    folder.mkdir()
+    # the suite's own collection hook, loaded by path (this folder's conftest is a module of its own)
+    (folder / "conftest.py").write_text(
+        "import importlib.util\n"
+        f"_spec = importlib.util.spec_from_file_location('suite_conftest', {conftest.__file__!r})\n"
+        "_suite = importlib.util.module_from_spec(_spec)\n_spec.loader.exec_module(_suite)\n"
+        "pytest_collection_modifyitems = _suite.pytest_collection_modifyitems\n"
+        "pytest_xdist_make_scheduler = _suite.pytest_xdist_make_scheduler\n")
+    for name in ("test_first.py", "test_second.py"):
+        (folder / name).write_text(PROBE)
+    out = tmp_path / "probe.txt"
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist",
+                        "loadgroup", "--import-mode=importlib", "--rootdir", str(folder), "-c", os.devnull,
+                        "--basetemp", str(tmp_path / "bt"), str(folder)],
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "PS_GROUP_PROBE": str(out)})
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    lines = [ln.split() for ln in out.read_text().splitlines()]
+    assert len(lines) == 14, lines  # 12 tests, 2 set-ups
+    for module in ("test_first", "test_second"):
+        setups = [w for kind, m, w in lines if kind == "setup" and m == module]
+        workers = {w for kind, m, w in lines if kind == "test" and m == module}
+        assert len(setups) == 1 and workers == set(setups), (module, lines)
+        assert setups[0] in ("gw0", "gw1"), lines

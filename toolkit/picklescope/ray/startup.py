@@ -46,6 +46,9 @@ COMPONENTS = (
     ("dashboard/agent.py", "the dashboard agent"),
     ("runtime_env/agent/main.py", "the runtime-env agent"),
 )
+LOCAL_CLUSTER = "the local Ray cluster"  # the subject of RayStartError's sentence when a run starts its own
+DID_NOT_START = f"{LOCAL_CLUSTER} did not start"  # how that sentence begins, for a caller that reads the line
+
 WAY_OUT = ("try again when the machine is less busy, give the run more time with --timeout, or start a cluster "
            "once with 'ray start --head' and pass --ray-address")
 
@@ -71,7 +74,7 @@ class RayStartError(PicklescopeError):
     wants it, never printed by the toolkit)."""
 
     def __init__(self, seconds: float, reasons: list[str], load: float | None = None, log: str = "",
-                 what: str = "the local Ray cluster") -> None:
+                 what: str = LOCAL_CLUSTER) -> None:
         self.seconds, self.reasons, self.load, self.log, self.what = seconds, list(reasons), load, log, what
         tries = f"{len(reasons)} {'try' if len(reasons) == 1 else 'tries'}"
         why = f"; {reasons[-1]}" if reasons else ""
