@@ -139,34 +139,38 @@ def tiers_of(item: pytest.Item) -> set[str]:
 # below): each file is one group, so its module-scoped fixtures are made once, on one worker. A worker takes
 # the next group when it is free, in the order of the items: the files that take longest start first, so that
 # no long file is left to run alone at the end. COST is their pytest time in seconds (a `--durations=0` run of
-# the suite in one process, summed per group; benchmarks/README.md, "The test suite"); a group not listed
-# counts 0. A test named "file::test" is a group of its own: the long tests of a file that share no module-
-# scoped fixture with the rest of it (its module fixtures are made again for it, on its worker). A group name
-# of SHARED (below) stands for its files together.
+# the suite on two workers, summed per group: the d51c35c row of benchmarks/README.md, "The test suite"); a
+# group not listed (under 20 s) counts 0. A test named "file::test" is a group of its own: the long tests of
+# a file that share no module-scoped fixture with the rest of it (its module fixtures are made again for it,
+# on its worker). A group name of SHARED (below) stands for its files together.
 COST: dict[str, float] = {
-    "notebooks": 351.0,
-    "test_node.py": 172.0,
-    "test_predict.py": 119.0,
-    "test_interrupts.py": 114.0,
-    "test_node_transferqueue.py": 114.0,
-    "test_verl.py": 93.0,
-    "test_node_ray_faults.py": 87.0,
-    "test_ray.py": 86.0,
-    "test_install.py": 70.0,
-    "test_node_controller.py": 64.0,
-    "test_workload_from.py": 58.0,
-    "test_budget.py": 57.0,
-    "test_node.py::test_real_verl_0_9_0_grows_and_0_9_1_does_not": 55.0,
-    "test_leftovers.py": 54.0,
-    "test_hostile_inspect.py": 46.0,
-    "test_ray_startup.py": 45.0,
-    "test_bad_input.py": 43.0,
-    "test_node.py::test_interrupted_or_killed_parent_leaves_no_process_or_file": 40.0,
-    "test_node.py::test_reproduce_replays_the_node_pair_on_one_node_of_its_ray_cluster_and_its_report_shows_it": 37.0,
-    "test_browser_views.py": 35.0,
-    "test_node_ray_monitor.py": 32.0,
-    "test_report.py": 30.0,
-    "test_node.py::test_two_node_cluster_groups_processes_by_ray_node_and_takes_a_workload_path": 23.0,
+    "notebooks": 519.0,
+    "test_node.py": 309.0,
+    "test_predict.py": 291.0,
+    "test_node_transferqueue.py": 226.0,
+    "test_interrupts.py": 186.0,
+    "test_verl.py": 165.0,
+    "test_node_ray_faults.py": 149.0,
+    "test_ray.py": 139.0,
+    "test_node.py::test_real_verl_0_9_0_grows_and_0_9_1_does_not": 121.0,
+    "test_ray_startup.py": 115.0,
+    "test_install.py": 114.0,
+    "test_node_controller.py": 108.0,
+    "test_workload_from.py": 101.0,
+    "test_budget.py": 80.0,
+    "test_leftovers.py": 74.0,
+    "test_hostile_inspect.py": 70.0,
+    "test_bad_input.py": 59.0,
+    "test_report.py": 57.0,
+    "flowgrpo_quarter": 57.0,
+    "test_node_ray_monitor.py": 56.0,
+    "test_node.py::test_interrupted_or_killed_parent_leaves_no_process_or_file": 54.0,
+    "test_browser_views.py": 49.0,
+    "test_node.py::test_reproduce_replays_the_node_pair_on_one_node_of_its_ray_cluster_and_its_report_shows_it": 49.0,
+    "test_node.py::test_two_node_cluster_groups_processes_by_ray_node_and_takes_a_workload_path": 38.0,
+    "test_tmpdir_commands.py": 26.0,
+    "test_node_series_modes.py": 24.0,
+    "test_capture.py": 23.0,
 }
 
 
