@@ -22,6 +22,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -289,21 +290,29 @@ class RayDidNotStart(Exception):
     """The command ended with the start-up policy's one line: every try to start its cluster failed."""
 
 
-def _start_running(args: list[str], n: int, tries: int = 3) -> tuple[subprocess.Popen, list[psutil.Process]]:
-    """``picklescope <args>`` started and running its ``n`` workers: (the command, its processes then).
+def _start_running(args: list[str], ready: Callable[[list[psutil.Process]], bool], tries: int = 3,
+                   env: dict[str, str] | None = None) -> tuple[subprocess.Popen, list[psutil.Process]]:
+    """``picklescope <args>`` started and into its training steps: (the command, its processes then).
+    ``ready`` says from the command's processes when the run's actors have started (:func:`workers_up`).
 
     On a loaded machine every try of a run's Ray start-up can fail (ray/startup.py; it ends with one
     line, checked by its own tests). These tests check what stopping a running replay leaves, so a run
     whose cluster did not start is started again, up to ``tries`` times, and the line is kept if none did."""
     for _ in range(tries - 1):
-        p = subprocess.Popen(CLI + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        p = subprocess.Popen(CLI + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         with contextlib.suppress(RayDidNotStart):
-            return p, _wait_for_workers(p, n)
-    p = subprocess.Popen(CLI + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    return p, _wait_for_workers(p, n)
+            return p, _wait_until_running(p, ready)
+    p = subprocess.Popen(CLI + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return p, _wait_until_running(p, ready)
 
 
-def _wait_for_workers(p: subprocess.Popen, n: int, timeout_s: float = 400) -> list[psutil.Process]:
+def workers_up(n: int) -> Callable[[list[psutil.Process]], bool]:
+    """``ready`` for :func:`_start_running`: ``n`` of the replay's worker actors are running."""
+    return lambda procs: sum("NodeWorker" in " ".join(_cmd(q)) for q in procs) >= n
+
+
+def _wait_until_running(p: subprocess.Popen, ready: Callable[[list[psutil.Process]], bool],
+                        timeout_s: float = 400) -> list[psutil.Process]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if p.poll() is not None:
@@ -311,13 +320,11 @@ def _wait_for_workers(p: subprocess.Popen, n: int, timeout_s: float = 400) -> li
             if DID_NOT_START in err:
                 raise RayDidNotStart(err.strip())
             raise AssertionError((out, err))
-        procs = psutil.Process(p.pid).children(recursive=True)
-        workers = [q for q in procs if "NodeWorker" in " ".join(_cmd(q))]
-        if len(workers) >= n:
+        if ready(psutil.Process(p.pid).children(recursive=True)):
             time.sleep(3)  # into the training steps
             return psutil.Process(p.pid).children(recursive=True)
         time.sleep(0.5)
-    raise AssertionError("the workers never started")
+    raise AssertionError("the run's actors never started")
 
 
 def left_nothing(p: subprocess.Popen, procs: list[psutil.Process], left, interrupted: bool) -> None:
@@ -358,7 +365,7 @@ def test_clean_cli_run_prints_json_and_leaves_nothing(capfd):
 
 @pytest.mark.parametrize("how", ["ctrl-c", "sigkill"])
 def test_interrupted_or_killed_parent_leaves_no_process_or_file(how):
-    p, procs = _start_running(["node", *SMALL, "--steps", "1000"], 2)
+    p, procs = _start_running(["node", *SMALL, "--steps", "1000"], workers_up(2))
     try:
         assert _ours(p.pid), "the run's temporaries should exist while it runs"
         os.kill(p.pid, signal.SIGINT if how == "ctrl-c" else signal.SIGKILL)

@@ -21,7 +21,7 @@ from picklescope.core import cgroup
 from picklescope.ray import ray_available
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
-from test_node import SMALL, _cmd, _ours, _start_running, left_nothing  # noqa: E402
+from test_node import SMALL, _cmd, _ours, _start_running, left_nothing, workers_up  # noqa: E402
 from test_node_ray_monitor import _usable  # noqa: E402
 
 pytestmark = [pytest.mark.skipif(not ray_available(), reason="ray is not installed (pip install 'picklescope[ray]')"),
@@ -49,7 +49,7 @@ def test_interrupted_or_killed_ray_enforced_run_leaves_no_process_cgroup_or_file
         pytest.skip(f"--enforcement ray is unavailable here: {why}")
     # a budget far above what the fixed codec's node holds: the run is in its training steps when it is stopped
     p, procs = _start_running(["node", *SMALL, "--steps", "1000", "--enforcement", "ray", "--node-budget", "100x",
-                               "--controller", controller], 2)
+                               "--controller", controller], workers_up(2))
     try:
         assert any("TaskRunner" in " ".join(_cmd(q)) for q in procs) == (controller == "actor")
         cgroups = [c for c in _left(p.pid) if c.startswith("/sys/fs/cgroup")]

@@ -18,7 +18,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -34,7 +33,7 @@ from picklescope.ray.transferqueue import missing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
 from test_node import _cmd as _cmdline  # noqa: E402
-from test_node import _ours, gone, left_nothing  # noqa: E402
+from test_node import _ours, _start_running, gone, left_nothing  # noqa: E402
 
 pytestmark = [pytest.mark.ray,
               pytest.mark.skipif(not ray_available(), reason="ray is not installed (pip install 'picklescope[ray]')")]
@@ -42,7 +41,6 @@ needs_tq = pytest.mark.skipif(missing() is not None, reason=f"TransferQueue is n
 
 SCALE, WORKERS, STEPS = 0.05, 2, 2  # flowgrpo x0.05: 22 MiB, 6 rows
 PAIR = ("numpy-legacy", "numpy")
-CLI = [sys.executable, "-m", "picklescope"]
 SMALL = ["--codec", "numpy", "--workers", str(WORKERS), "--scale", str(SCALE), "--data-plane", "transferqueue"]
 
 
@@ -192,22 +190,11 @@ def test_a_clean_run_leaves_no_transferqueue_or_ray_process(clean_run):
 @needs_tq
 def test_an_interrupted_run_leaves_no_transferqueue_or_ray_process_or_file():
     # with Python's fault handler on, a run that outlives its Ctrl-C is made to print every thread's stack
-    p = subprocess.Popen(CLI + ["node", *SMALL, "--steps", "1000"], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+    p, procs = _start_running(["node", *SMALL, "--steps", "1000"],
+                              lambda procs: sum("SimpleStorageUnit" in _cmd(q) for q in procs) >= 2
+                              and sum("TQWorker" in _cmd(q) for q in procs) >= WORKERS,
+                              env={**os.environ, "PYTHONFAULTHANDLER": "1"})
     try:
-        deadline = time.monotonic() + 400
-        procs: list[psutil.Process] = []
-        while time.monotonic() < deadline:
-            assert p.poll() is None, p.communicate()
-            procs = psutil.Process(p.pid).children(recursive=True)
-            if sum("SimpleStorageUnit" in _cmd(q) for q in procs) >= 2 and \
-                    sum("TQWorker" in _cmd(q) for q in procs) >= WORKERS:
-                break
-            time.sleep(0.5)
-        else:
-            raise AssertionError("the storage units and the workers never started")
-        time.sleep(3)  # into the training steps
-        procs = psutil.Process(p.pid).children(recursive=True)
         assert _ours(p.pid), "the run's temporaries should exist while it runs"
         os.kill(p.pid, signal.SIGINT)
         try:
