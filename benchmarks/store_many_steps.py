@@ -9,7 +9,11 @@ store's level at every step's end above its baseline (the pages of Ray's plasma 
 a multiple of the payload, and its mean rise per step. Ratios to the payload only.
 
     python benchmarks/store_many_steps.py [--codec numpy] [--scale 0.2] [--workers 4] [--steps 40] [--gc off]
-        [--store-payloads 20]
+        [--store-payloads 20] [--step-gap 2]
+
+``--step-gap`` ends each training step with that many idle seconds (``node(step_gap_s=...)``), a stand-in
+for the step's compute: without it the steps run back to back, and Ray has not yet freed a step's
+objects when the next step allocates its own.
 
 Writes ``benchmarks/results/store_many_steps.json`` (``--out`` to change).
 """
@@ -48,6 +52,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--gc", default="off")
     ap.add_argument("--store-payloads", type=float, default=20.0, help="the store's capacity, in payloads")
+    ap.add_argument("--step-gap", type=float, default=0.0, help="idle seconds at the end of each training step")
     ap.add_argument("--out", default=str(RESULTS / "store_many_steps.json"))
     args = ap.parse_args()
     rows, t0 = [], time.monotonic()
@@ -59,7 +64,7 @@ def main() -> int:
             sys.exit(f"store_many_steps: {exc}")
         try:
             r = node(args.codec, args.workload, args.scale, w, args.steps, gc=args.gc, timeout_s=1800,
-                     ray_address=cluster.address)
+                     ray_address=cluster.address, step_gap_s=args.step_gap)
         finally:
             cluster.stop()
         if r.outcome != "ok":
@@ -70,7 +75,7 @@ def main() -> int:
         row = {"codec": args.codec, "workload": args.workload, "scale": args.scale, "workers": w,
                "steps": args.steps, "gc": args.gc, "payload_bytes": r.payload_bytes, "store_levels_x": levels,
                "mean_rise_per_step_x": round(rate, 3), "chunk_x": round(1 / w, 3),
-               "store_capacity_x": round(capacity / r.payload_bytes, 2)}
+               "store_capacity_x": round(capacity / r.payload_bytes, 2), "step_gap_s": args.step_gap}
         rows.append(row)
         print(f"{args.codec}, {w} workers, {args.steps} steps: store at each step's end (x payload) "
               f"{' '.join(f'{v:.2f}' for v in levels)}; mean rise {rate:.3f}x per step ({rate * w:.2f} chunks)")

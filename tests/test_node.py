@@ -251,7 +251,8 @@ def test_bad_input_is_one_line_before_anything_runs():
 
     for kw in ({"workers": 0}, {"dispatch": "scatter"}, {"gc": "never"}, {"node_budget": "lots"},
                {"engine": "verl"}, {"engine": "gpu"}, {"workers": 200}, {"enforcement": "kernel"},
-               {"enforcement": "cgroup"}, {"enforcement": "cgroup", "node_budget": "2x", "ray_address": "127.0.0.1:1"}):
+               {"enforcement": "cgroup"}, {"enforcement": "cgroup", "node_budget": "2x", "ray_address": "127.0.0.1:1"},
+               {"step_gap_s": -1}, {"step_gap_s": float("nan")}, {"store_bytes": 2**30, "ray_address": "127.0.0.1:1"}):
         with pytest.raises(PicklescopeError):
             node("numpy", **kw)
 

@@ -305,6 +305,59 @@ def test_a_kernel_killed_with_its_forkserver_leaves_no_temporaries(tmp_path, mon
     assert glob.glob(os.path.join(tempfile.gettempdir(), f"picklescope-*-{pid}-*")) == []
 
 
+def test_a_kernels_forkserver_is_outside_its_process_group_so_shutdown_does_not_wait_on_zombies(tmp_path):
+    """ipykernel's shutdown sends SIGTERM to every child in the kernel's process group and waits while any is
+    left. A forkserver or resource tracker ended that way is a zombie nothing reaps, which it counts as alive:
+    a shutdown or restart then took about 30 s, or Jupyter killed the kernel at its 5 s and its
+    ``picklescope-mp-*`` folder stayed (posit-dev/positron#3381 shows the same ipykernel behaviour). In a
+    kernel, picklescope starts both in a session of their own (``launcher._in_kernel``): they are not in the
+    kernel's group, and after the kernel's own shutdown neither is left, nor the kernel's folder. (Its time is
+    not asserted: the machine may be busy.)"""
+    import asyncio
+    import glob
+    import tempfile
+    import time
+
+    import psutil
+
+    async def run() -> tuple[int, list[str], list[tuple[str, int, int]], float]:
+        km = nbrun._kernel_manager_class(str(tmp_path))()
+        await km.start_kernel()
+        kc = km.client()
+        kc.start_channels()
+        try:
+            await kc.wait_for_ready(timeout=600)
+            reply = await kc.execute_interactive("from picklescope.measure import launcher\nlauncher.warm_up()",
+                                                 timeout=600)
+            assert reply["content"]["status"] == "ok", reply["content"]
+            kernel = psutil.Process(km.provisioner.pid)
+            deadline = time.monotonic() + 300  # their Python runs its first line (os.setsid) after it starts
+            while True:
+                kids = [(" ".join(c.cmdline())[:120], c.pid, os.getpgid(c.pid)) for c in kernel.children()]
+                if all(pgid != kernel.pid for _, _, pgid in kids) or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.2)
+        finally:
+            kc.stop_channels()
+            t = time.monotonic()
+            await km.shutdown_kernel(now=False)
+        return kernel.pid, [c for c, _, _ in kids], kids, time.monotonic() - t
+
+    kpid, cmds, kids, shutdown_s = asyncio.run(run())
+    assert any("forkserver" in c for c in cmds) and any("resource_tracker" in c for c in cmds), cmds
+    assert all(pgid != kpid for _, _, pgid in kids), (kpid, kids)  # the kernel leads its own group
+    alive = []
+    for _, pid, _ in kids:
+        try:
+            alive.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    _, left = psutil.wait_procs(alive, timeout=300)  # they end once they read the end of the kernel's pipe
+    assert left == [], (left, kids, f"shutdown took {shutdown_s:.1f} s")
+    assert glob.glob(os.path.join(tempfile.gettempdir(), f"picklescope-mp-{kpid}-*")) == [], \
+        f"the kernel did not remove its folder: it was killed (shutdown took {shutdown_s:.1f} s)"
+
+
 _SHARED_CLUSTER_FAILS = r"""
 import sys
 from picklescope.ray import local_cluster

@@ -451,17 +451,27 @@ def test_tq_plane_fits_every_codec_on_all_codecs_replays_and_dataproto_on_its_ow
 
 
 def test_the_fit_the_check_and_the_models_group_codecs_by_one_rule(monkeypatch):
-    """One rule groups the codecs into replays: on the DataProto plane the built-in codecs as one series and
-    each verl codec alone, on the TransferQueue plane each alone. The fit's replays, the check's and the
+    """One rule groups the codecs into replays: on a cluster of its own each codec alone, on a store that
+    holds every step's objects (a series' warm-up steps would touch the store's pages before the replay,
+    docs/predict.md); on a joined cluster, on the DataProto plane the built-in codecs as one series and each
+    verl codec alone, on the TransferQueue plane each alone. The fit's replays, the check's and the
     models' gathering of replays all follow it (here with the replays stubbed: no cluster starts)."""
     codecs = ("verl-0.9.0:numpy", "numpy-legacy", "numpy")
-    assert fitting.replay_groups(codecs, "dataproto") == [["numpy-legacy", "numpy"], ["verl-0.9.0:numpy"]]
-    assert fitting.replay_groups(("numpy-legacy", "numpy"), "transferqueue") == [["numpy-legacy"], ["numpy"]]
+    assert fitting.replay_groups(codecs, "dataproto") == [["verl-0.9.0:numpy"], ["numpy-legacy"], ["numpy"]]
+    assert fitting.replay_groups(codecs, "dataproto", joined=True) == [["numpy-legacy", "numpy"],
+                                                                       ["verl-0.9.0:numpy"]]
+    for joined in (False, True):
+        assert fitting.replay_groups(("numpy-legacy", "numpy"), "transferqueue", joined) == [["numpy-legacy"],
+                                                                                             ["numpy"]]
     assert fitting.replay_groups((), "dataproto") == []
     series: list[list[str]] = []
+    stores: list[int | None] = []
+    gaps: list[float] = []
 
     def fake_series(group, workload, scale, workers, steps, **kw):
         series.append(list(group))
+        stores.append(kw.get("store_bytes"))
+        gaps.append(kw.get("step_gap_s", 0.0))
         return [SimpleNamespace(outcome="ok", node_peak_bytes=1, processes={}) for _ in group]
 
     def fake_observe(result, wl):
@@ -473,14 +483,23 @@ def test_the_fit_the_check_and_the_models_group_codecs_by_one_rule(monkeypatch):
     monkeypatch.setattr(fitting, "load_cached", lambda path, plane="dataproto": None)
     fitting.replays(codecs, "flowgrpo", "off", scales=(0.05,), workers=(2,), steps=3)
     assert series == fitting.replay_groups(codecs, "dataproto")
+    payload = load_workload("flowgrpo").payload_bytes(0.05)
+    assert stores == [fitting.replay_store_bytes(payload, 3, None)] * 3 and stores[0] >= 5 * payload
+    # each step ends idle, so that Ray's frees land before the next step allocates (docs/node.md, --step-gap)
+    assert gaps == [fitting.FIT_STEP_GAP_S] * 3 and fitting.FIT_STEP_GAP_S > 0
+    series.clear()
+    stores.clear()
+    fitting.replays(codecs, "flowgrpo", "off", scales=(0.05,), workers=(2,), steps=3, ray_address="127.0.0.1:1")
+    assert series == fitting.replay_groups(codecs, "dataproto", joined=True) and stores == [None, None]
     series.clear()
     monkeypatch.setattr(prediction, "node_series", fake_series)
     preds = [prediction.CodecPrediction(c, "off", 1, 1, 2, 3, None, 0.95, {}, 1, {"controller": 1}, [], None, None,
                                         [], [], []) for c in codecs]
     wl = load_workload("flowgrpo")
     fitted_any = model_mod.fit(fit_set())
+    gaps.clear()
     prediction._check(preds, dict.fromkeys(codecs, fitted_any), "flowgrpo", 0.05, "off", wl, 60.0, None, None)
-    assert series == fitting.replay_groups(codecs, "dataproto")
+    assert series == fitting.replay_groups(codecs, "dataproto") and gaps == [fitting.FIT_STEP_GAP_S] * 3
     calls: list[list[str]] = []
 
     def fake_replays(group, *args, **kw):
@@ -581,6 +600,8 @@ def test_the_data_plane_is_in_the_cache_key_and_dataproto_keys_are_unchanged(tmp
     assert dp.name.endswith(hashlib.sha256(key.encode()).hexdigest()[:12] + ".json")
     tq = fitting.cache_path(wl, "numpy", "off", 0.1, 2, 6, "transferqueue")
     assert tq != dp
+    # a replay on a joined cluster, whose store earlier work touched, is never read for one on a fresh store
+    assert fitting.cache_path(wl, "numpy", "off", 0.1, 2, 6, joined=True) not in (dp, tq)
     fitting.save_cached(tq, synthetic_tq(20 * MiB, 2, 3))
     fitting.save_cached(dp, synthetic(20 * MiB, 2, 3, codec="numpy"))
     assert fitting.load_cached(tq, "transferqueue").data_plane == "transferqueue"

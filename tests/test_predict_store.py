@@ -88,9 +88,10 @@ def test_a_store_capacity_given_caps_the_store_and_the_json_names_where_the_capa
 
 
 def test_the_node_with_a_full_store_is_given_beside_the_fitted_one():
-    """The fits measure the object store after warm-up steps and over six steps, so they miss the pages it
-    keeps touching over many steps (a fixed codec's 40-step replays, with the collector on or off, kept
-    rising: benchmarks/README.md): beside the fitted node the prediction gives the node were the store at
+    """The fits end each step idle, so Ray's frees land before the next step allocates; a training loop whose
+    steps follow each other faster puts every step's chunks on fresh store pages (a fixed codec's 40-step
+    replays run back to back kept rising: benchmarks/README.md), so beside the fitted node the prediction
+    gives the node were the store at
     its capacity from the first step (each step's node plus what the store could still take), the first
     step that node crosses the threshold and the largest payload that survives so; the summary and the
     verdict's line say them, and where the store is full already it adds nothing."""

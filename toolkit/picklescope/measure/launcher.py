@@ -189,17 +189,30 @@ def _warm_start() -> None:
         if fs._forkserver_pid is not None:
             fs.ensure_running()
             return
-        with _spawn_ignoring_sigint():
+        with _spawn_ignoring_sigint(own_session=_in_kernel()):
             fs.ensure_running()
+
+
+def _in_kernel() -> bool:
+    """Whether this process is a running Jupyter kernel (ipykernel's application initialized).
+
+    A kernel's shutdown sends SIGTERM to every child in its process group and waits for each to go, but
+    nothing reaps a forkserver or resource tracker that SIGTERM ends: they stay zombies, which it counts as
+    alive, so a restart or shutdown takes about 30 s, or Jupyter kills the kernel first and its
+    ``picklescope-mp-*`` folder stays until the next run's sweep. Started in a session of their own, they
+    are no children of the kernel's group; both end by themselves when the kernel's end of their pipe closes."""
+    app = sys.modules.get("ipykernel.kernelapp")
+    return bool(app is not None and app.IPKernelApp.initialized())
 
 
 _SH = "/bin/sh"
 
 
 @contextlib.contextmanager
-def _spawn_ignoring_sigint() -> Iterator[None]:
+def _spawn_ignoring_sigint(own_session: bool = False) -> Iterator[None]:
     """Processes ``multiprocessing`` starts meanwhile (the forkserver, its resource tracker) begin with
-    SIGINT ignored.
+    SIGINT ignored, and with ``own_session`` in a session of their own (see :func:`_in_kernel`: their
+    ``-c`` code calls ``os.setsid()`` first).
 
     It starts them with ``util.spawnv_passfds`` (fork, then exec). An exec keeps an ignored signal
     ignored, so each goes through ``sh -c 'trap "" INT; exec ...'`` (the same pid, the same file
@@ -212,6 +225,10 @@ def _spawn_ignoring_sigint() -> Iterator[None]:
         return
 
     def spawn(path: str | bytes, args: list[str], passfds: Any) -> int:
+        args = list(args)
+        if own_session and "-c" in args[:-1]:
+            code = args.index("-c") + 1
+            args[code] = "import os; os.setsid(); " + args[code]
         return original(os.fsencode(_SH), [_SH, "-c", 'trap "" INT; exec "$0" "$@"', os.fsdecode(path), *args[1:]],
                         passfds)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -266,6 +267,8 @@ def _replay(conn: Any, cfg: NodeConfig, engine: ReplicaEngine | VerlEngine, whol
     for k in range(1, cfg.steps + 1):
         conn.send(TrainStepStart(type="train_step_start", index=k, t_s=meter.now()))
         engine.step(whole)
+        if cfg.step_gap_s:  # the step's compute, during which Ray's frees of its objects land
+            time.sleep(cfg.step_gap_s)
         if cfg.gc == "each-step":
             with steps.step("gc"):
                 gc.collect()

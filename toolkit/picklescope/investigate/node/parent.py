@@ -9,6 +9,7 @@ happens, kills what is left of the cluster it started and removes the run's temp
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import signal
@@ -47,7 +48,7 @@ def node(codec: str = "numpy", workload: str = "flowgrpo", scale: float = DEFAUL
          worker_resources: dict[str, float] | None = None, spread: bool = False, engine: str = "replica",
          enforcement: str = "watchdog", timeout_s: float = 900.0, sample_interval_s: float = 0.001,
          on_event: Any = None, controller: str = "process",
-         data_plane: str = "dataproto") -> NodeResult:
+         data_plane: str = "dataproto", store_bytes: int | None = None, step_gap_s: float = 0.0) -> NodeResult:
     """Replay ``steps`` training steps of a verl node (a driver and ``workers`` actors); see the package doc.
 
     ``node_budget`` (bytes, ``"700MiB"`` or a payload multiple such as ``"1.5x"``) caps the node's total
@@ -59,7 +60,8 @@ def node(codec: str = "numpy", workload: str = "flowgrpo", scale: float = DEFAUL
                        transport=transport, node_budget=node_budget, ray_address=ray_address,
                        worker_resources=worker_resources, spread=spread, engine=engine, enforcement=enforcement,
                        timeout_s=timeout_s, sample_interval_s=sample_interval_s, on_event=on_event,
-                       controller=controller, data_plane=data_plane)[0]
+                       controller=controller, data_plane=data_plane, store_bytes=store_bytes,
+                       step_gap_s=step_gap_s)[0]
 
 
 def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float = DEFAULT_SCALE, workers: int = 4,
@@ -69,7 +71,8 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
                 worker_resources: dict[str, float] | None = None, spread: bool = False, engine: str = "replica",
                 enforcement: str = "watchdog", timeout_s: float = 900.0, sample_interval_s: float = 0.001,
                 on_event: Any = None, controller: str = "process",
-                data_plane: str = "dataproto") -> list[NodeResult]:
+                data_plane: str = "dataproto", store_bytes: int | None = None,
+                step_gap_s: float = 0.0) -> list[NodeResult]:
     """One replay per codec, one after the other, on the same driver and worker actors; one result each.
 
     Starting a node is most of its cost (each worker imports torch, tensordict and Ray), so comparing
@@ -86,6 +89,17 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
     ``data_plane`` is how a training step's batch reaches the workers: ``dataproto`` (through the driver,
     verl's single controller) or ``transferqueue`` (through TransferQueue's storage units, the driver
     passing metadata only; :mod:`.tq_plane`).
+
+    ``store_bytes`` sizes the object store of the cluster the series starts (None: room for the run's sends,
+    and with ``gc off`` for the chunks uncollected cycles pin). ``predict`` fits on a store that never
+    fills, so that Ray's collections on a full store (it makes every process collect) are no part of the fit.
+    A joined cluster (``ray_address``) has its own store, so both together are refused.
+
+    ``step_gap_s`` ends each measured training step with that long an idle wait, a stand-in for the step's
+    compute. Ray frees an object some time after its last reference goes, and steps run back to back
+    allocate the next step's chunks before the last step's are freed: the object store then touches a
+    payload of fresh pages per step, which a training step of minutes does not (docs/predict.md, "A store
+    that fills"). ``predict`` fits with a gap for that reason.
     """
     t0 = time.monotonic()  # the run's own clock: it ends by t0 + timeout_s, clean-up included
     tq_plane.check(data_plane, codecs, engine=engine, dispatch=dispatch, transport=transport)
@@ -94,6 +108,12 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
                    worker_resources=worker_resources, spread=spread, engine=engine, enforcement=enforcement,
                    timeout_s=timeout_s)
     check_controller(controller, engine)
+    if not (isinstance(step_gap_s, (int, float)) and math.isfinite(step_gap_s) and step_gap_s >= 0):
+        raise PicklescopeError(f"step_gap_s {step_gap_s!r} must be a number of seconds, zero or more",
+                               "use e.g. step_gap_s=2 (--step-gap 2): idle seconds at the end of each training step")
+    if store_bytes is not None and ray_address:
+        raise PicklescopeError("a joined cluster's object store is its own: store_bytes sizes a cluster the "
+                               "replay starts", "drop store_bytes, or ray_address to start a cluster of its own")
     if controller == "actor" and data_plane != "dataproto":
         raise PicklescopeError(f"--controller actor runs the DataProto plane only, not --data-plane {data_plane}",
                                "drop --controller actor (the TransferQueue plane's controller passes metadata only)")
@@ -110,10 +130,10 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
         # (a series' unmeasured steps before each replay pin as many again until they are collected)
         room = max(room, (min(steps, 16) * (2 if len(codecs) > 1 else 1) + 1) * payload
                    * (workers if dispatch == "broadcast" else 1))
-    store = object_store_bytes(payload, int(room + (returns or 0) * payload + 64 * 2**20))
+    store = object_store_bytes(payload, store_bytes or int(room + (returns or 0) * payload + 64 * 2**20))
     results = [NodeResult(codec, transport, wl.name, scale, payload, workers=workers, steps=steps, dispatch=dispatch,
                           gc=mode, returns=returns, engine=engine, enforcement=enforcement, budget_bytes=budget,
-                          controller=controller, data_plane=data_plane)
+                          controller=controller, data_plane=data_plane, step_gap_s=float(step_gap_s))
                for codec, mode in zip(codecs, gc_modes)]
     accepter = Accepter(run_dir)
     cfg = NodeConfig(codec=codecs[0], workload=wl.source or wl.name, scale=scale, workers=workers, steps=steps,
@@ -125,7 +145,7 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
                      ray_env=ray_env(bool(ray_address)), parent_pid=os.getpid(),
                      deadline_wall=time.time() + (t0 + timeout_s - reserve - time.monotonic()),
                      worker_resources=dict(worker_resources or {}), spread=bool(spread), controller=controller,
-                     data_plane=data_plane)
+                     data_plane=data_plane, step_gap_s=float(step_gap_s))
     if data_plane == "transferqueue":  # Ray's workers find the separately installed TransferQueue (init_args)
         cfg.ray_path = "tq"
     cg_path = start_cg = None

@@ -57,6 +57,7 @@ class NodeResult(Measured):
     driver_collections: dict[int, list[int]] = field(default_factory=dict)  # ... of generations 0, 1, 2 (all)
     driver_allocations: dict[int, int] = field(default_factory=dict)  # its container allocations so far
     data_plane: str = "dataproto"  # how the batch reaches the workers: through the driver, or TransferQueue's storage
+    step_gap_s: float = 0.0  # idle seconds at the end of each training step (the step's compute stand-in)
 
     @property
     def driver(self) -> Process:
@@ -90,7 +91,7 @@ class NodeResult(Measured):
                 "config": {"workload": self.workload, "scale": self.scale, "dispatch": self.dispatch,
                            "gc": self.gc, "transport": self.transport, "returns": self.returns,
                            "engine": self.engine, "enforcement": self.enforcement, "controller": self.controller,
-                           "data_plane": self.data_plane},
+                           "data_plane": self.data_plane, "step_gap_s": self.step_gap_s},
                 "cgroup": self.cgroup or None,
                 "engine": self.engine_info,
                 "full_collections": self.full_collections,
@@ -122,7 +123,8 @@ class NodeResult(Measured):
                 store=Series(n["store"]["t_s"], n["store"]["bytes"]), baseline_s=n.get("baseline_s"),
                 max_gap_s=n.get("max_gap_s"), sampler_priority=n.get("sampler_priority", "normal"),
                 wall_s=n.get("wall_s", 0.0), cleanup=n.get("cleanup") or {},
-                full_collections=n.get("full_collections") or {}, data_plane=config.get("data_plane", "dataproto"))
+                full_collections=n.get("full_collections") or {}, data_plane=config.get("data_plane", "dataproto"),
+                step_gap_s=config.get("step_gap_s", 0.0))
         if doc.get("killed"):
             k = doc["killed"]
             # a document without the record's own budget has the node's
@@ -227,7 +229,8 @@ class NodeResult(Measured):
         """A few lines: the verdict, the node peak and who held it, then one line per training step."""
         head = (f"{self.codec} on {self.workload} x{self.scale:g} (payload {fmt_bytes(self.payload_bytes)}), "
                 f"{self.workers} workers, {self.steps} steps, dispatch {self.dispatch}, gc {self.gc}"
-                + ("" if self.data_plane == "dataproto" else f", data plane {self.data_plane}") + f": {self.outcome}")
+                + ("" if self.data_plane == "dataproto" else f", data plane {self.data_plane}")
+                + (f", {self.step_gap_s:g} s idle after each step" if self.step_gap_s else "") + f": {self.outcome}")
         if self.error:
             head += f" - {self.error}"
         out = [head]

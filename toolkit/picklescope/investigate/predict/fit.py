@@ -5,11 +5,23 @@ training step, where each role (the controller, the workers, the object store, t
 stood at the step's end and how high it went during the step, how many full collections the
 controller had seen by then, and its container allocations (what sets when its collector runs).
 :func:`observe` extracts exactly that from a
-:class:`~picklescope.investigate.node.NodeResult`; :func:`replays` runs the replays a fit needs (one
-``node_series`` per size and worker count, so the codecs of a series share one cluster) and keeps
+:class:`~picklescope.investigate.node.NodeResult`; :func:`replays` runs the replays a fit needs and keeps
 the observations as JSON in the cache, keyed by everything that changes them: the workload file's
-contents, the codec (and the verl version it names), the collector mode, the data plane and the replay
-options.
+contents, the codec (and the verl version it names), the collector mode, the data plane, the replay
+options and whether the replay started its own cluster or joined one.
+
+Each training step of a fit ends with :data:`FIT_STEP_GAP_S` idle, as a production step spends minutes
+computing: Ray frees an object some time after its last reference goes, and steps run back to back
+allocate the next step's chunks first, so the object store touched a payload of fresh pages per step
+(0.33x, 1.33x, 2.33x ... of the payload at steps 1, 2, 3 ...), where with a 2 s gap it stayed at its
+first step's level (flowgrpo x0.05, benchmarks/README.md).
+
+On a cluster of its own each codec replays alone, on a fresh object store that holds every step's
+objects (:func:`replay_store_bytes`), as a user's training job starts on a node. The store's pages
+count in the node's memory once touched and are never given back, so the store's rise over the steps
+is measured only where its pages start untouched: in a series, the unmeasured steps before each replay
+touch them first, and on a joined cluster earlier work has (that cluster's store then shows little or
+no rise, docs/predict.md).
 
 On the TransferQueue data plane (:mod:`picklescope.investigate.node.tq_plane`) the node has more
 kinds of process: the rollout's ``producer`` actor, TransferQueue's storage units (``storage-N``, one
@@ -33,10 +45,14 @@ from picklescope.investigate.node import NodeResult, node_series
 from picklescope.verl import envs
 from picklescope.workloads.spec import Workload, load_workload
 
-CACHE_VERSION = 2  # 2: each step records its end jitter (the growth floor); older observations lack it
+CACHE_VERSION = 3  # 2: each step records its end jitter (the growth floor); 3: each step ends with FIT_STEP_GAP_S
+# idle, and on a cluster of its own each codec replays alone on a store that never fills (change it with them)
 FIT_SCALES = (0.05, 0.1, 0.2)
 FIT_WORKERS = (2, 4)
 FIT_STEPS = 6
+# An idle wait at the end of each of a fit's (and a check's) training steps: a stand-in for the step's compute,
+# long enough for Ray to free the step's objects before the next step allocates (see the module doc)
+FIT_STEP_GAP_S = 2.0
 ROLES = ("controller", "worker", "workers", "store", "node")  # worker: the busiest one; workers: their sum
 TQ_ROLES = ("controller", "producer", "worker", "workers", "storage", "tq-controller", "store", "node")
 
@@ -251,15 +267,19 @@ def codec_key(codec: str) -> str:
 
 
 def cache_path(wl: Workload, codec: str, gc: str, scale: float, workers: int, steps: int,
-               data_plane: str = "dataproto") -> Path:
+               data_plane: str = "dataproto", joined: bool = False) -> Path:
     """The cache file of one replay. The data plane is part of the key (and of the name) for every plane but
-    ``dataproto``, whose key is unchanged, so the DataProto fits cached before planes existed stay valid."""
+    ``dataproto``; a replay on a joined cluster (``joined``) is keyed apart from one on a cluster of its own,
+    since their object stores differ (see the module doc)."""
     fields: dict[str, Any] = {"v": CACHE_VERSION, "workload": workload_key(wl), "codec": codec_key(codec), "gc": gc,
                               "scale": scale, "workers": workers, "steps": steps}
     label = f"{wl.name}-{codec}-{gc}"
     if data_plane != "dataproto":
         fields["data_plane"] = data_plane
         label += f"-{data_plane}"
+    if joined:
+        fields["cluster"] = "joined"
+        label += "-joined"
     key = json.dumps(fields, sort_keys=True)
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in label)
     return cache_dir() / f"{safe}-x{scale:g}-w{workers}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.json"
@@ -289,14 +309,26 @@ def save_cached(path: Path, rep: Replay) -> None:
 # -- running the replays ----------------------------------------------------------------------------
 
 
-def replay_groups(codecs: Sequence[str], data_plane: str = "dataproto") -> list[list[str]]:
-    """The codecs that replay together, one ``node_series`` (one cluster) per group, in ``codecs``' order:
-    on the DataProto plane the built-in codecs as one series (the node's start is most of a replay's cost)
-    and each ``verl-*`` codec alone (it loads its own verl); on the TransferQueue plane every codec alone (a
-    series' unmeasured steps before each replay leave the storage units' memory in its baseline,
-    docs/node.md, which would hide the storage role). The fit's replays, the check's replay and the models
-    fitted from them all group by this one rule, so a fit and its check replay alike."""
-    series = data_plane == "dataproto"
+def replay_store_bytes(payload: int, steps: int, ray_address: str | None) -> int | None:
+    """The object store a replay of ``predict`` starts its cluster with: room for every step's chunks, one
+    step's more and some slack, so that it never fills. A full store makes Ray run the collector in every
+    process, a release the fit would then learn from the store's size at the fit sizes, not from the batch;
+    the store's capacity is the prediction's to apply (``--store-capacity`` or Ray's default). None on a
+    joined cluster, whose store is its own."""
+    return None if ray_address else (steps + 2) * payload + 64 * 2**20
+
+
+def replay_groups(codecs: Sequence[str], data_plane: str = "dataproto", joined: bool = False) -> list[list[str]]:
+    """The codecs that replay together, one ``node_series`` per group, in ``codecs``' order. On a cluster of
+    its own every codec alone: a series' unmeasured steps before each replay touch the object store's pages,
+    which would hide the store's rise a fresh node shows (see the module doc). On a joined cluster, whose
+    store earlier work has touched anyway, on the DataProto plane the built-in codecs as one series (the
+    node's start is most of a replay's cost) and each ``verl-*`` codec alone (it loads its own verl); on the
+    TransferQueue plane every codec alone (a series' unmeasured steps before each replay leave the storage
+    units' memory in its baseline, docs/node.md, which would hide the storage role). The fit's replays, the
+    check's replay and the models fitted from them all group by this one rule, so a fit and its check replay
+    alike."""
+    series = data_plane == "dataproto" and joined
     built_in = [c for c in codecs if series and not c.startswith("verl-")]
     return ([built_in] if built_in else []) + [[c] for c in codecs if c not in built_in]
 
@@ -308,34 +340,37 @@ def replays(codecs: Sequence[str], workload: str, gc: str, scales: Sequence[floa
     """The fit's replays, from the cache where they are, measured where not.
 
     The codecs missing at one size and worker count replay in the groups of :func:`replay_groups`. Sizes and
-    worker counts run one after the other, never side by side: each is a cluster of its own, or all join
-    ``ray_address`` (starting a cluster is the slowest and least reliable part of a replay on a loaded machine;
-    the cluster's object store must then hold every step's chunks with ``gc off``).
+    worker counts run one after the other, never side by side: each group on a cluster of its own (its store
+    sized by :func:`replay_store_bytes`), or all join ``ray_address`` (starting a cluster is the slowest and
+    least reliable part of a replay on a loaded machine, but a joined store shows little of the rise a fresh
+    one does; the cluster's object store must then hold every step's chunks with ``gc off``).
     """
     wl = load_workload(workload)
+    joined = bool(ray_address)
     out: list[Replay] = []
     for w in workers:
         for s in scales:
             missing = []
             for codec in codecs:
-                cached = None if refresh else load_cached(cache_path(wl, codec, gc, s, w, steps, data_plane),
+                cached = None if refresh else load_cached(cache_path(wl, codec, gc, s, w, steps, data_plane, joined),
                                                           data_plane)
                 if cached is not None and cached.outcome == "ok":
                     out.append(cached)
                 else:
                     missing.append(codec)
-            for group in replay_groups(missing, data_plane):
+            for group in replay_groups(missing, data_plane, joined):
                 if log:
                     log(f"replaying {','.join(group)} on {wl.name} x{s:g}, {w} workers, {steps} steps, gc {gc}, "
                         f"data plane {data_plane}")
                 results = node_series(group, workload, s, w, steps, gc=gc, timeout_s=timeout_s, ray_address=ray_address,
-                                      data_plane=data_plane)
+                                      data_plane=data_plane, step_gap_s=FIT_STEP_GAP_S,
+                                      store_bytes=replay_store_bytes(wl.payload_bytes(s), steps, ray_address))
                 for codec, r in zip(group, results):
                     rep = observe(r, wl)
                     if r.outcome != "ok":
                         raise PicklescopeError(f"the fit's replay of {codec} at x{s:g} with {w} workers ended "
                                                f"{r.outcome}: {r.error or 'no detail'}",
                                                "run it alone with picklescope node to see why, then predict again")
-                    save_cached(cache_path(wl, codec, gc, s, w, steps, data_plane), rep)
+                    save_cached(cache_path(wl, codec, gc, s, w, steps, data_plane, joined), rep)
                     out.append(rep)
     return out

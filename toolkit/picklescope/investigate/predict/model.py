@@ -235,8 +235,6 @@ class Model:
         out: dict[str, list[tuple[float, float]]] = {}
         for role, rm in self.roles.items():
             base, growth, trans = rm.base(x), max(0.0, rm.growth(x)), max(0.0, rm.transient(x))
-            if role == "store":  # the store's pages are never given back: never fewer than at its baseline
-                base = max(0.0, base)
             if role == "worker":  # the mapped part of its chunk, resident during its call
                 trans += x["mapped"]
             elif role == "workers":  # those of the calls open at once (all W when the fits did not time them)
@@ -249,8 +247,8 @@ class Model:
                     # controller frees the controller's own objects only, never another process's memory
                     held -= self.release_share * (held - growth)
                 level = base + held
-                if role == "store":  # the high-water mark of what it held, within its capacity
-                    level = min(cap, max(prev, level))
+                if role == "store":  # the high-water mark of what it held (its pages are never given back:
+                    level = min(cap, max(prev, level))  # never under its baseline), within its capacity
                     rows_out.append((level, min(cap, level + trans)))
                 else:
                     rows_out.append((level, max(prev, level) + trans))

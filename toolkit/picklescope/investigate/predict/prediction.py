@@ -151,8 +151,9 @@ class CodecPrediction:
     store_capacity_bytes: int | None = None  # the object store's capacity the prediction capped it at (None: none)
     store_capacity_source: str | None = None  # STORE_DEFAULT_SOURCE (maybe "..., at most 200 GB") or STORE_GIVEN_SOURCE
     store_full_step: int | None = None  # the first training step at which the store was at its capacity
-    # were the store at its capacity from the first step (its pages can keep rising over many steps, which the
-    # fits' few steps do not show: docs/predict.md): the node's peak, and the first step over the threshold
+    # were the store at its capacity from the first step (its pages rise at every step where steps follow each other
+    # before Ray frees a step's objects, which the fits' idle step ends do not: docs/predict.md): the node's peak,
+    # and the first step over the threshold
     node_peak_store_full_bytes: int | None = None
     store_full_killed_step: int | None = None
     largest_surviving_payload_store_full_bytes: int | None = None  # ... and the largest payload that survives so
@@ -255,9 +256,9 @@ class CodecPrediction:
             out += (f", full from training step {self.store_full_step} (Ray spills the rest to disk, not counted "
                     "in the node)")
         elif self.node_peak_store_full_bytes is not None and self.node_peak_store_full_bytes > self.node_peak_bytes:
-            out += (". Over many training steps its pages keep rising towards its capacity, which the fits' few "
-                    "steps after their warm-up do not show (docs/predict.md, \"A store that fills\"); full, the node "
-                    f"would peak at {fmt_bytes(self.node_peak_store_full_bytes)}")
+            out += (". A training loop whose steps follow each other before Ray frees a step's objects puts each "
+                    "step's chunks on fresh pages, up to its capacity (docs/predict.md, \"A store that fills\"); "
+                    f"full, the node would peak at {fmt_bytes(self.node_peak_store_full_bytes)}")
             if self.store_full_killed_step is not None and self.killed is None:
                 out += f", over the threshold in training step {self.store_full_killed_step}"
         return out
@@ -357,7 +358,7 @@ def models(codecs: Sequence[str], workload: str, gc: str, *, scales: Sequence[fl
     sizes), then each codec is fitted on its :func:`fit_set` of all of them."""
     wl = load_workload(workload)
     reps: list[fitting.Replay] = []
-    for group in fitting.replay_groups(codecs, data_plane):
+    for group in fitting.replay_groups(codecs, data_plane, bool(ray_address)):
         reps += fitting.replays(group, workload, gc, fit_scales(wl, group[0], scales, workers), workers, steps,
                                 refresh=refresh, ray_address=ray_address, data_plane=data_plane, log=log)
     out: dict[str, Model] = {}
@@ -525,20 +526,23 @@ def _check(preds: list[CodecPrediction], fitted: dict[str, Model], workload: str
     """Replay the predicted size for real, in the groups the fit replays in (:func:`~.fit.replay_groups`),
     and set each prediction's check.
 
-    The check compares like with like: the replay runs with no process baselines and on a cluster whose
-    object store holds every step's objects (a node replay sizes its own cluster's store so), so its
-    prediction is the model played at the same size without the baselines and without the store's
-    capacity. The user's prediction can differ from it only where ``--process-baseline`` or the store's
-    capacity (``--store-capacity`` or Ray's default for ``--node-memory``) bound it."""
+    The check compares like with like: the replay runs with no process baselines and, as the fit's did, on
+    a cluster of its own whose object store holds every step's objects
+    (:func:`~.fit.replay_store_bytes`) or on the joined one, so its prediction is the model played at the
+    same size without the baselines and without the store's capacity. The user's prediction can differ from
+    it only where ``--process-baseline`` or the store's capacity (``--store-capacity`` or Ray's default for
+    ``--node-memory``) bound it."""
     by_codec = {p.codec: p for p in preds}
     first = preds[0]
     workers, steps = first.workers, first.steps
-    for group in fitting.replay_groups(list(by_codec), data_plane):
+    for group in fitting.replay_groups(list(by_codec), data_plane, bool(ray_address)):
         if log:
             log(f"checking: replaying {','.join(group)} at x{scale:g}, {workers} workers, {steps} steps, gc {gc}")
         t = time.monotonic()
         results = node_series(group, workload, scale, workers, steps, gc=gc, timeout_s=timeout_s,
-                              ray_address=ray_address, data_plane=data_plane)
+                              ray_address=ray_address, data_plane=data_plane,
+                              step_gap_s=fitting.FIT_STEP_GAP_S,
+                              store_bytes=fitting.replay_store_bytes(first.payload_bytes, steps, ray_address))
         if log:
             log(f"  replayed in {time.monotonic() - t:.0f} s")
         for codec, r in zip(group, results):
