@@ -128,7 +128,7 @@ def main() -> None:
                      if "storage_peak" in row else ""), flush=True)
     doc = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
            "load_average": os.getloadavg(), "wall_s": round(time.monotonic() - t0, 1), "rows": rows_out,
-           "clusters": "each replay on a cluster of its own (node's clean-up leaves nothing of it)"}
+           "clusters": "each replay on a cluster of its own, which the replay stops"}
     Path(args.out).write_text(json.dumps(doc, indent=1))
     print(f"wrote {args.out}")
 

@@ -18,10 +18,10 @@ first step's level (flowgrpo x0.05, benchmarks/README.md).
 
 On a cluster of its own each codec replays alone, on a fresh object store that holds every step's
 objects (:func:`replay_store_bytes`), as a user's training job starts on a node. The store's pages
-count in the node's memory once touched and are never given back, so the store's rise over the steps
-is measured only where its pages start untouched: in a series, the unmeasured steps before each replay
-touch them first, and on a joined cluster earlier work has (that cluster's store then shows little or
-no rise, docs/predict.md).
+count in the node's memory once touched and are never given back, so what a step's objects touch is
+measured only where the store's pages start untouched: in a series, the unmeasured steps before each
+replay touch them first, and on a joined cluster earlier work has (that cluster's store then shows
+little or nothing, docs/predict.md).
 
 On the TransferQueue data plane (:mod:`picklescope.investigate.node.tq_plane`) the node has more
 kinds of process: the rollout's ``producer`` actor, TransferQueue's storage units (``storage-N``, one
@@ -321,7 +321,7 @@ def replay_store_bytes(payload: int, steps: int, ray_address: str | None) -> int
 def replay_groups(codecs: Sequence[str], data_plane: str = "dataproto", joined: bool = False) -> list[list[str]]:
     """The codecs that replay together, one ``node_series`` per group, in ``codecs``' order. On a cluster of
     its own every codec alone: a series' unmeasured steps before each replay touch the object store's pages,
-    which would hide the store's rise a fresh node shows (see the module doc). On a joined cluster, whose
+    which would hide what a fresh node's store holds (see the module doc). On a joined cluster, whose
     store earlier work has touched anyway, on the DataProto plane the built-in codecs as one series (the
     node's start is most of a replay's cost) and each ``verl-*`` codec alone (it loads its own verl); on the
     TransferQueue plane every codec alone (a series' unmeasured steps before each replay leave the storage
@@ -342,8 +342,8 @@ def replays(codecs: Sequence[str], workload: str, gc: str, scales: Sequence[floa
     The codecs missing at one size and worker count replay in the groups of :func:`replay_groups`. Sizes and
     worker counts run one after the other, never side by side: each group on a cluster of its own (its store
     sized by :func:`replay_store_bytes`), or all join ``ray_address`` (starting a cluster is the slowest and
-    least reliable part of a replay on a loaded machine, but a joined store shows little of the rise a fresh
-    one does; the cluster's object store must then hold every step's chunks with ``gc off``).
+    least reliable part of a replay on a loaded machine, but a joined store shows little of what a fresh one
+    holds; the cluster's object store must then hold every step's chunks with ``gc off``).
     """
     wl = load_workload(workload)
     joined = bool(ray_address)
