@@ -3,11 +3,11 @@
 For each collector mode, fits the codecs on node replays at the fit sizes (``--fit-scales``, 2 and 4
 workers, cached like ``predict``'s own fits) and replays the held-out size (``--scale``, ``--workers``,
 ``--steps``, cached the same way), each codec alone on a local cluster of its own whose object store
-never fills, as ``predict`` replays (a fresh store's pages rise over the steps where a joined cluster's,
-already touched, show nothing; docs/predict.md). Then it compares the prediction
-for the held-out size with that replay, as ``predict --check`` does: the node's peak (highest sample
-above its baseline), the controller's own peak (its private memory, the store apart), and the steps at
-which the controller's memory falls back.
+never fills and with steps that end idle, as ``predict`` replays (a fresh store's pages show what a
+step's objects touch, where a joined cluster's, already touched, show nothing; docs/predict.md). Then
+it compares the prediction for the held-out size with that replay, as ``predict --check`` does: the
+node's peak (highest sample above its baseline), the controller's own peak (its private memory, the
+store apart), and the steps at which the controller's memory falls back.
 
     python benchmarks/predict_checks.py [--codecs numpy-legacy,numpy] [--gc off,default] [--workload flowgrpo]
         [--data-plane dataproto|transferqueue]
@@ -43,22 +43,20 @@ from picklescope.investigate.predict.prediction import fit_scales, models, play_
 from picklescope.workloads.spec import load_workload
 
 RESULTS = Path(__file__).resolve().parent / "results"
-MiB = 1024**2
 
 
 def fitted_and_held_out(codecs: Sequence[str], workload: str, gc: str, scales: Sequence[float],
-                        workers: Sequence[int], scale: float, held_workers: int, steps: int, *,
-                        address: str | None, plane: str,
+                        workers: Sequence[int], scale: float, held_workers: int, steps: int, *, plane: str,
                         log: Callable[[str], None] = print) -> tuple[dict[str, Model], dict[str, fitting.Replay]]:
     """Each codec's model, fitted as ``predict`` fits it (:func:`~picklescope.investigate.predict.prediction.models`:
     its replays gathered in :func:`~picklescope.investigate.predict.fit.replay_groups` and the codec fitted on
     its fit set), and each codec's held-out replay, replayed in the same groups: the one rule, so that the
     check here replays as the fit and ``predict --check`` do."""
     fitted = models(codecs, workload, gc, scales=scales, workers=workers, steps=fitting.FIT_STEPS,
-                    ray_address=address, data_plane=plane, log=log)
+                    data_plane=plane, log=log)
     held: dict[str, fitting.Replay] = {}
-    for group in fitting.replay_groups(codecs, plane, bool(address)):
-        for rep in fitting.replays(group, workload, gc, (scale,), (held_workers,), steps, ray_address=address,
+    for group in fitting.replay_groups(codecs, plane):
+        for rep in fitting.replays(group, workload, gc, (scale,), (held_workers,), steps,
                                    data_plane=plane, log=log):
             held[rep.codec] = rep
     return fitted, held
@@ -90,7 +88,7 @@ def main() -> None:
         for attempt in range(1, args.attempts + 1):
             try:
                 fitted, held = fitted_and_held_out(codecs, args.workload, gc, scales, workers, args.scale,
-                                                   args.workers, args.steps, address=None, plane=plane)
+                                                   args.workers, args.steps, plane=plane)
                 break
             except PicklescopeError as exc:  # the replays that ended ok are cached: the next try goes on
                 print(f"predict_checks: try {attempt} of {args.attempts}: {exc}", file=sys.stderr, flush=True)

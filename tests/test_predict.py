@@ -492,7 +492,6 @@ def test_the_fit_the_check_and_the_models_group_codecs_by_one_rule(monkeypatch):
     fitting.replays(codecs, "flowgrpo", "off", scales=(0.05,), workers=(2,), steps=3, ray_address="127.0.0.1:1")
     assert series == fitting.replay_groups(codecs, "dataproto", joined=True) and stores == [None, None]
     series.clear()
-    monkeypatch.setattr(prediction, "node_series", fake_series)
     preds = [prediction.CodecPrediction(c, "off", 1, 1, 2, 3, None, 0.95, {}, 1, {"controller": 1}, [], None, None,
                                         [], [], []) for c in codecs]
     wl = load_workload("flowgrpo")
@@ -521,7 +520,7 @@ def test_the_fit_the_check_and_the_models_group_codecs_by_one_rule(monkeypatch):
         chosen = codecs if plane == "dataproto" else ("numpy-legacy", "numpy")
         calls.clear()
         models, held = checks.fitted_and_held_out(chosen, "flowgrpo", "off", (0.05, 0.1, 0.2), (2, 4), 0.5, 4, 3,
-                                                  address=None, plane=plane, log=lambda line: None)
+                                                  plane=plane, log=lambda line: None)
         assert calls == 2 * fitting.replay_groups(chosen, plane), plane
         assert set(models) == set(held) == set(chosen)
 
@@ -546,7 +545,7 @@ def test_the_check_compares_the_replay_with_the_model_at_its_size_not_with_the_u
         assert (workers, steps) == (4, 8)
         return [SimpleNamespace(outcome="ok", node_peak_bytes=123, processes={}) for _ in group]
 
-    monkeypatch.setattr(prediction, "node_series", fake_series)
+    monkeypatch.setattr(fitting, "node_series", fake_series)  # the check replays through fitting.replay_series
     monkeypatch.setattr(fitting, "observe", lambda result, wl: synthetic(20 * MiB, 2, 3))
     prediction._check([p], {"numpy-legacy": m}, "flowgrpo", 0.5, "off", wl, 60.0, None, None)
     bare = prediction.play_node(m, wl, rows, pay, 4, 8, {}, None, 0.95, store_capacity=None)

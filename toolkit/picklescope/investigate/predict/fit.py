@@ -318,6 +318,16 @@ def replay_store_bytes(payload: int, steps: int, ray_address: str | None) -> int
     return None if ray_address else (steps + 2) * payload + 64 * 2**20
 
 
+def replay_series(group: Sequence[str], workload: str, scale: float, workers: int, steps: int, *, gc: str,
+                  timeout_s: float, ray_address: str | None, data_plane: str) -> list[NodeResult]:
+    """One group's node replays as ``predict`` runs them, for its fit and its check alike: each step ending
+    with :data:`FIT_STEP_GAP_S` idle and, on a cluster of its own, a store of :func:`replay_store_bytes`."""
+    payload = load_workload(workload).payload_bytes(scale)
+    return node_series(group, workload, scale, workers, steps, gc=gc, timeout_s=timeout_s, ray_address=ray_address,
+                       data_plane=data_plane, step_gap_s=FIT_STEP_GAP_S,
+                       store_bytes=replay_store_bytes(payload, steps, ray_address))
+
+
 def replay_groups(codecs: Sequence[str], data_plane: str = "dataproto", joined: bool = False) -> list[list[str]]:
     """The codecs that replay together, one ``node_series`` per group, in ``codecs``' order. On a cluster of
     its own every codec alone: a series' unmeasured steps before each replay touch the object store's pages,
@@ -362,9 +372,8 @@ def replays(codecs: Sequence[str], workload: str, gc: str, scales: Sequence[floa
                 if log:
                     log(f"replaying {','.join(group)} on {wl.name} x{s:g}, {w} workers, {steps} steps, gc {gc}, "
                         f"data plane {data_plane}")
-                results = node_series(group, workload, s, w, steps, gc=gc, timeout_s=timeout_s, ray_address=ray_address,
-                                      data_plane=data_plane, step_gap_s=FIT_STEP_GAP_S,
-                                      store_bytes=replay_store_bytes(wl.payload_bytes(s), steps, ray_address))
+                results = replay_series(group, workload, s, w, steps, gc=gc, timeout_s=timeout_s,
+                                        ray_address=ray_address, data_plane=data_plane)
                 for codec, r in zip(group, results):
                     rep = observe(r, wl)
                     if r.outcome != "ok":

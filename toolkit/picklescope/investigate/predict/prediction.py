@@ -28,7 +28,7 @@ from typing import Any
 
 from picklescope.core.units import fmt_bytes, parse_size
 from picklescope.errors import PicklescopeError
-from picklescope.investigate.node import GC_MODES, node_series, tq_plane
+from picklescope.investigate.node import GC_MODES, tq_plane
 from picklescope.investigate.predict import fit as fitting
 from picklescope.investigate.predict.model import Model, released_at
 from picklescope.investigate.predict.model import fit as fit_model
@@ -526,9 +526,9 @@ def _check(preds: list[CodecPrediction], fitted: dict[str, Model], workload: str
     """Replay the predicted size for real, in the groups the fit replays in (:func:`~.fit.replay_groups`),
     and set each prediction's check.
 
-    The check compares like with like: the replay runs with no process baselines and, as the fit's did, on
-    a cluster of its own whose object store holds every step's objects
-    (:func:`~.fit.replay_store_bytes`) or on the joined one, so its prediction is the model played at the
+    The check compares like with like: the replay runs with no process baselines and as the fit's did
+    (:func:`~.fit.replay_series`: steps that end idle, on a cluster of its own whose object store holds
+    every step's objects, or on the joined one), so its prediction is the model played at the
     same size without the baselines and without the store's capacity. The user's prediction can differ from
     it only where ``--process-baseline`` or the store's capacity (``--store-capacity`` or Ray's default for
     ``--node-memory``) bound it."""
@@ -539,10 +539,8 @@ def _check(preds: list[CodecPrediction], fitted: dict[str, Model], workload: str
         if log:
             log(f"checking: replaying {','.join(group)} at x{scale:g}, {workers} workers, {steps} steps, gc {gc}")
         t = time.monotonic()
-        results = node_series(group, workload, scale, workers, steps, gc=gc, timeout_s=timeout_s,
-                              ray_address=ray_address, data_plane=data_plane,
-                              step_gap_s=fitting.FIT_STEP_GAP_S,
-                              store_bytes=fitting.replay_store_bytes(first.payload_bytes, steps, ray_address))
+        results = fitting.replay_series(group, workload, scale, workers, steps, gc=gc, timeout_s=timeout_s,
+                                        ray_address=ray_address, data_plane=data_plane)
         if log:
             log(f"  replayed in {time.monotonic() - t:.0f} s")
         for codec, r in zip(group, results):
