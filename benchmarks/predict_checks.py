@@ -10,7 +10,7 @@ node's peak (highest sample above its baseline), the controller's own peak (its 
 store apart), and the steps at which the controller's memory falls back.
 
     python benchmarks/predict_checks.py [--codecs numpy-legacy,numpy] [--gc off,default] [--workload flowgrpo]
-        [--data-plane dataproto|transferqueue]
+        [--data-plane dataproto|transferqueue] [--worker-compute S]
 
 On the TransferQueue plane (``--data-plane transferqueue``, the replay of verl's TransferQueue trainer)
 every codec's model is fitted on all codecs' replays (as ``predict`` fits it there: the codec never
@@ -47,6 +47,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def fitted_and_held_out(codecs: Sequence[str], workload: str, gc: str, scales: Sequence[float],
                         workers: Sequence[int], scale: float, held_workers: int, steps: int, *, plane: str,
+                        worker_compute_s: float = 0.0,
                         log: Callable[[str], None] = print) -> tuple[dict[str, Model], dict[str, fitting.Replay]]:
     """Each codec's model, fitted as ``predict`` fits it (:func:`~picklescope.investigate.predict.prediction.models`:
     its replays gathered in :func:`~picklescope.investigate.predict.fit.replay_groups` and the codec fitted on
@@ -57,7 +58,7 @@ def fitted_and_held_out(codecs: Sequence[str], workload: str, gc: str, scales: S
     held: dict[str, fitting.Replay] = {}
     for group in fitting.replay_groups(codecs, plane):
         for rep in fitting.replays(group, workload, gc, (scale,), (held_workers,), steps,
-                                   data_plane=plane, log=log):
+                                   data_plane=plane, worker_compute_s=worker_compute_s, log=log):
             held[rep.codec] = rep
     return fitted, held
 
@@ -73,6 +74,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--data-plane", default="dataproto", choices=tq_plane.DATA_PLANES)
+    ap.add_argument("--worker-compute", type=float, default=0.0,
+                    help="seconds each worker of the held-out replay holds its chunk, computing (the fits never do)")
     ap.add_argument("--attempts", type=int, default=5, help="tries of a replay that did not end ok")
     ap.add_argument("--out", default=str(RESULTS / "predict_checks.json"))
     args = ap.parse_args()
@@ -88,7 +91,8 @@ def main() -> None:
         for attempt in range(1, args.attempts + 1):
             try:
                 fitted, held = fitted_and_held_out(codecs, args.workload, gc, scales, workers, args.scale,
-                                                   args.workers, args.steps, plane=plane)
+                                                   args.workers, args.steps, plane=plane,
+                                                   worker_compute_s=args.worker_compute)
                 break
             except PicklescopeError as exc:  # the replays that ended ok are cached: the next try goes on
                 print(f"predict_checks: try {attempt} of {args.attempts}: {exc}", file=sys.stderr, flush=True)
@@ -98,11 +102,12 @@ def main() -> None:
             model, real = fitted[codec], held[codec]
             fit_at = fit_scales(wl, codec, scales, workers)
             played = play_node(model, wl, real.rows, real.payload_bytes, args.workers, args.steps, {}, None,
-                               0.95, store_capacity=None)
+                               0.95, store_capacity=None, compute_s=args.worker_compute)
             pred_node, pred_ctl = played["node_peak"], played["peaks"]["controller"]
             row = {"codec": codec, "gc": gc, "data_plane": plane, "workload": wl.name, "fit_scales": fit_at,
                    "fit_workers": workers,
                    "scale": args.scale, "workers": args.workers, "steps": args.steps,
+                   "worker_compute_s": args.worker_compute, "calls_open": played["calls_open"],
                    "payload_bytes": real.payload_bytes,
                    "node_peak": {"predicted": pred_node, "measured": real.node_peak_bytes},
                    "controller_peak": {"predicted": pred_ctl, "measured": real.controller_own_peak_bytes},

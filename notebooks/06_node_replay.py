@@ -305,7 +305,10 @@ if cluster is not None:
 #
 # The prediction counts the batch's own bytes: the memory each process had before the batch (model weights,
 # optimizer state, the rollout's data) counts as nothing unless you give it in `your_baselines`, for
-# example from the memory figures of your kill report. Set the sizes of your node below; add
+# example from the memory figures of your kill report. `your_worker_compute` is how long each worker
+# computes on its chunk in a step: the replays above only read theirs and return a small result, so their
+# calls overlap little, while a training step's workers compute for seconds to minutes and all hold their
+# chunks at once. Set the sizes of your node below; add
 # `"transferqueue"` to `your_planes` to predict verl's TransferQueue trainer beside the DataProto one
 # (section 5). The fit's replays are cached after the first `picklescope predict` on this workload, and
 # this cell uses them only if they are all cached (it says so otherwise, and runs nothing).
@@ -322,6 +325,8 @@ your_workers, your_steps, your_node_memory = 8, 120, "1507GB"
 your_store_capacity = None  # your cluster's object_store_memory, e.g. "100GB"; None: Ray's default for the node
 your_gc = "default"
 your_baselines = []  # what each process held before the batch, e.g. ["controller=379GB", "worker=40GB"]
+your_worker_compute = 60  # seconds each worker computes on its chunk per step: longer than the controller takes to
+# send every chunk, so all your workers hold theirs at once, as in a training step (0: as the replay's workers do)
 your_planes = ["dataproto"]  # and/or "transferqueue" (built-in codecs only: the tensors skip the codec there)
 wl_fit = load_workload(workload)
 missing = [(plane, c, s, w) for plane in your_planes for c in (legacy, fixed) for w in fitting.FIT_WORKERS
@@ -333,14 +338,15 @@ if missing:
           f"workers, data plane {plane}). Run once, outside the notebook:\n"
           f"  picklescope predict --workload {workload} --codec {legacy},{fixed} --gc {your_gc} "
           f"--data-plane {','.join(your_planes)} --payload {your_payload} --workers {your_workers} "
-          f"--steps {your_steps} --node-memory {your_node_memory}"
+          f"--steps {your_steps} --node-memory {your_node_memory} --worker-compute {your_worker_compute:g}"
           + (f" --store-capacity {your_store_capacity}" if your_store_capacity else "")
           + "".join(f" --process-baseline {b}" for b in your_baselines))
 else:
     yours = [p for plane in your_planes
              for p in predict((legacy, fixed), workload, payload=your_payload, workers=your_workers, steps=your_steps,
                               gc=your_gc, node_memory=your_node_memory, store_capacity=your_store_capacity,
-                              process_baselines=your_baselines, data_plane=plane)]
+                              process_baselines=your_baselines, data_plane=plane,
+                              worker_compute_s=your_worker_compute)]
     for p in yours:  # each line wrapped to the page, so no word is cut in two
         print("\n".join(textwrap.fill(line, 110, subsequent_indent=" " * (len(line) - len(line.lstrip()) + 2))
                         for line in p.summary().splitlines()), end="\n\n")

@@ -252,7 +252,8 @@ def test_bad_input_is_one_line_before_anything_runs():
     for kw in ({"workers": 0}, {"dispatch": "scatter"}, {"gc": "never"}, {"node_budget": "lots"},
                {"engine": "verl"}, {"engine": "gpu"}, {"workers": 200}, {"enforcement": "kernel"},
                {"enforcement": "cgroup"}, {"enforcement": "cgroup", "node_budget": "2x", "ray_address": "127.0.0.1:1"},
-               {"step_gap_s": -1}, {"step_gap_s": float("nan")}, {"store_bytes": 2**30, "ray_address": "127.0.0.1:1"}):
+               {"step_gap_s": -1}, {"step_gap_s": float("nan")}, {"store_bytes": 2**30, "ray_address": "127.0.0.1:1"},
+               {"worker_compute_s": -0.5}, {"worker_compute_s": float("inf")}, {"worker_compute_s": "2"}):
         with pytest.raises(PicklescopeError):
             node("numpy", **kw)
 
@@ -351,17 +352,30 @@ def _cmd(q: psutil.Process) -> list[str]:
 
 def test_clean_cli_run_prints_json_and_leaves_nothing(capfd):
     """The command's main() in this process (no interpreter of its own to start, and the session's warm
-    forkserver): a run that starts and ends a cluster of its own, whose clean-up is what is checked."""
+    forkserver): a run that starts and ends a cluster of its own, whose clean-up is what is checked.
+
+    Its workers compute (``--worker-compute``): each holds its chunk that long after reading it, so every
+    worker's call is open at once in every training step, as a training step's are, where the replay's
+    own calls (read, return a small result) are often over before the controller sends the next chunk."""
     from picklescope.cli import main
+    from picklescope.investigate.predict.fit import observe
+    from picklescope.workloads.spec import load_workload
 
     capfd.readouterr()
-    rc = main(["node", *SMALL, "--steps", "2", "--json"])
+    rc = main(["node", *SMALL, "--steps", "2", "--worker-compute", "0.5", "--json"])
     out, err = capfd.readouterr()
     doc = json.loads(out) if out.strip() else {}
     assert rc == 0, (err, doc.get("node", {}).get("error"), doc.get("node", {}).get("cleanup"))
     assert doc["outcome"] == "ok" and doc["node"]["cleanup"]["remaining"] == []
     pids = [v["pid"] for v in doc["processes"].values()]
     assert gone(pids) == []
+    assert doc["node"]["config"]["worker_compute_s"] == 0.5
+    computes = [st["end_s"] - st["start_s"] for name, p in doc["processes"].items() if name.startswith("worker-")
+                for st in p["steps"] if st["name"] == "compute" and st["training_step"]]
+    assert len(computes) == 2 * 2 and min(computes) >= 0.5, computes  # 2 workers x 2 steps, each held 0.5 s
+    r = NodeResult.from_json_dict(doc)
+    assert "each worker computing 0.5 s on its chunk" in r.summary().splitlines()[0]
+    assert [s.calls_in_flight for s in observe(r, load_workload("flowgrpo")).per_step] == [2, 2]
 
 
 @pytest.mark.parametrize("how", ["ctrl-c", "sigkill"])

@@ -12,6 +12,7 @@ import gc
 import hashlib
 import importlib.util
 import json
+import math
 from html import escape as html_escape
 from pathlib import Path
 from types import SimpleNamespace
@@ -284,6 +285,49 @@ def test_mapped_leaves_count_once_per_call_open_at_once_not_once_per_worker():
         assert node_peak - node_level == pytest.approx(open_calls * 48 * MiB, rel=1e-3)
     assert ("workers", "calls open at once") in [(r, t) for r, t, _ in timed.terms_table()]
     assert timed.calls_text().startswith("2, at most the workers") and "upper bound" in untimed.calls_text()
+
+
+def test_workers_that_compute_keep_more_calls_open_by_their_compute_over_the_sending_of_a_chunk():
+    """A worker that computes S seconds on its chunk keeps its call open S longer: with the fits' calls at
+    1.6 x the controller's sending of a chunk and a chunk sent in 10 ms + 1 s per GiB (fitted on the fits'
+    sends, per chunk byte), a 0.02 s compute on a 64 MiB chunk (72.5 ms to send) adds 0.28 sends, still two
+    calls open, and a 0.2 s one adds 2.76: four, every worker; a minute of compute at a production size is
+    all of them, and the workers' sum rises by every chunk's mapped leaves. Without timed sends a compute
+    counts as every worker (the upper bound), without a compute the fits' own overlap holds."""
+    leaves = [1.0 * MiB, 3.0 * MiB]  # 16 MiB in the heap and 48 MiB mapped a chunk, as above
+    reps = _mapped_fit_set([1.6, 0.4, 0.5, 0.4, 0.4, 0.5])
+    for rep in reps:
+        for s in rep.per_step:
+            s.send_s = 0.010 + rep.chunk_bytes / 2**30
+    m = model_mod.fit(reps, leaves)
+    assert m.send_s is not None and m.send_s({"c": 64 * MiB, "1": 1.0}) == pytest.approx(0.0725, rel=1e-3)
+    chunk = 64 * MiB
+    assert [m.open_calls(chunk, 4, s) for s in (0.0, 0.02, 0.2, 60.0, math.inf)] == [2, 2, 4, 4, 4]
+    payload, rows = 4 * chunk, 64
+    level, peak = m.play(payload, rows, 4, 3, 2, compute_s=60.0)["workers"][2]
+    assert peak - level == pytest.approx(4 * 48 * MiB, rel=1e-6)
+    untimed = model_mod.fit(_mapped_fit_set([1.6, 0.4, 0.5, 0.4, 0.4, 0.5]), leaves)  # sends not timed
+    assert untimed.send_s is None and untimed.open_calls(chunk, 4, 0.02) == 4 and untimed.open_calls(chunk, 4) == 2
+    assert "--worker-compute S" in m.calls_text() and "s per GiB" in m.calls_text()
+
+
+def test_a_workers_level_is_its_second_steps_once_glibc_keeps_its_leaves_in_the_heap():
+    """glibc's mmap threshold starts at 128 KiB and rises to each freed mapped block's size: in the first step
+    a worker maps its chunk's leaves and gives them back (its level after step 1 about nothing, as every fit
+    replay measured), from the second on it keeps them in its heap. The level with nothing held is the one a
+    long run keeps, the second step's on, not an average that the first step pulls down by a sixth; the
+    controller's first step, which holds its first copy, still counts."""
+    reps = fit_set()
+    for rep in reps:
+        first = rep.per_step[0]
+        for role in ("worker", "workers"):
+            first.end[role] = 0
+    m = model_mod.fit(reps)
+    x = m.features(160 * MiB, 64, 4, 2)
+    chunk = 160 * MiB * fitting.chunk_rows(64, 4) // 64
+    assert m.roles["worker"].base(x) == pytest.approx(chunk + 8 * MiB, rel=1e-3)
+    assert m.roles["workers"].base(x) == pytest.approx(4 * (chunk + 8 * MiB), rel=1e-3)
+    assert m.roles["controller"].base(x) == pytest.approx(0.5 * 160 * MiB, rel=1e-3)
 
 
 def test_a_leaf_of_exactly_the_largest_mmap_threshold_is_mapped():
@@ -631,6 +675,8 @@ NO_TQ = "no-transferqueue-here"
     (["--data-plane", "shared-memory"], "is not one of dataproto, transferqueue"),
     (["--data-plane", "dataproto,transferqueue", "--codec", "verl-0.9.1:numpy"], "never a verl DataProto"),
     (["--data-plane", "transferqueue,transferqueue"], "names a plane twice"),
+    (["--worker-compute", "-2"], "--worker-compute '-2' is not a number of seconds, zero or more"),
+    (["--worker-compute", "inf"], "use e.g. --worker-compute 2"),
     # the same line as picklescope node's when the package is absent (tests/test_node_transferqueue.py)
     (["--data-plane", "transferqueue", "--tq-dir-missing"], "install it with pip install --no-deps --target"),
     (["--out", "FILE"], "exists and is not a folder"),
@@ -673,7 +719,11 @@ def test_fit_on_small_replays_predicts_a_held_out_replay(tmp_path, monkeypatch, 
     must come within 15% of the real replay's controller peak for the legacy codec
     (the fixed controller holds about nothing, so there the check is that it stays near nothing). The suite's
     one local cluster, joined like a real one (its 1 GiB store holds every step's chunks of x0.2: 5 x 93 MiB;
-    the fixture checks that nothing of it is left)."""
+    the fixture checks that nothing of it is left).
+
+    The prediction's workers compute 0.5 s on their chunk (``--worker-compute``), and the check replays them
+    so: the fit times the controller's sends, and a compute that long against sends of a few milliseconds
+    keeps both calls open at once."""
     monkeypatch.setenv("PICKLESCOPE_CACHE", str(tmp_path))
     _short_step_gap(monkeypatch)
     # The legacy controller, which the model follows (+0.5% in one run of this test), is held to 15%. The
@@ -684,7 +734,7 @@ def test_fit_on_small_replays_predicts_a_held_out_replay(tmp_path, monkeypatch, 
     for attempt in range(3):
         preds = prediction.predict(("numpy-legacy", "numpy"), "flowgrpo", scale=0.2, workers=2, steps=4, gc="off",
                                    fit_scales_=(0.025, 0.05, 0.1), fit_workers=(2,), fit_steps=4, check=True,
-                                   ray_address=ray_cluster.address, refresh=attempt > 0)
+                                   ray_address=ray_cluster.address, refresh=attempt > 0, worker_compute_s=0.5)
         legacy = next(p for p in preds if p.codec == "numpy-legacy")
         c = legacy.check
         assert c is not None and c.outcome == "ok", legacy.summary()
@@ -703,6 +753,9 @@ def test_fit_on_small_replays_predicts_a_held_out_replay(tmp_path, monkeypatch, 
         if p.codec != "numpy-legacy":
             assert c.measured_controller_peak_bytes < 0.1 * p.payload_bytes
     assert list((tmp_path / "predict").glob("*.json")), "the fit's replays were not cached"
+    for p in preds:  # the sends were timed, so the compute is weighed against them, not taken as the bound
+        calls = dict(((r, t), v) for r, t, v in p.terms)[("workers", "calls open at once")]
+        assert "s per GiB" in calls and p.calls_open == 2 and p.worker_compute_s == 0.5, calls
     doc = json.loads(json.dumps([p.to_json_dict() for p in preds]))
     assert {"node_peak_bytes", "processes", "training_steps", "killed", "largest_surviving_payload_bytes"} <= \
         set(doc[0])

@@ -435,6 +435,10 @@ def render_predictions(preds: Sequence[CodecPrediction], workload: str, command:
     parts.append("<ul>" + "".join(
         f"<li>{e(n)}: " + ", ".join(f"{e(_column(p))} {e(fmt_bytes(p.processes[n]))}" for p in preds
                                      if n in p.processes) + "</li>" for n in names) + "</ul>")
+    calls = [(p, p.calls_text()) for p in preds]
+    if any(text for _, text in calls):
+        parts.append("<ul>" + "".join(f"<li>{e(_column(p))}: {e(text)}</li>" for p, text in calls if text)
+                     + "</ul>")
     parts.append("<h2>The object store</h2>")
     parts.append("<ul>" + "".join(f"<li>{e(_column(p))}: {e(p.store_text().removeprefix('object store: '))}</li>"
                                   for p in preds) + "</ul>")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from picklescope.errors import PicklescopeError
@@ -19,9 +21,6 @@ def register(sub: Any) -> None:
 
 def seconds(text: str) -> float:
     """argparse type of ``--timeout``: a positive, finite number of seconds."""
-    import math
-
-
     try:
         value = float(text)
     except ValueError:
@@ -30,6 +29,32 @@ def seconds(text: str) -> float:
         raise PicklescopeError(f"--timeout {text!r} must be a positive number of seconds",
                                "use e.g. --timeout 300 (the default is generous: 900)")
     return value
+
+
+def idle_seconds(flag: str, example: str, what: str) -> Callable[[str], float]:
+    """An argparse type for a duration that may be zero (``--step-gap``, ``--worker-compute``): one line
+    naming ``flag`` and an ``example`` value for anything that is not a finite number of seconds, zero or
+    more."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = -1.0
+        if not (math.isfinite(value) and value >= 0):
+            raise PicklescopeError(f"{flag} {text!r} is not a number of seconds, zero or more",
+                                   f"use e.g. {flag} {example} ({what})")
+        return value
+    return parse
+
+
+def add_worker_compute(p: argparse.ArgumentParser) -> None:
+    """``--worker-compute``, the same for ``node`` (which replays it) and ``predict`` (which models it and
+    replays it in a check), so that a prediction can be replayed with the same options."""
+    p.add_argument("--worker-compute", type=idle_seconds("--worker-compute", "2",
+                                                         "seconds each worker holds its chunk, computing"),
+                   default=0.0, help="seconds each worker holds its chunk after reading it, a stand-in for its "
+                                     "compute: workers that compute longer than the controller takes to send every "
+                                     "chunk (a training step's do) all hold theirs at once (docs/node.md); default 0")
 
 
 def repeat_count(text: str) -> int:

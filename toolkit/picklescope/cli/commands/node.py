@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from typing import Any
 
-from picklescope.cli.commands.common import print_json, seconds
+from picklescope.cli.commands.common import add_worker_compute, idle_seconds, print_json, seconds
 from picklescope.errors import PicklescopeError
 from picklescope.investigate.node import node_series, tq_plane
 
 ORDER = 25
+STEP_GAP = idle_seconds("--step-gap", "2", "idle seconds at the end of each training step")
 
 
 def _resources(text: str) -> dict[str, float]:
@@ -23,18 +23,6 @@ def _resources(text: str) -> dict[str, float]:
         raise PicklescopeError(f"--worker-resources {text!r} is not a JSON mapping of resource names to amounts",
                                "use e.g. --worker-resources '{\"node2\": 0.01}'")
     return {str(k): float(v) for k, v in value.items()}
-
-
-def _gap(text: str) -> float:
-    """argparse type of ``--step-gap``: idle seconds, zero or more."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not (math.isfinite(value) and value >= 0):
-        raise PicklescopeError(f"--step-gap {text!r} is not a number of seconds, zero or more",
-                               "use e.g. --step-gap 2 (idle seconds at the end of each training step)")
-    return value
 
 
 def register(sub: Any) -> None:
@@ -70,9 +58,11 @@ def register(sub: Any) -> None:
                    help="dataproto (default: the batch through the driver, verl's single controller) or transferqueue "
                         "(through TransferQueue's storage units, the driver passing metadata only); both joined by a "
                         "comma run one after the other and are compared")
-    p.add_argument("--step-gap", type=_gap, default=0.0,
-                   help="idle seconds at the end of each training step, a stand-in for its compute: Ray frees a "
-                        "step's objects before the next one's (docs/node.md); default 0, back to back")
+    p.add_argument("--step-gap", type=STEP_GAP, default=0.0,
+                   help="idle seconds at the end of each training step, a stand-in for the rest of it (rollout, "
+                        "update): Ray frees a step's objects before the next one's (docs/node.md); default 0, "
+                        "back to back")
+    add_worker_compute(p)
     p.add_argument("--timeout", type=seconds, default=900.0, help="wall-clock limit in seconds; default 900")
     p.add_argument("--json", action="store_true",
                    help="print the result as one JSON object (a list of them for several codecs)")
@@ -93,7 +83,8 @@ def main(args: argparse.Namespace) -> int:
                                node_budget=args.node_budget, ray_address=args.ray_address,
                                worker_resources=args.worker_resources, spread=args.spread, engine=args.engine,
                                enforcement=args.enforcement, timeout_s=args.timeout, data_plane=plane,
-                               controller=args.controller, step_gap_s=args.step_gap)
+                               controller=args.controller, step_gap_s=args.step_gap,
+                               worker_compute_s=args.worker_compute)
     if args.json:
         docs = [r.to_json_dict() for r in results]
         print_json(docs[0] if len(docs) == 1 else docs)

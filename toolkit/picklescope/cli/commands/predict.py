@@ -7,7 +7,7 @@ import shlex
 import sys
 from typing import Any
 
-from picklescope.cli.commands.common import print_json, seconds
+from picklescope.cli.commands.common import add_worker_compute, print_json, seconds
 from picklescope.core.paths import OutFolder
 from picklescope.errors import PicklescopeError
 from picklescope.investigate.node import tq_plane
@@ -50,6 +50,7 @@ def register(sub: Any) -> None:
     p.add_argument("--workers", type=int, default=4, help="worker actors; default 4")
     p.add_argument("--steps", type=int, default=4, help="training steps; default 4")
     p.add_argument("--gc", default="default", help="default (Python's collector) or off")
+    add_worker_compute(p)
     p.add_argument("--data-plane", default="dataproto",
                    help="how the batch reaches the workers: dataproto (through the controller, verl's default) or "
                         "transferqueue (through TransferQueue's storage units); both joined by a comma side by side")
@@ -118,7 +119,7 @@ def _predict(args: argparse.Namespace, codecs: list[str], planes: list[str]) -> 
                          fit_scales_=args.fit_scales or fit.FIT_SCALES,
                          fit_workers=args.fit_workers or fit.FIT_WORKERS, fit_steps=args.fit_steps or fit.FIT_STEPS,
                          check=args.check, refresh=args.refit, timeout_s=args.timeout, ray_address=args.ray_address,
-                         data_plane=plane, log=log)
+                         data_plane=plane, worker_compute_s=args.worker_compute, log=log)
     if args.out is not None:
         command = shlex.join(["picklescope", *sys.argv[1:]]) if sys.argv[1:2] == ["predict"] else \
             "picklescope predict (from Python)"

@@ -34,5 +34,6 @@ class NodeConfig(RayConfig):
     controller: str = "process"  # the training loop in the driver process, or in a Ray actor ("actor")
     data_plane: str = "dataproto"  # "dataproto" or "transferqueue"
     step_gap_s: float = 0.0  # an idle wait at the end of each measured training step (node_series' doc)
+    worker_compute_s: float = 0.0  # how long each worker's call holds its chunk after reading it (node_series' doc)
     cgroup: str | None = None  # the memory cgroup the driver (and so the cluster) is born in
     ray_view_cgroup: str | None = None  # the cgroup Ray's memory monitor is made to read as the machine

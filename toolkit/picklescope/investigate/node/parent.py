@@ -48,7 +48,8 @@ def node(codec: str = "numpy", workload: str = "flowgrpo", scale: float = DEFAUL
          worker_resources: dict[str, float] | None = None, spread: bool = False, engine: str = "replica",
          enforcement: str = "watchdog", timeout_s: float = 900.0, sample_interval_s: float = 0.001,
          on_event: Any = None, controller: str = "process",
-         data_plane: str = "dataproto", store_bytes: int | None = None, step_gap_s: float = 0.0) -> NodeResult:
+         data_plane: str = "dataproto", store_bytes: int | None = None, step_gap_s: float = 0.0,
+         worker_compute_s: float = 0.0) -> NodeResult:
     """Replay ``steps`` training steps of a verl node (a driver and ``workers`` actors); see the package doc.
 
     ``node_budget`` (bytes, ``"700MiB"`` or a payload multiple such as ``"1.5x"``) caps the node's total
@@ -61,7 +62,7 @@ def node(codec: str = "numpy", workload: str = "flowgrpo", scale: float = DEFAUL
                        worker_resources=worker_resources, spread=spread, engine=engine, enforcement=enforcement,
                        timeout_s=timeout_s, sample_interval_s=sample_interval_s, on_event=on_event,
                        controller=controller, data_plane=data_plane, store_bytes=store_bytes,
-                       step_gap_s=step_gap_s)[0]
+                       step_gap_s=step_gap_s, worker_compute_s=worker_compute_s)[0]
 
 
 def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float = DEFAULT_SCALE, workers: int = 4,
@@ -72,7 +73,7 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
                 enforcement: str = "watchdog", timeout_s: float = 900.0, sample_interval_s: float = 0.001,
                 on_event: Any = None, controller: str = "process",
                 data_plane: str = "dataproto", store_bytes: int | None = None,
-                step_gap_s: float = 0.0) -> list[NodeResult]:
+                step_gap_s: float = 0.0, worker_compute_s: float = 0.0) -> list[NodeResult]:
     """One replay per codec, one after the other, on the same driver and worker actors; one result each.
 
     Starting a node is most of its cost (each worker imports torch, tensordict and Ray), so comparing
@@ -100,6 +101,12 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
     allocate the next step's chunks before the last step's are freed: the object store then touches a
     payload of fresh pages per step, which a training step of minutes does not (docs/predict.md, "A store
     that fills"). ``predict`` fits with a gap for that reason.
+
+    ``worker_compute_s`` keeps each worker's call open that long after it has read its chunk, holding it, as
+    a training step's workers hold theirs through minutes of compute. The replay's own calls only read the
+    chunk and return a small result, so the controller's sending of the next chunk often outlasts them and
+    few calls are open at once; a production step has every worker's chunk resident together, which the
+    workers' sum shows only with a compute longer than the sending (docs/node.md).
     """
     t0 = time.monotonic()  # the run's own clock: it ends by t0 + timeout_s, clean-up included
     tq_plane.check(data_plane, codecs, engine=engine, dispatch=dispatch, transport=transport)
@@ -108,9 +115,9 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
                    worker_resources=worker_resources, spread=spread, engine=engine, enforcement=enforcement,
                    timeout_s=timeout_s)
     check_controller(controller, engine)
-    if not (isinstance(step_gap_s, (int, float)) and math.isfinite(step_gap_s) and step_gap_s >= 0):
-        raise PicklescopeError(f"step_gap_s {step_gap_s!r} must be a number of seconds, zero or more",
-                               "use e.g. step_gap_s=2 (--step-gap 2): idle seconds at the end of each training step")
+    _check_seconds("step_gap_s", step_gap_s, "--step-gap 2", "idle seconds at the end of each training step")
+    _check_seconds("worker_compute_s", worker_compute_s, "--worker-compute 2",
+                   "seconds each worker holds its chunk, computing")
     if store_bytes is not None and ray_address:
         raise PicklescopeError("a joined cluster's object store is its own: store_bytes sizes a cluster the "
                                "replay starts", "drop store_bytes, or ray_address to start a cluster of its own")
@@ -133,7 +140,8 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
     store = object_store_bytes(payload, store_bytes or int(room + (returns or 0) * payload + 64 * 2**20))
     results = [NodeResult(codec, transport, wl.name, scale, payload, workers=workers, steps=steps, dispatch=dispatch,
                           gc=mode, returns=returns, engine=engine, enforcement=enforcement, budget_bytes=budget,
-                          controller=controller, data_plane=data_plane, step_gap_s=float(step_gap_s))
+                          controller=controller, data_plane=data_plane, step_gap_s=float(step_gap_s),
+                          worker_compute_s=float(worker_compute_s))
                for codec, mode in zip(codecs, gc_modes)]
     accepter = Accepter(run_dir)
     cfg = NodeConfig(codec=codecs[0], workload=wl.source or wl.name, scale=scale, workers=workers, steps=steps,
@@ -145,7 +153,8 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
                      ray_env=ray_env(bool(ray_address)), parent_pid=os.getpid(),
                      deadline_wall=time.time() + (t0 + timeout_s - reserve - time.monotonic()),
                      worker_resources=dict(worker_resources or {}), spread=bool(spread), controller=controller,
-                     data_plane=data_plane, step_gap_s=float(step_gap_s))
+                     data_plane=data_plane, step_gap_s=float(step_gap_s),
+                     worker_compute_s=float(worker_compute_s))
     if data_plane == "transferqueue":  # Ray's workers find the separately installed TransferQueue (init_args)
         cfg.ray_path = "tq"
     cg_path = start_cg = None
@@ -246,6 +255,14 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
 
 class DriverStartTimeout(Exception):
     """The run's limit came while the warm forkserver was still starting (see :func:`start_driver`)."""
+
+
+def _check_seconds(name: str, value: Any, flag: str, what: str) -> None:
+    """One line for a duration that is not a finite number of seconds, zero or more (the API's check of
+    what the CLI's ``idle_seconds`` type checks)."""
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+        raise PicklescopeError(f"{name} {value!r} must be a number of seconds, zero or more",
+                               f"use e.g. {name}={flag.split()[-1]} ({flag}): {what}")
 
 
 def start_driver(cfg: NodeConfig, deadline: float) -> tuple[Any, Any]:

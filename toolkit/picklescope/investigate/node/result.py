@@ -57,7 +57,8 @@ class NodeResult(Measured):
     driver_collections: dict[int, list[int]] = field(default_factory=dict)  # ... of generations 0, 1, 2 (all)
     driver_allocations: dict[int, int] = field(default_factory=dict)  # its container allocations so far
     data_plane: str = "dataproto"  # how the batch reaches the workers: through the driver, or TransferQueue's storage
-    step_gap_s: float = 0.0  # idle seconds at the end of each training step (the step's compute stand-in)
+    step_gap_s: float = 0.0  # idle seconds at the end of each training step (the rest of a training step)
+    worker_compute_s: float = 0.0  # seconds each worker's call held its chunk after reading it (its compute)
 
     @property
     def driver(self) -> Process:
@@ -91,7 +92,8 @@ class NodeResult(Measured):
                 "config": {"workload": self.workload, "scale": self.scale, "dispatch": self.dispatch,
                            "gc": self.gc, "transport": self.transport, "returns": self.returns,
                            "engine": self.engine, "enforcement": self.enforcement, "controller": self.controller,
-                           "data_plane": self.data_plane, "step_gap_s": self.step_gap_s},
+                           "data_plane": self.data_plane, "step_gap_s": self.step_gap_s,
+                           "worker_compute_s": self.worker_compute_s},
                 "cgroup": self.cgroup or None,
                 "engine": self.engine_info,
                 "full_collections": self.full_collections,
@@ -124,7 +126,7 @@ class NodeResult(Measured):
                 max_gap_s=n.get("max_gap_s"), sampler_priority=n.get("sampler_priority", "normal"),
                 wall_s=n.get("wall_s", 0.0), cleanup=n.get("cleanup") or {},
                 full_collections=n.get("full_collections") or {}, data_plane=config.get("data_plane", "dataproto"),
-                step_gap_s=config.get("step_gap_s", 0.0))
+                step_gap_s=config.get("step_gap_s", 0.0), worker_compute_s=config.get("worker_compute_s", 0.0))
         if doc.get("killed"):
             k = doc["killed"]
             # a document without the record's own budget has the node's
@@ -230,6 +232,7 @@ class NodeResult(Measured):
         head = (f"{self.codec} on {self.workload} x{self.scale:g} (payload {fmt_bytes(self.payload_bytes)}), "
                 f"{self.workers} workers, {self.steps} steps, dispatch {self.dispatch}, gc {self.gc}"
                 + ("" if self.data_plane == "dataproto" else f", data plane {self.data_plane}")
+                + (f", each worker computing {self.worker_compute_s:g} s on its chunk" if self.worker_compute_s else "")
                 + (f", {self.step_gap_s:g} s idle after each step" if self.step_gap_s else "") + f": {self.outcome}")
         if self.error:
             head += f" - {self.error}"

@@ -135,6 +135,7 @@ class TQWorker(NodeWorker):
         rows = len(meta.keys)
         with steps.step("compute"):
             out = TensorDict({RESULT_FIELD: torch.full((rows, self.width), 1, dtype=self.dtype)}, batch_size=[rows])
+            self.hold()
         del shard
         with steps.step("kv_batch_put"):
             mod.kv_batch_put(keys=list(meta.keys), partition_id=PARTITION, fields=out)

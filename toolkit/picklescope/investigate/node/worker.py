@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import importlib
 import os
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -90,11 +91,18 @@ class NodeWorker:
                 arg = ray.get(arg[0])
         with steps.step("compute"):
             out = self.data.result(len(arg), self.width, self.dtype)
+            self.hold()
         del arg
         if self.cfg.gc == "each-step":
             with steps.step("gc"):
                 gc.collect()
         return out
+
+    def hold(self) -> None:
+        """The worker's compute on its chunk, still held: ``worker_compute_s`` seconds (a training step's
+        workers compute for minutes on what they were sent, so every worker holds its chunk at once)."""
+        if self.cfg.worker_compute_s:
+            time.sleep(self.cfg.worker_compute_s)
 
     def finish(self) -> None:
         """End the measured phase: the worker's peak, what it holds, what only a collection frees."""

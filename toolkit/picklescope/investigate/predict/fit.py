@@ -76,6 +76,9 @@ class StepObs:
     # per role, how far its level moved between the first two samples after the step's end: what one sample
     # interval resolves of the level (empty in a replay cached before it was kept)
     end_jitter: dict[str, int] = field(default_factory=dict)
+    # the controller's mean seconds to send one chunk in the step (what a worker's compute is weighed against:
+    # Model.open_calls); None in a replay cached before it was kept, or where the controller sends no chunk
+    send_s: float | None = None
 
 
 @dataclass
@@ -139,7 +142,8 @@ def observe(result: NodeResult, wl: Workload) -> Replay:
             continue
         obs = StepObs(s.index, collections=result.driver_full_collections.get(s.index),
                       allocations=result.driver_allocations.get(s.index),
-                      calls_in_flight=_calls_in_flight(result, s.index), call_to_send=_call_to_send(result, s.index))
+                      calls_in_flight=_calls_in_flight(result, s.index), call_to_send=_call_to_send(result, s.index),
+                      send_s=_send_s(result, s.index))
         for role, (ts, vs) in series.items():
             inside = [v for t, v in zip(ts, vs) if s.start_s <= t <= s.end_s]
             after = [v for t, v in zip(ts, vs) if t >= s.end_s]
@@ -185,15 +189,23 @@ def _call_to_send(result: NodeResult, index: int) -> float | None:
     store, out of it), so the ratio holds across sizes where a count of open calls, blurred by the fixed
     latencies of tiny chunks, would not. None without both, and on the TransferQueue plane, where the
     controller sends metadata only (the workers read their shards from the storage units)."""
+    calls, send = _call_spans(result, index), _send_s(result, index)
+    if not calls or send is None:
+        return None
+    return (sum(e - b for b, e in calls) / len(calls)) / send
+
+
+def _send_s(result: NodeResult, index: int) -> float | None:
+    """The controller's mean seconds per chunk sent in training step ``index`` (its named steps that send
+    one, :data:`SEND_STEPS`); None without any, and on the TransferQueue plane (metadata only)."""
     if result.data_plane != "dataproto":
         return None
-    calls = _call_spans(result, index)
     driver = result.processes.get("driver")
     sends = [st.end_s - st.start_s for st in (driver.steps if driver else [])
              if st.training_step == index and st.name in SEND_STEPS and st.depth == 0 and st.end_s is not None]
-    if not calls or not sends or sum(sends) <= 0:
+    if not sends or sum(sends) <= 0:
         return None
-    return (sum(e - b for b, e in calls) / len(calls)) / (sum(sends) / len(sends))
+    return sum(sends) / len(sends)
 
 
 def _role_series(result: NodeResult) -> dict[str, tuple[list[float], list[int]]]:
@@ -267,10 +279,11 @@ def codec_key(codec: str) -> str:
 
 
 def cache_path(wl: Workload, codec: str, gc: str, scale: float, workers: int, steps: int,
-               data_plane: str = "dataproto", joined: bool = False) -> Path:
+               data_plane: str = "dataproto", joined: bool = False, worker_compute_s: float = 0.0) -> Path:
     """The cache file of one replay. The data plane is part of the key (and of the name) for every plane but
     ``dataproto``; a replay on a joined cluster (``joined``) is keyed apart from one on a cluster of its own,
-    since their object stores differ (see the module doc)."""
+    since their object stores differ (see the module doc), and one whose workers computed
+    (``worker_compute_s``, a check's) from one whose did not."""
     fields: dict[str, Any] = {"v": CACHE_VERSION, "workload": workload_key(wl), "codec": codec_key(codec), "gc": gc,
                               "scale": scale, "workers": workers, "steps": steps}
     label = f"{wl.name}-{codec}-{gc}"
@@ -280,6 +293,9 @@ def cache_path(wl: Workload, codec: str, gc: str, scale: float, workers: int, st
     if joined:
         fields["cluster"] = "joined"
         label += "-joined"
+    if worker_compute_s:
+        fields["worker_compute_s"] = float(worker_compute_s)
+        label += f"-compute{worker_compute_s:g}s"
     key = json.dumps(fields, sort_keys=True)
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in label)
     return cache_dir() / f"{safe}-x{scale:g}-w{workers}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.json"
@@ -319,13 +335,16 @@ def replay_store_bytes(payload: int, steps: int, ray_address: str | None) -> int
 
 
 def replay_series(group: Sequence[str], workload: str, scale: float, workers: int, steps: int, *, gc: str,
-                  timeout_s: float, ray_address: str | None, data_plane: str) -> list[NodeResult]:
+                  timeout_s: float, ray_address: str | None, data_plane: str,
+                  worker_compute_s: float = 0.0) -> list[NodeResult]:
     """One group's node replays as ``predict`` runs them, for its fit and its check alike: each step ending
-    with :data:`FIT_STEP_GAP_S` idle and, on a cluster of its own, a store of :func:`replay_store_bytes`."""
+    with :data:`FIT_STEP_GAP_S` idle and, on a cluster of its own, a store of :func:`replay_store_bytes`.
+    The fit's workers never compute (its chunks have no leaf the overlap of calls would show, and their
+    calls are timed as they are); a check's compute as the prediction says (``worker_compute_s``)."""
     payload = load_workload(workload).payload_bytes(scale)
     return node_series(group, workload, scale, workers, steps, gc=gc, timeout_s=timeout_s, ray_address=ray_address,
                        data_plane=data_plane, step_gap_s=FIT_STEP_GAP_S,
-                       store_bytes=replay_store_bytes(payload, steps, ray_address))
+                       store_bytes=replay_store_bytes(payload, steps, ray_address), worker_compute_s=worker_compute_s)
 
 
 def replay_groups(codecs: Sequence[str], data_plane: str = "dataproto", joined: bool = False) -> list[list[str]]:
@@ -346,7 +365,7 @@ def replay_groups(codecs: Sequence[str], data_plane: str = "dataproto", joined: 
 def replays(codecs: Sequence[str], workload: str, gc: str, scales: Sequence[float] = FIT_SCALES,
             workers: Sequence[int] = FIT_WORKERS, steps: int = FIT_STEPS, *, refresh: bool = False,
             timeout_s: float = 900.0, ray_address: str | None = None, data_plane: str = "dataproto",
-            log: Callable[[str], None] | None = None) -> list[Replay]:
+            worker_compute_s: float = 0.0, log: Callable[[str], None] | None = None) -> list[Replay]:
     """The fit's replays, from the cache where they are, measured where not.
 
     The codecs missing at one size and worker count replay in the groups of :func:`replay_groups`. Sizes and
@@ -362,8 +381,8 @@ def replays(codecs: Sequence[str], workload: str, gc: str, scales: Sequence[floa
         for s in scales:
             missing = []
             for codec in codecs:
-                cached = None if refresh else load_cached(cache_path(wl, codec, gc, s, w, steps, data_plane, joined),
-                                                          data_plane)
+                path = cache_path(wl, codec, gc, s, w, steps, data_plane, joined, worker_compute_s)
+                cached = None if refresh else load_cached(path, data_plane)
                 if cached is not None and cached.outcome == "ok":
                     out.append(cached)
                 else:
@@ -371,15 +390,17 @@ def replays(codecs: Sequence[str], workload: str, gc: str, scales: Sequence[floa
             for group in replay_groups(missing, data_plane, joined):
                 if log:
                     log(f"replaying {','.join(group)} on {wl.name} x{s:g}, {w} workers, {steps} steps, gc {gc}, "
-                        f"data plane {data_plane}")
+                        f"data plane {data_plane}"
+                        + (f", each worker computing {worker_compute_s:g} s" if worker_compute_s else ""))
                 results = replay_series(group, workload, s, w, steps, gc=gc, timeout_s=timeout_s,
-                                        ray_address=ray_address, data_plane=data_plane)
+                                        ray_address=ray_address, data_plane=data_plane,
+                                        worker_compute_s=worker_compute_s)
                 for codec, r in zip(group, results):
                     rep = observe(r, wl)
                     if r.outcome != "ok":
                         raise PicklescopeError(f"the fit's replay of {codec} at x{s:g} with {w} workers ended "
                                                f"{r.outcome}: {r.error or 'no detail'}",
                                                "run it alone with picklescope node to see why, then predict again")
-                    save_cached(cache_path(wl, codec, gc, s, w, steps, data_plane, joined), rep)
+                    save_cached(cache_path(wl, codec, gc, s, w, steps, data_plane, joined, worker_compute_s), rep)
                     out.append(rep)
     return out

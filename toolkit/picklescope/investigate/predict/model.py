@@ -76,6 +76,9 @@ TQ_PARTS = ("controller", "producer", "workers", "storage", "tq-controller", "st
 # call-to-send ratio; all W when unknown, an upper bound). Calls are timed, not weighed: the fits' chunks
 # never reach the threshold, so no sampled byte of theirs shows the overlap, but their calls' spans do.
 MMAP_THRESHOLD_MAX = 32 * 2**20
+# The roles whose level with nothing held is taken from the second training step on, on every plane: a worker's
+# heap keeps its chunk's heap-sized leaves only once glibc's mmap threshold has risen past them (_role_terms)
+SETTLING_ROLES = ("worker", "workers")
 # On the TransferQueue plane: the controller passes metadata (keys per row) and reads the per-token result of
 # every row, both in proportion to the rows, so to P for one workload (P, W, 1 as above); the producer writes
 # the whole batch at every step (P); the storage units hold the batch from the producer's write to the
@@ -174,6 +177,7 @@ class Model:
     allocation_rate: Term | None = None
     calls_in_flight: int | None = None  # worker calls open at once, from call_to_send (None: not timed)
     call_to_send: float | None = None  # a call's span over the controller's time to send a chunk (see the module doc)
+    send_s: Term | None = None  # the controller's seconds to send one chunk, by the chunk's bytes (None: not timed)
     fitted_on: list[str] = field(default_factory=list)
     leaf_row_bytes: list[float] = field(default_factory=list)  # bytes per row of each tensor leaf
 
@@ -182,9 +186,25 @@ class Model:
         """The roles whose levels add up to the node's: the plane's processes and the store, counted once."""
         return PARTS if self.data_plane == "dataproto" else TQ_PARTS
 
-    def features(self, payload: float, rows: int, workers: int, objects_per_row: float) -> dict[str, float]:
+    def open_calls(self, chunk: float, workers: int, compute_s: float = 0.0) -> int:
+        """How many workers' calls are open at once when the controller sends the last chunk (see the module
+        doc). A worker that computes ``compute_s`` seconds on its chunk keeps its call open that much longer:
+        ``compute_s / send`` more of the controller's sends of a ``chunk``-byte chunk (its time fitted on the
+        fits' sends). All the workers when the fits did not time the calls or the sends: an upper bound."""
+        if self.calls_in_flight is None or self.call_to_send is None:
+            return workers
+        if compute_s <= 0:
+            return max(1, min(workers, self.calls_in_flight))
+        if self.send_s is None or math.isinf(compute_s):
+            return workers
+        send = max(self.send_s({"c": chunk, "1": 1.0}), 1e-6)
+        return max(1, min(workers, math.floor(self.call_to_send + compute_s / send) + 1))
+
+    def features(self, payload: float, rows: int, workers: int, objects_per_row: float,
+                 compute_s: float = 0.0) -> dict[str, float]:
         """What the terms are functions of, at one size (see :data:`FEATURES`); ``mapped``: the largest chunk's
-        mapped part, ``M``: the mapped parts of the calls open at once (the largest chunks first)."""
+        mapped part, ``M``: the mapped parts of the calls open at once (the largest chunks first), workers
+        computing ``compute_s`` seconds on their chunk (:meth:`open_calls`)."""
         heaps, mapped = [], []
         for crows in chunk_sizes(rows, workers):
             c_i = payload * crows / rows
@@ -192,8 +212,9 @@ class Model:
                 if self.leaf_row_bytes else c_i
             heaps.append(min(heap, c_i))
             mapped.append(c_i - heaps[-1])
-        in_flight = workers if self.calls_in_flight is None else max(1, min(workers, self.calls_in_flight))
-        return {"P": float(payload), "c": payload * chunk_rows(rows, workers) / rows, "h": heaps[0], "H": sum(heaps),
+        chunk = payload * chunk_rows(rows, workers) / rows
+        in_flight = self.open_calls(chunk, workers, compute_s)
+        return {"P": float(payload), "c": chunk, "h": heaps[0], "H": sum(heaps),
                 "mapped": mapped[0], "M": sum(sorted(mapped, reverse=True)[:in_flight]),
                 "W": float(workers), "objects": rows * objects_per_row, "calls": float(len(heaps)), "1": 1.0}
 
@@ -224,12 +245,13 @@ class Model:
         return [k for k in range(1, steps + 1) if math.floor(rate * k + 1e-9) > math.floor(rate * (k - 1) + 1e-9)]
 
     def play(self, payload: float, rows: int, workers: int, steps: int, objects_per_row: float,
-             store_capacity: float | None = None) -> dict[str, list[tuple[float, float]]]:
+             store_capacity: float | None = None, compute_s: float = 0.0) -> dict[str, list[tuple[float, float]]]:
         """Per role, (level after the step, peak during it) for steps 1..``steps``, bytes above baselines.
 
         ``store_capacity`` bounds the object store's level and peak (None: unbounded); the store's level is a
-        high-water mark (see the module doc)."""
-        x = self.features(payload, rows, workers, objects_per_row)
+        high-water mark (see the module doc). ``compute_s``: each worker's compute on its chunk
+        (:meth:`open_calls`)."""
+        x = self.features(payload, rows, workers, objects_per_row, compute_s)
         cap = math.inf if store_capacity is None else max(0.0, store_capacity)
         releases = set(self.release_steps(x, steps))
         out: dict[str, list[tuple[float, float]]] = {}
@@ -295,11 +317,16 @@ class Model:
         glibc's mmap threshold, resident during a call only) the workers' sum holds together."""
         if self.calls_in_flight is None:
             return "all workers (an upper bound: the fits' replays did not time their calls)"
-        return (f"{self.calls_in_flight}, at most the workers (a worker's call lasted {self.call_to_send:.2f} x the "
+        text = (f"{self.calls_in_flight}, at most the workers (a worker's call lasted {self.call_to_send:.2f} x the "
                 "controller's sending of one chunk in the fits: each replay's longest step, the median over the "
-                "replays), each holding its chunk's leaves above glibc's "
-                "mmap threshold during the call; workers that compute longer than the replay's overlap more, up "
-                "to all of them")
+                "replays), each holding its chunk's leaves above glibc's mmap threshold during the call")
+        if self.send_s is None:
+            return text + ("; workers that compute on their chunk (--worker-compute) overlap more: all of them "
+                           "is the bound then (the fits did not time the controller's sends)")
+        per_gib, fixed = self.send_s.coef[0] * 2**30, self.send_s.coef[1]
+        return text + (f"; a worker that computes S seconds on its chunk (--worker-compute S) keeps its call open "
+                       f"S / send longer, where sending one chunk takes {per_gib:.2f} s per GiB {fixed * 1000:+.1f} ms "
+                       "(fitted on the fits' sends), up to all the workers")
 
 
 # -- the fitting math -------------------------------------------------------------------------------
@@ -388,6 +415,13 @@ def _role_terms(rep: Replay, role: str, releases: list[int]) -> tuple[float, flo
     a late settling step) and the level with nothing held and the transient are taken from the second
     step on (the first step's fill is in the settled level).
 
+    On the DataProto plane the workers settle the same way, for glibc's reason (:data:`SETTLING_ROLES`): its
+    mmap threshold starts at 128 KiB and rises to the size of each mapped block freed, up to 32 MiB, so in
+    the first step a worker maps every leaf above 128 KiB of its chunk and gives it back after the call
+    (its level after step 1 was 0.00-0.05x of the payload in every fit), and from the second step on the
+    same-sized leaves come from its heap and stay (0.81-0.97x). The level a long run keeps is the second
+    step's; averaged with the first, a worker's level was a sixth too low.
+
     On both planes the growth is the median rise between steps, not the mean: besides what a step keeps,
     the allocators move a role's level by whole blocks at a few steps (a leaf-sized temporary left in the
     heap below a held block, or reused by the next step's same-sized one; the object store placing a chunk
@@ -398,7 +432,7 @@ def _role_terms(rep: Replay, role: str, releases: list[int]) -> tuple[float, flo
     ends = [s.end.get(role, 0) for s in rep.per_step]
     peaks = [s.peak.get(role, 0) for s in rep.per_step]
     idx = [s.index for s in rep.per_step]
-    settle = 1 if rep.data_plane != "dataproto" and len(ends) >= 3 else 0
+    settle = 1 if (rep.data_plane != "dataproto" or role in SETTLING_ROLES) and len(ends) >= 3 else 0
     # growth: median rise over steps with no release in them (the first step carries the base, so from step 2)
     rises = [ends[i] - ends[i - 1] for i in range(1 + settle, len(ends)) if idx[i] not in releases]
     growth = max(0.0, statistics.median(rises)) if rises else 0.0
@@ -481,6 +515,10 @@ def fit(replays: Sequence[Replay], leaf_row_bytes: Sequence[float] = ()) -> Mode
     m.call_to_send = call_to_send(reps)
     if m.call_to_send is not None:
         m.calls_in_flight = math.floor(m.call_to_send) + 1
+    sends = [statistics.median(s.send_s for s in r.per_step) for r in reps
+             if r.per_step and all(s.send_s is not None for s in r.per_step)]
+    if m.call_to_send is not None and len(sends) == len(reps):  # every replay timed its sends
+        m.send_s = fit_term("seconds per chunk sent", ("c", "1"), xs, sends)
     counted = [r for r in reps if r.per_step[-1].collections is not None]
     if counted:
         m.collection_rate = fit_term("full collections", FEATURES["objects"],

@@ -21,6 +21,7 @@ and the node keeps their memory until the training stops.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -157,6 +158,12 @@ class CodecPrediction:
     node_peak_store_full_bytes: int | None = None
     store_full_killed_step: int | None = None
     largest_surviving_payload_store_full_bytes: int | None = None  # ... and the largest payload that survives so
+    worker_compute_s: float = 0.0  # each worker's compute on its chunk, the call held open (--worker-compute)
+    calls_open: int | None = None  # the workers' calls open at once, holding their chunks (Model.open_calls)
+    node_peak_all_open_bytes: int | None = None  # the node's peak with every worker's call open at once, where
+    # that is more (workers that compute longer than the controller takes to send every chunk, as a training
+    # step's do), and the training step at which that node would cross Ray's threshold (None: never)
+    all_open_killed_step: int | None = None
 
     def to_json_dict(self) -> dict[str, Any]:
         return {"codec": self.codec, "gc": self.gc, "payload_bytes": self.payload_bytes, "rows": self.rows,
@@ -173,6 +180,9 @@ class CodecPrediction:
                 "node_peak_store_full_bytes": self.node_peak_store_full_bytes,
                 "store_full_killed_step": self.store_full_killed_step,
                 "largest_surviving_payload_store_full_bytes": self.largest_surviving_payload_store_full_bytes,
+                "worker_compute_s": self.worker_compute_s, "calls_open": self.calls_open,
+                "node_peak_all_open_bytes": self.node_peak_all_open_bytes,
+                "all_open_killed_step": self.all_open_killed_step,
                 "kill_policy": KILL_POLICY if self.data_plane == "dataproto" else KILL_POLICY_TQ,
                 "check": self.check.to_json_dict() if self.check else None}
 
@@ -189,6 +199,9 @@ class CodecPrediction:
         if largest:
             out.append(f"  {largest}")
         out.append("  " + self.store_text())
+        calls = self.calls_text()
+        if calls:
+            out.append("  " + calls)
         if self.release_steps:
             shown = ", ".join(map(str, self.release_steps[:8])) + (", ..." if len(self.release_steps) > 8 else "")
             out.append(f"  controller memory falls back (a collection frees held copies) at steps {shown}")
@@ -244,6 +257,21 @@ class CodecPrediction:
             out += ("; with its object store full, none" if full is None else
                     f"; with its object store full, {fmt_bytes(full)}" if full < largest else "")
         return out
+
+    def calls_text(self) -> str | None:
+        """How many workers hold their chunk at once, when that is fewer than all of them and all of them
+        would peak higher: the replay's calls only read the chunk, a training step's compute on it."""
+        if self.node_peak_all_open_bytes is None or self.calls_open is None:
+            return None
+        doing = (f"computing {self.worker_compute_s:g} s on their chunk" if self.worker_compute_s else
+                 "reading their chunk and returning a small result, as the replay's do")
+        return (f"workers: {self.calls_open} of {self.workers} calls open at once, {doing}; workers that compute "
+                f"on their chunk for longer than the controller takes to send every chunk (a training step's "
+                f"do) hold all {self.workers} at once, and the node would peak at "
+                f"{fmt_bytes(self.node_peak_all_open_bytes)}"
+                + (f", over Ray's threshold in training step {self.all_open_killed_step}"
+                   if self.all_open_killed_step is not None and self.killed is None else "")
+                + " (--worker-compute S replays and predicts that)")
 
     def store_text(self) -> str:
         """The object store's predicted peak against the capacity it was capped at, and where that came from."""
@@ -379,15 +407,15 @@ def fit_set(reps: Sequence[fitting.Replay], codec: str, data_plane: str = "datap
 
 def play_node(model: Model, wl: Workload, rows: int, payload: int, workers: int, steps: int,
               baselines: dict[str, int], node_memory: int | None, threshold: float, *,
-              store_capacity: int | None) -> dict[str, Any]:
+              store_capacity: int | None, compute_s: float = 0.0) -> dict[str, Any]:
     """The model at one size: per step node and controller bytes, per process peaks, Ray's kill. The object
     store is bounded by ``store_capacity`` as :func:`resolve_store_capacity` decided it (None: unbounded), less
     what the store holds before the batch (its baseline, if given); ``store_full_step`` is the first step it
     is at that bound. The capacity is an argument, not worked out here, so that the default is decided in one
-    place."""
+    place. ``compute_s``: each worker's compute on its chunk (:meth:`~.model.Model.open_calls`)."""
     obj = len(wl.non_tensor)
     room = None if store_capacity is None else store_capacity - baselines.get("store", 0)
-    played = model.play(payload, rows, workers, steps, obj, room)
+    played = model.play(payload, rows, workers, steps, obj, room, compute_s)
     names = ["controller"] + [f"worker-{i}" for i in range(workers)]
     base_of = {n: baselines.get(n, 0) for n in names}
     shared = ["store"] if model.data_plane == "dataproto" else ["store", "producer", "storage", "tq-controller"]
@@ -415,7 +443,7 @@ def play_node(model: Model, wl: Workload, rows: int, payload: int, workers: int,
             killed = {"training_step": k + 1, "process": f"worker-{workers - 1}", "by": "ray",
                       "node_bytes": int(node_peak), "limit_bytes": int(limit)}
             break
-    x = model.features(payload, rows, workers, obj)
+    x = model.features(payload, rows, workers, obj, compute_s)
     full_node, full_killed = None, None  # were the store at its capacity from the first step
     if store_capacity is not None and all(s["store_bytes"] is not None for s in steps_out):
         at_full = [s["node_bytes"] + max(0, store_capacity - s["store_bytes"]) for s in steps_out]
@@ -426,12 +454,13 @@ def play_node(model: Model, wl: Workload, rows: int, payload: int, workers: int,
                                            if lvl >= max(0, room)), None)
     return {"steps": steps_out, "killed": killed, "peaks": peaks, "store_full_step": full,
             "node_peak_store_full": full_node, "store_full_killed_step": full_killed,
-            "node_peak": max(s["node_bytes"] for s in steps_out), "releases": model.release_steps(x, steps)}
+            "node_peak": max(s["node_bytes"] for s in steps_out), "releases": model.release_steps(x, steps),
+            "calls_open": model.open_calls(x["c"], workers, compute_s)}
 
 
 def largest_surviving(model: Model, wl: Workload, workers: int, steps: int, baselines: dict[str, int],
                       node_memory: int, threshold: float, *, store_capacity: int | None,
-                      store_full: bool = False) -> int | None:
+                      store_full: bool = False, compute_s: float = 0.0) -> int | None:
     """The largest payload (whole rows) whose node stays under the threshold for ``steps`` steps (the store
     bounded as in :func:`play_node`; with ``store_full``, the node with its store at its capacity from the
     first step); None if even one row crosses it."""
@@ -439,7 +468,7 @@ def largest_surviving(model: Model, wl: Workload, workers: int, steps: int, base
 
     def survives(rows: int) -> bool:
         played = play_node(model, wl, rows, int(rows * per_row), workers, steps, baselines, node_memory,
-                           threshold, store_capacity=store_capacity)
+                           threshold, store_capacity=store_capacity, compute_s=compute_s)
         return played["killed"] is None and not (store_full and played["store_full_killed_step"] is not None)
 
     if not survives(1):
@@ -463,7 +492,8 @@ def predict(codecs: Sequence[str] = ("numpy-legacy", "numpy"), workload: str = "
             process_baselines: Sequence[str] = (), fit_scales_: Sequence[float] = fitting.FIT_SCALES,
             fit_workers: Sequence[int] = fitting.FIT_WORKERS, fit_steps: int = fitting.FIT_STEPS,
             check: bool = False, refresh: bool = False, timeout_s: float = 900.0, ray_address: str | None = None,
-            data_plane: str = "dataproto", log: Callable[[str], None] | None = None) -> list[CodecPrediction]:
+            data_plane: str = "dataproto", worker_compute_s: float = 0.0,
+            log: Callable[[str], None] | None = None) -> list[CodecPrediction]:
     """Predict the node for each codec (see the module doc); with ``check``, replay the size and compare.
 
     ``store_capacity`` is the object store's size where the cluster sets ``object_store_memory`` (bytes or a
@@ -471,7 +501,11 @@ def predict(codecs: Sequence[str] = ("numpy-legacy", "numpy"), workload: str = "
     (:func:`resolve_store_capacity`).
 
     ``data_plane`` is the node replay's (``dataproto`` or ``transferqueue``): the fit replays that plane
-    and is cached apart; a combination the node replay refuses for it is refused here by the same check."""
+    and is cached apart; a combination the node replay refuses for it is refused here by the same check.
+
+    ``worker_compute_s`` is each worker's compute on its chunk, during which it holds it (``node``'s
+    ``--worker-compute``): it sets how many workers hold theirs at once. The fits never compute; a check
+    replays with it."""
     if gc not in GC_MODES:
         raise PicklescopeError(f"--gc {gc!r} is not a collector mode", f"use one of {', '.join(GC_MODES)}")
     if gc == "each-step":
@@ -481,6 +515,10 @@ def predict(codecs: Sequence[str] = ("numpy-legacy", "numpy"), workload: str = "
         raise PicklescopeError("--workers and --steps must be at least 1", "use e.g. --workers 8 --steps 120")
     if not 0 < threshold <= 1:
         raise PicklescopeError(f"--ray-threshold {threshold:g} must be in (0, 1]", "Ray's default is 0.95")
+    if not (isinstance(worker_compute_s, (int, float)) and math.isfinite(worker_compute_s) and worker_compute_s >= 0):
+        raise PicklescopeError(f"worker_compute_s {worker_compute_s!r} must be a number of seconds, zero or more",
+                               "use e.g. worker_compute_s=2 (--worker-compute 2): seconds each worker holds its "
+                               "chunk, computing")
     tq_plane.check(data_plane, codecs, engine="replica", dispatch="chunk", transport="ray-arg")
     wl = load_workload(workload)
     the_scale, rows, pay = batch_shape(wl, scale, batch_size, payload)
@@ -501,11 +539,20 @@ def predict(codecs: Sequence[str] = ("numpy-legacy", "numpy"), workload: str = "
     out = []
     for codec in codecs:
         model = fitted[codec]
-        played = play_node(model, wl, rows, pay, workers, steps, baselines, mem, threshold, store_capacity=cap)
+        played = play_node(model, wl, rows, pay, workers, steps, baselines, mem, threshold, store_capacity=cap,
+                           compute_s=worker_compute_s)
         largest = largest_surviving(model, wl, workers, steps, baselines, mem, threshold,
-                                    store_capacity=cap) if mem else None
+                                    store_capacity=cap, compute_s=worker_compute_s) if mem else None
         largest_full = largest_surviving(model, wl, workers, steps, baselines, mem, threshold, store_capacity=cap,
-                                         store_full=True) if mem and cap is not None else None
+                                         store_full=True, compute_s=worker_compute_s) if mem and cap is not None \
+            else None
+        all_open = all_open_kill = None
+        if played["calls_open"] < workers:  # what every worker holding its chunk at once would add
+            every = play_node(model, wl, rows, pay, workers, steps, baselines, mem, threshold, store_capacity=cap,
+                              compute_s=math.inf)
+            if every["node_peak"] > played["node_peak"]:
+                all_open = every["node_peak"]
+                all_open_kill = every["killed"]["training_step"] if every["killed"] else None
         peaks = played["peaks"]
         out.append(CodecPrediction(codec, gc, pay, rows, workers, steps, mem, threshold, baselines,
                                    played["node_peak"], peaks, played["steps"], played["killed"], largest,
@@ -514,15 +561,18 @@ def predict(codecs: Sequence[str] = ("numpy-legacy", "numpy"), workload: str = "
                                    store_full_step=played["store_full_step"],
                                    node_peak_store_full_bytes=played["node_peak_store_full"],
                                    store_full_killed_step=played["store_full_killed_step"],
-                                   largest_surviving_payload_store_full_bytes=largest_full))
+                                   largest_surviving_payload_store_full_bytes=largest_full,
+                                   worker_compute_s=float(worker_compute_s), calls_open=played["calls_open"],
+                                   node_peak_all_open_bytes=all_open, all_open_killed_step=all_open_kill))
     if check:
-        _check(out, fitted, workload, the_scale, gc, wl, timeout_s, ray_address, log, data_plane)
+        _check(out, fitted, workload, the_scale, gc, wl, timeout_s, ray_address, log, data_plane,
+               float(worker_compute_s))
     return out
 
 
 def _check(preds: list[CodecPrediction], fitted: dict[str, Model], workload: str, scale: float, gc: str,
            wl: Workload, timeout_s: float, ray_address: str | None, log: Callable[[str], None] | None,
-           data_plane: str = "dataproto") -> None:
+           data_plane: str = "dataproto", worker_compute_s: float = 0.0) -> None:
     """Replay the predicted size for real, in the groups the fit replays in (:func:`~.fit.replay_groups`),
     and set each prediction's check.
 
@@ -540,13 +590,14 @@ def _check(preds: list[CodecPrediction], fitted: dict[str, Model], workload: str
             log(f"checking: replaying {','.join(group)} at x{scale:g}, {workers} workers, {steps} steps, gc {gc}")
         t = time.monotonic()
         results = fitting.replay_series(group, workload, scale, workers, steps, gc=gc, timeout_s=timeout_s,
-                                        ray_address=ray_address, data_plane=data_plane)
+                                        ray_address=ray_address, data_plane=data_plane,
+                                        worker_compute_s=worker_compute_s)
         if log:
             log(f"  replayed in {time.monotonic() - t:.0f} s")
         for codec, r in zip(group, results):
             p = by_codec[codec]
             bare = play_node(fitted[codec], wl, p.rows, p.payload_bytes, workers, steps, {}, None, p.threshold,
-                             store_capacity=None)
+                             store_capacity=None, compute_s=worker_compute_s)
             rep = fitting.observe(r, wl)
             p.check = Check(r.node_peak_bytes, bare["node_peak"],
                             r.own_peak_bytes("driver") if "driver" in r.processes else None,
