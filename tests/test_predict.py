@@ -311,6 +311,29 @@ def test_workers_that_compute_keep_more_calls_open_by_their_compute_over_the_sen
     assert "--worker-compute S" in m.calls_text() and "s per GiB" in m.calls_text()
 
 
+def test_the_answer_states_how_many_workers_hold_their_chunk_and_the_node_if_all_of_them_did(monkeypatch):
+    """Without ``--worker-compute`` the prediction keeps the fits' overlap of calls (two of four open) and
+    says what every worker holding its chunk, as a training step's do, would make of the node; with a
+    compute of a minute every worker holds its chunk, the node is that figure, and the line says why."""
+    leaves = [1.0 * MiB, 3.0 * MiB]
+    reps = _mapped_fit_set([1.6, 0.4, 0.5, 0.4, 0.4, 0.5])
+    for rep in reps:
+        for s in rep.per_step:
+            s.send_s = 0.010 + rep.chunk_bytes / 2**30
+    m = model_mod.fit(reps, leaves)
+    monkeypatch.setattr(prediction, "models", lambda codecs, *a, **k: {c: m for c in codecs})
+    bare, computing = (prediction.predict(("numpy",), "flowgrpo", payload="4GB", workers=4, steps=3,
+                                          node_memory="100GB", worker_compute_s=s)[0] for s in (0.0, 60.0))
+    assert bare.calls_open == 2 and computing.calls_open == 4
+    assert bare.node_peak_all_open_bytes == computing.node_peak_bytes > bare.node_peak_bytes
+    assert computing.node_peak_all_open_bytes is None
+    assert "workers: 2 of 4 calls open at once, reading their chunk" in bare.summary()
+    assert f"the node would peak at {fmt_bytes(computing.node_peak_bytes)}" in bare.summary()
+    assert "workers: all 4 hold their chunk at once, each computing 60 s on it" in computing.summary()
+    doc = bare.to_json_dict()
+    assert doc["calls_open"] == 2 and doc["node_peak_all_open_bytes"] == computing.node_peak_bytes
+
+
 def test_a_workers_level_is_its_second_steps_once_glibc_keeps_its_leaves_in_the_heap():
     """glibc's mmap threshold starts at 128 KiB and rises to each freed mapped block's size: in the first step
     a worker maps its chunk's leaves and gives them back (its level after step 1 about nothing, as every fit

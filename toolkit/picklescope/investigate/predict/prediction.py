@@ -259,10 +259,17 @@ class CodecPrediction:
         return out
 
     def calls_text(self) -> str | None:
-        """How many workers hold their chunk at once, when that is fewer than all of them and all of them
-        would peak higher: the replay's calls only read the chunk, a training step's compute on it."""
-        if self.node_peak_all_open_bytes is None or self.calls_open is None:
+        """How many workers hold their chunk at once, where the workers compute (the assumption in words) or
+        where that is fewer than all of them and all of them would peak higher: the replay's calls only read
+        the chunk, a training step's compute on it."""
+        if self.calls_open is None:
             return None
+        if self.node_peak_all_open_bytes is None:
+            if not self.worker_compute_s:
+                return None
+            held = f"all {self.workers}" if self.calls_open >= self.workers else f"{self.calls_open} of {self.workers}"
+            return (f"workers: {held} hold their chunk at once, each computing {self.worker_compute_s:g} s on it "
+                    "(--worker-compute)")
         doing = (f"computing {self.worker_compute_s:g} s on their chunk" if self.worker_compute_s else
                  "reading their chunk and returning a small result, as the replay's do")
         return (f"workers: {self.calls_open} of {self.workers} calls open at once, {doing}; workers that compute "
