@@ -332,6 +332,9 @@ def test_the_answer_states_how_many_workers_hold_their_chunk_and_the_node_if_all
     assert "workers: all 4 hold their chunk at once, each computing 60 s on it" in computing.summary()
     doc = bare.to_json_dict()
     assert doc["calls_open"] == 2 and doc["node_peak_all_open_bytes"] == computing.node_peak_bytes
+    for bad in (-1, float("nan"), "60"):  # the API's line is node's (investigate.node.checks.seconds)
+        with pytest.raises(PicklescopeError, match="worker_compute_s .* must be a number of seconds"):
+            prediction.predict(("numpy",), "flowgrpo", payload="4GB", workers=4, steps=3, worker_compute_s=bad)
 
 
 def test_a_workers_level_is_its_second_steps_once_glibc_keeps_its_leaves_in_the_heap():

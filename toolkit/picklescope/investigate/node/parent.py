@@ -9,7 +9,6 @@ happens, kills what is left of the cluster it started and removes the run's temp
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import signal
@@ -25,7 +24,7 @@ from picklescope.core.leftovers import sweep_orphans, temp_name
 from picklescope.core.paths import make_temp_dir
 from picklescope.errors import PicklescopeError
 from picklescope.investigate.node import enforce, tq_plane
-from picklescope.investigate.node.checks import DEFAULT_SCALE, plan
+from picklescope.investigate.node.checks import DEFAULT_SCALE, plan, seconds
 from picklescope.investigate.node.config import NodeConfig
 from picklescope.investigate.node.controller import check_controller
 from picklescope.investigate.node.driver import DRIVER_LOG, node_driver_main
@@ -115,9 +114,9 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
                    worker_resources=worker_resources, spread=spread, engine=engine, enforcement=enforcement,
                    timeout_s=timeout_s)
     check_controller(controller, engine)
-    _check_seconds("step_gap_s", step_gap_s, "--step-gap 2", "idle seconds at the end of each training step")
-    _check_seconds("worker_compute_s", worker_compute_s, "--worker-compute 2",
-                   "seconds each worker holds its chunk, computing")
+    step_gap_s = seconds("step_gap_s", step_gap_s, "--step-gap 2", "idle seconds at the end of each training step")
+    worker_compute_s = seconds("worker_compute_s", worker_compute_s, "--worker-compute 2",
+                               "seconds each worker holds its chunk, computing")
     if store_bytes is not None and ray_address:
         raise PicklescopeError("a joined cluster's object store is its own: store_bytes sizes a cluster the "
                                "replay starts", "drop store_bytes, or ray_address to start a cluster of its own")
@@ -140,8 +139,8 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
     store = object_store_bytes(payload, store_bytes or int(room + (returns or 0) * payload + 64 * 2**20))
     results = [NodeResult(codec, transport, wl.name, scale, payload, workers=workers, steps=steps, dispatch=dispatch,
                           gc=mode, returns=returns, engine=engine, enforcement=enforcement, budget_bytes=budget,
-                          controller=controller, data_plane=data_plane, step_gap_s=float(step_gap_s),
-                          worker_compute_s=float(worker_compute_s))
+                          controller=controller, data_plane=data_plane, step_gap_s=step_gap_s,
+                          worker_compute_s=worker_compute_s)
                for codec, mode in zip(codecs, gc_modes)]
     accepter = Accepter(run_dir)
     cfg = NodeConfig(codec=codecs[0], workload=wl.source or wl.name, scale=scale, workers=workers, steps=steps,
@@ -153,8 +152,7 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
                      ray_env=ray_env(bool(ray_address)), parent_pid=os.getpid(),
                      deadline_wall=time.time() + (t0 + timeout_s - reserve - time.monotonic()),
                      worker_resources=dict(worker_resources or {}), spread=bool(spread), controller=controller,
-                     data_plane=data_plane, step_gap_s=float(step_gap_s),
-                     worker_compute_s=float(worker_compute_s))
+                     data_plane=data_plane, step_gap_s=step_gap_s, worker_compute_s=worker_compute_s)
     if data_plane == "transferqueue":  # Ray's workers find the separately installed TransferQueue (init_args)
         cfg.ray_path = "tq"
     cg_path = start_cg = None
@@ -255,14 +253,6 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
 
 class DriverStartTimeout(Exception):
     """The run's limit came while the warm forkserver was still starting (see :func:`start_driver`)."""
-
-
-def _check_seconds(name: str, value: Any, flag: str, what: str) -> None:
-    """One line for a duration that is not a finite number of seconds, zero or more (the API's check of
-    what the CLI's ``idle_seconds`` type checks)."""
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-        raise PicklescopeError(f"{name} {value!r} must be a number of seconds, zero or more",
-                               f"use e.g. {name}={flag.split()[-1]} ({flag}): {what}")
 
 
 def start_driver(cfg: NodeConfig, deadline: float) -> tuple[Any, Any]:

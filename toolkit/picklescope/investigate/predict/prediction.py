@@ -30,6 +30,7 @@ from typing import Any
 from picklescope.core.units import fmt_bytes, parse_size
 from picklescope.errors import PicklescopeError
 from picklescope.investigate.node import GC_MODES, tq_plane
+from picklescope.investigate.node.checks import seconds
 from picklescope.investigate.predict import fit as fitting
 from picklescope.investigate.predict.model import Model, released_at
 from picklescope.investigate.predict.model import fit as fit_model
@@ -522,10 +523,8 @@ def predict(codecs: Sequence[str] = ("numpy-legacy", "numpy"), workload: str = "
         raise PicklescopeError("--workers and --steps must be at least 1", "use e.g. --workers 8 --steps 120")
     if not 0 < threshold <= 1:
         raise PicklescopeError(f"--ray-threshold {threshold:g} must be in (0, 1]", "Ray's default is 0.95")
-    if not (isinstance(worker_compute_s, (int, float)) and math.isfinite(worker_compute_s) and worker_compute_s >= 0):
-        raise PicklescopeError(f"worker_compute_s {worker_compute_s!r} must be a number of seconds, zero or more",
-                               "use e.g. worker_compute_s=2 (--worker-compute 2): seconds each worker holds its "
-                               "chunk, computing")
+    worker_compute_s = seconds("worker_compute_s", worker_compute_s, "--worker-compute 2",
+                               "seconds each worker holds its chunk, computing")
     tq_plane.check(data_plane, codecs, engine="replica", dispatch="chunk", transport="ray-arg")
     wl = load_workload(workload)
     the_scale, rows, pay = batch_shape(wl, scale, batch_size, payload)
@@ -569,11 +568,11 @@ def predict(codecs: Sequence[str] = ("numpy-legacy", "numpy"), workload: str = "
                                    node_peak_store_full_bytes=played["node_peak_store_full"],
                                    store_full_killed_step=played["store_full_killed_step"],
                                    largest_surviving_payload_store_full_bytes=largest_full,
-                                   worker_compute_s=float(worker_compute_s), calls_open=played["calls_open"],
+                                   worker_compute_s=worker_compute_s, calls_open=played["calls_open"],
                                    node_peak_all_open_bytes=all_open, all_open_killed_step=all_open_kill))
     if check:
         _check(out, fitted, workload, the_scale, gc, wl, timeout_s, ray_address, log, data_plane,
-               float(worker_compute_s))
+               worker_compute_s)
     return out
 
 
