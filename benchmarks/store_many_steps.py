@@ -12,8 +12,10 @@ a multiple of the payload, and its mean rise per step. Ratios to the payload onl
         [--store-payloads 20] [--step-gap 2]
 
 ``--step-gap`` ends each training step with that many idle seconds (``node(step_gap_s=...)``), a stand-in
-for the step's compute: without it the steps run back to back, and Ray has not yet freed a step's
-objects when the next step allocates its own.
+for the step's compute: without it the steps run back to back, and with Ray's default freeing (in batches,
+at most every 1000 ms) Ray has not yet freed a step's objects when the next step allocates its own. The
+cluster this starts (``LocalCluster``) frees them at once unless ``RAY_free_objects_period_milliseconds`` is
+set in the environment: set it to 1000 to see Ray's default.
 
 Writes ``benchmarks/results/store_many_steps.json`` (``--out`` to change).
 """

@@ -22,6 +22,15 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
+# Ray's settings for every cluster the toolkit starts (the user's own RAY_* environment wins): token auth
+# off, since the cluster is private to the run; no usage report; and unpinned objects freed at once
+# (free_objects_period_milliseconds 0) where Ray by default frees them in batches at most every 1000 ms. A
+# replay's training steps last seconds, a production job's minutes: with Ray's period, steps shorter than it
+# allocate the next step's chunks before the last step's are freed, so the object store puts every step on
+# fresh pages and the node grows by about a payload per step that no training job grows by (docs/node.md).
+OWN_CLUSTER_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
+                   "RAY_free_objects_period_milliseconds": "0"}
+
 
 def _stat(pid: int) -> tuple[int, int, int] | None:
     """(ppid, session id, start time in clock ticks) of ``pid``, or None if it is gone."""

@@ -90,8 +90,8 @@ class LocalCluster:
         self.temp_dir = make_temp_dir("psrayc-", for_ray=True)
         port = None if self.join else _free_port()
         env = dict(os.environ)
-        env.setdefault("RAY_AUTH_MODE", "disabled")
-        env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        for k, v in cluster.OWN_CLUSTER_ENV.items():  # the user's own RAY_* settings win
+            env.setdefault(k, v)
         env.update(torch_cache_env(self.temp_dir))  # its workers import torch: the cache stays in our folder
         where = [f"--address={self.join}"] if self.join else ["--head", f"--port={port}", "--include-dashboard=false"]
         cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", *where,

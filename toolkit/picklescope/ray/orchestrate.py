@@ -43,14 +43,13 @@ RAY_ENV_DEFAULTS = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DISABLE_DOCKER_CPU_WARN
 def ray_env(joining: bool) -> dict[str, str]:
     """Environment for the driver (and so the cluster it starts): the user's RAY_* plus safe defaults.
 
-    A cluster we start is private to the run, so its token auth is off; joining a real cluster keeps
-    whatever the user's environment says.
+    A cluster we start gets :data:`~picklescope.ray.cluster.OWN_CLUSTER_ENV` (token auth off: it is private
+    to the run; objects freed as soon as Ray unpins them); joining a real cluster keeps whatever the user's
+    environment and that cluster say.
     """
     env = {k: v for k, v in os.environ.items() if k.startswith("RAY_")}
-    for k, v in RAY_ENV_DEFAULTS.items():
+    for k, v in {**RAY_ENV_DEFAULTS, **({} if joining else cluster.OWN_CLUSTER_ENV)}.items():
         env.setdefault(k, v)
-    if not joining:
-        env.setdefault("RAY_AUTH_MODE", "disabled")
     return env
 
 
