@@ -136,7 +136,7 @@ def test_under_rays_monitor_the_actor_is_among_what_ray_considers_and_names():
     why = _usable()
     if why:
         pytest.skip(f"--enforcement ray is unavailable here: {why}")
-    r = node("numpy-legacy", "flowgrpo", 0.1, workers=2, steps=4, gc="off", node_budget="6x", enforcement="ray",
+    r = node("numpy-legacy", "flowgrpo", 0.1, workers=2, steps=4, gc="off", node_budget="4x", enforcement="ray",
              controller="actor")
     assert r.outcome == "oom-killed" and r.killed is not None and r.killed.by == "ray", (r.error, r.cgroup, r.notes)
     message = r.killed.message or ""
