@@ -95,11 +95,13 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
     fills, so that Ray's collections on a full store (it makes every process collect) are no part of the fit.
     A joined cluster (``ray_address``) has its own store, so both together are refused.
 
-    ``step_gap_s`` ends each measured training step with that long an idle wait, a stand-in for the step's
-    compute. Ray frees an object some time after its last reference goes, and steps run back to back
-    allocate the next step's chunks before the last step's are freed: the object store then touches a
-    payload of fresh pages per step, which a training step of minutes does not (docs/predict.md, "A store
-    that fills"). ``predict`` fits with a gap for that reason.
+    ``step_gap_s`` ends each measured training step with that long an idle wait, a stand-in for the rest of
+    the step. Ray frees unpinned objects in batches, by default at most every 1000 ms, and steps run back to
+    back on such a cluster allocate the next step's chunks before the last step's are freed: the object store
+    then touches a payload of fresh pages per step, which a training step of minutes does not
+    (docs/predict.md, "A store that fills"). A cluster the replay starts frees them at once
+    (:data:`~picklescope.ray.cluster.OWN_CLUSTER_ENV`); a joined one keeps its own setting, and a gap lets
+    its frees land. ``predict`` fits with a gap, on either.
 
     ``worker_compute_s`` keeps each worker's call open that long after it has read its chunk, holding it, as
     a training step's workers hold theirs through minutes of compute. The replay's own calls only read the

@@ -11,10 +11,12 @@ contents, the codec (and the verl version it names), the collector mode, the dat
 options and whether the replay started its own cluster or joined one.
 
 Each training step of a fit ends with :data:`FIT_STEP_GAP_S` idle, as a production step spends minutes
-computing: Ray frees an object some time after its last reference goes, and steps run back to back
-allocate the next step's chunks first, so the object store touched a payload of fresh pages per step
-(0.33x, 1.33x, 2.33x ... of the payload at steps 1, 2, 3 ...), where with a 2 s gap it stayed at its
-first step's level (flowgrpo x0.05, benchmarks/README.md).
+computing: Ray frees unpinned objects in batches, by default at most every 1000 ms, and on such a cluster
+steps run back to back allocate the next step's chunks first, so the object store touched a payload of
+fresh pages per step (0.33x, 1.33x, 2.33x ... of the payload at steps 1, 2, 3 ...), where with a 2 s gap it
+stayed at its first step's level (flowgrpo x0.05, benchmarks/README.md). A cluster the toolkit starts frees
+them at once (:data:`~picklescope.ray.cluster.OWN_CLUSTER_ENV`); a joined cluster keeps its own setting,
+which the gap covers.
 
 On a cluster of its own each codec replays alone, on a fresh object store that holds every step's
 objects (:func:`replay_store_bytes`), as a user's training job starts on a node. The store's pages
