@@ -1,7 +1,7 @@
 """A prediction as one figure: the node's total, the controller and the object store per training step,
 one colour per codec.
 
-Drawn from the plain data of :class:`~picklescope.investigate.predict.prediction.CodecPrediction`
+Drawn from the plain data of :class:`~picklescope.investigate.predict.answer.CodecPrediction`
 (or its ``--json`` document), never measured here. Ray's threshold and the store's capacity are
 horizontal lines; a predicted kill is a marker at the step and height of the crossing, labelled with
 the process Ray would kill; a line far above every curve (a node that stays far under Ray's threshold)

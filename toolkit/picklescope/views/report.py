@@ -21,7 +21,7 @@ from typing import Any
 from picklescope.core.result import RunResult
 from picklescope.core.units import fmt_bytes
 from picklescope.errors import PicklescopeError
-from picklescope.investigate.predict.prediction import NO_BASELINES, CodecPrediction
+from picklescope.investigate.predict.answer import NO_BASELINES, CodecPrediction
 from picklescope.investigate.reproduce import (
     Investigation,
     budgeted_results,

@@ -1,0 +1,229 @@
+"""A prediction as plain data, and its answer in words: each codec's predicted node, the check against a
+real replay, and the sentences the summary, the report and the notebook print from them.
+
+:mod:`.prediction` builds these from the fitted model; the views (``picklescope predict``'s summary,
+``--out``'s report, the figure) draw them and add nothing of their own. Ray's kill policy, as the
+prediction applies it, is in :mod:`.prediction`'s doc.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from picklescope.core.units import fmt_bytes
+
+KILL_POLICY = ("Ray's memory monitor kills a worker (a task's or an actor's process), never the raylet nor the "
+               "driver: retriable tasks first, then the most recently scheduled; no process here is retriable, so "
+               "the victim is the step's last worker call")
+KILL_POLICY_TQ = ("Ray's memory monitor kills a worker (a task's or an actor's process), never the raylet nor the "
+                  "driver: retriable tasks first, then the most recently scheduled; no process here is retriable "
+                  "(TransferQueue's storage units and controller actor, the producer and the workers set no "
+                  "max_restarts) and the controller creates and calls the workers after TransferQueue's actors and "
+                  "the producer, so the victim is the last worker, not the storage units that hold the batch")
+
+
+@dataclass
+class Check:
+    """A real replay at the predicted size, against the prediction."""
+
+    measured_node_peak_bytes: int | None
+    predicted_node_peak_bytes: int
+    measured_controller_peak_bytes: int | None  # the controller's own (private) peak
+    predicted_controller_peak_bytes: int
+    measured_release_steps: list[int] = field(default_factory=list)
+    predicted_release_steps: list[int] = field(default_factory=list)
+    outcome: str = "ok"
+
+    @staticmethod
+    def error(pred: int, meas: int | None) -> float | None:
+        return None if not meas else (pred - meas) / meas
+
+    def to_json_dict(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["node_peak_error"] = self.error(self.predicted_node_peak_bytes, self.measured_node_peak_bytes)
+        doc["controller_peak_error"] = self.error(self.predicted_controller_peak_bytes,
+                                                  self.measured_controller_peak_bytes)
+        return doc
+
+
+NO_BASELINES = ("these are the batch's own bytes: what each process held before it (model weights, optimizer "
+                "state, the rollout's own data) counts as nothing here; add it with --process-baseline "
+                "(e.g. controller=379GB, from your kill report) to compare with the node's memory")
+
+
+@dataclass
+class CodecPrediction:
+    """One codec's predicted node: bytes are absolute (the baselines given plus the predicted growth)."""
+
+    codec: str
+    gc: str
+    payload_bytes: int
+    rows: int
+    workers: int
+    steps: int
+    node_memory_bytes: int | None
+    threshold: float
+    baselines: dict[str, int]
+    node_peak_bytes: int
+    processes: dict[str, int]  # name -> peak bytes
+    training_steps: list[dict[str, Any]]
+    killed: dict[str, Any] | None
+    largest_surviving_payload_bytes: int | None
+    release_steps: list[int]
+    terms: list[tuple[str, str, str]]
+    fitted_on: list[str]
+    check: Check | None = None
+    data_plane: str = "dataproto"
+    store_capacity_bytes: int | None = None  # the object store's capacity the prediction capped it at (None: none)
+    store_capacity_source: str | None = None  # STORE_DEFAULT_SOURCE (maybe "..., at most 200 GB") or STORE_GIVEN_SOURCE
+    store_full_step: int | None = None  # the first training step at which the store was at its capacity
+    # were the store at its capacity from the first step (its pages rise at every step where steps follow each other
+    # before Ray frees a step's objects, which the fits' idle step ends do not: docs/predict.md): the node's peak,
+    # and the first step over the threshold
+    node_peak_store_full_bytes: int | None = None
+    store_full_killed_step: int | None = None
+    largest_surviving_payload_store_full_bytes: int | None = None  # ... and the largest payload that survives so
+    worker_compute_s: float = 0.0  # each worker's compute on its chunk, the call held open (--worker-compute)
+    calls_open: int | None = None  # the workers' calls open at once, holding their chunks (Model.open_calls)
+    node_peak_all_open_bytes: int | None = None  # the node's peak with every worker's call open at once, where
+    # that is more (workers that compute longer than the controller takes to send every chunk, as a training
+    # step's do), and the training step at which that node would cross Ray's threshold (None: never)
+    all_open_killed_step: int | None = None
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {"codec": self.codec, "gc": self.gc, "payload_bytes": self.payload_bytes, "rows": self.rows,
+                "workers": self.workers, "steps": self.steps, "node_memory_bytes": self.node_memory_bytes,
+                "threshold": self.threshold, "baselines": self.baselines, "node_peak_bytes": self.node_peak_bytes,
+                "processes": {n: {"peak_bytes": v} for n, v in self.processes.items()},
+                "training_steps": self.training_steps, "killed": self.killed,
+                "largest_surviving_payload_bytes": self.largest_surviving_payload_bytes,
+                "release_steps": self.release_steps,
+                "terms": [{"role": r, "term": t, "value": v} for r, t, v in self.terms],
+                "fitted_on": self.fitted_on, "data_plane": self.data_plane,
+                "store_capacity_bytes": self.store_capacity_bytes,
+                "store_capacity_source": self.store_capacity_source, "store_full_step": self.store_full_step,
+                "node_peak_store_full_bytes": self.node_peak_store_full_bytes,
+                "store_full_killed_step": self.store_full_killed_step,
+                "largest_surviving_payload_store_full_bytes": self.largest_surviving_payload_store_full_bytes,
+                "worker_compute_s": self.worker_compute_s, "calls_open": self.calls_open,
+                "node_peak_all_open_bytes": self.node_peak_all_open_bytes,
+                "all_open_killed_step": self.all_open_killed_step,
+                "kill_policy": KILL_POLICY if self.data_plane == "dataproto" else KILL_POLICY_TQ,
+                "check": self.check.to_json_dict() if self.check else None}
+
+    def summary(self) -> str:
+        p = self.payload_bytes
+        plane = "" if self.data_plane == "dataproto" else f", data plane {self.data_plane}"
+        out = [f"{self.codec} (gc {self.gc}{plane}), payload {fmt_bytes(p)} = {p / 1e9:.2f} GB (batch size "
+               f"{self.rows}), {self.workers} workers, {self.steps} steps: node peak "
+               f"{fmt_bytes(self.node_peak_bytes)}, controller {fmt_bytes(self.processes['controller'])}"]
+        out.append("  " + self.verdict_text())
+        if not self.baselines:
+            out.append("  " + NO_BASELINES)
+        largest = self.largest_text()
+        if largest:
+            out.append(f"  {largest}")
+        out.append("  " + self.store_text())
+        calls = self.calls_text()
+        if calls:
+            out.append("  " + calls)
+        if self.release_steps:
+            shown = ", ".join(map(str, self.release_steps[:8])) + (", ..." if len(self.release_steps) > 8 else "")
+            out.append(f"  controller memory falls back (a collection frees held copies) at steps {shown}")
+        if self.check:
+            out.append("  " + self.check_text())
+        return "\n".join(out)
+
+    def verdict_text(self) -> str:
+        """Where Ray's memory monitor would kill and whom, or that the node survives, in one phrase (the
+        summary's line and the report's sentence): the one place a prediction's verdict is put in words."""
+        peak, steps = fmt_bytes(self.node_peak_bytes), self.steps
+        if not self.node_memory_bytes:
+            return f"the node peaks at {peak} over {steps} training steps (no --node-memory, so no threshold to cross)"
+        limit = (f"{self.threshold:g} of its {fmt_bytes(self.node_memory_bytes)} = "
+                 f"{fmt_bytes(self.threshold * self.node_memory_bytes)}")
+        if self.killed:
+            k = self.killed
+            return (f"Ray's memory monitor would kill {k['process']} in training step {k['training_step']} of {steps}, "
+                    f"when the node reaches {fmt_bytes(k['node_bytes'])}, over {limit}")
+        out = f"survives all {steps} training steps; the node peaks at {peak}, under {limit}"
+        if self.store_full_killed_step is not None:  # the bound of a store that fills over many steps
+            out += (f"; but with its object store full it would cross that in training step "
+                    f"{self.store_full_killed_step}")
+        return out
+
+    def check_text(self) -> str:
+        """The check against a real replay in one line: predicted vs measured node and controller peaks with
+        their errors, and the steps at which memory falls back (the summary's and the report's line)."""
+        c = self.check
+        if c is None:
+            return "not checked (predict --check replays the size for real)"
+        ne = c.error(c.predicted_node_peak_bytes, c.measured_node_peak_bytes)
+        ce = c.error(c.predicted_controller_peak_bytes, c.measured_controller_peak_bytes)
+        pn, mn = fmt_bytes(c.predicted_node_peak_bytes), fmt_bytes(c.measured_node_peak_bytes)
+        pc, mc = fmt_bytes(c.predicted_controller_peak_bytes), fmt_bytes(c.measured_controller_peak_bytes)
+        return (f"check (a real replay, {c.outcome}): node peak predicted {pn} vs measured {mn} "
+                f"({_pct(ne)}); controller {pc} vs {mc} ({_pct(ce)}); memory falls back at steps "
+                f"predicted {c.predicted_release_steps or 'none'}, measured {c.measured_release_steps or 'none'}")
+
+    def largest_text(self) -> str | None:
+        """The largest payload that survives, in words. The search stops at the node's whole memory, so a codec
+        that survives there is said to survive any payload up to it, not that one figure."""
+        largest, mem = self.largest_surviving_payload_bytes, self.node_memory_bytes
+        if largest is None or not mem:
+            return None
+        if largest >= mem:
+            out = (f"any payload up to the node's whole memory ({fmt_bytes(mem)}) survives {self.steps} steps: "
+                   "the search for the largest stops there")
+        else:
+            out = f"largest payload that survives {self.steps} steps: {fmt_bytes(largest)}"
+        full = self.largest_surviving_payload_store_full_bytes
+        if self.node_peak_store_full_bytes is not None and self.node_peak_store_full_bytes > self.node_peak_bytes:
+            out += ("; with its object store full, none" if full is None else
+                    f"; with its object store full, {fmt_bytes(full)}" if full < largest else "")
+        return out
+
+    def calls_text(self) -> str | None:
+        """How many workers hold their chunk at once, where the workers compute (the assumption in words) or
+        where that is fewer than all of them and all of them would peak higher: the replay's calls only read
+        the chunk, a training step's compute on it."""
+        if self.calls_open is None:
+            return None
+        if self.node_peak_all_open_bytes is None:
+            if not self.worker_compute_s:
+                return None
+            held = f"all {self.workers}" if self.calls_open >= self.workers else f"{self.calls_open} of {self.workers}"
+            return (f"workers: {held} hold their chunk at once, each computing {self.worker_compute_s:g} s on it "
+                    "(--worker-compute)")
+        doing = (f"computing {self.worker_compute_s:g} s on their chunk" if self.worker_compute_s else
+                 "reading their chunk and returning a small result, as the replay's do")
+        return (f"workers: {self.calls_open} of {self.workers} calls open at once, {doing}; workers that compute "
+                f"on their chunk for longer than the controller takes to send every chunk (a training step's "
+                f"do) hold all {self.workers} at once, and the node would peak at "
+                f"{fmt_bytes(self.node_peak_all_open_bytes)}"
+                + (f", over Ray's threshold in training step {self.all_open_killed_step}"
+                   if self.all_open_killed_step is not None and self.killed is None else "")
+                + " (--worker-compute S replays and predicts that)")
+
+    def store_text(self) -> str:
+        """The object store's predicted peak against the capacity it was capped at, and where that came from."""
+        peak = fmt_bytes(self.processes.get("store", 0))
+        if self.store_capacity_bytes is None:
+            return f"object store: peak {peak}, unbounded (no --node-memory nor --store-capacity)"
+        out = (f"object store: peak {peak} of its capacity {fmt_bytes(self.store_capacity_bytes)} "
+               f"({self.store_capacity_source})")
+        if self.store_full_step is not None:
+            out += (f", full from training step {self.store_full_step} (Ray spills the rest to disk, not counted "
+                    "in the node)")
+        elif self.node_peak_store_full_bytes is not None and self.node_peak_store_full_bytes > self.node_peak_bytes:
+            out += (". A training loop whose steps follow each other before Ray frees a step's objects puts each "
+                    "step's chunks on fresh pages, up to its capacity (docs/predict.md, \"A store that fills\"); "
+                    f"full, the node would peak at {fmt_bytes(self.node_peak_store_full_bytes)}")
+            if self.store_full_killed_step is not None and self.killed is None:
+                out += f", over the threshold in training step {self.store_full_killed_step}"
+        return out
+
+
+def _pct(e: float | None) -> str:
+    return "no measurement" if e is None else f"error {e:+.1%}"
