@@ -406,6 +406,33 @@ def test_an_out_folder_is_locked_while_held_and_removed_when_the_run_that_made_i
     assert (mine / "notes.txt").read_text() == "the user's"  # a folder that existed before is left alone
 
 
+_KILLED_AFTER_MAKEDIRS = """
+import os, signal, sys
+from picklescope.core import paths
+real = os.makedirs
+def makedirs(*a, **k):
+    real(*a, **k)
+    os.kill(os.getpid(), signal.SIGKILL)  # killed the moment the folder exists, before anything else runs
+paths.os.makedirs = makedirs
+with paths.OutFolder(sys.argv[1]):
+    pass
+"""
+
+
+def test_a_run_killed_the_moment_its_out_folder_exists_leaves_no_folder(tmp_path):
+    """The window between making the folder and starting its watcher: a run SIGKILLed there (a user's kill
+    right as the folder appears, on a loaded machine a wait of a process start) left an empty folder, so the
+    watcher starts before the folder is made."""
+    out = tmp_path / "new-out"
+    p = subprocess.run([sys.executable, "-c", _KILLED_AFTER_MAKEDIRS, str(out)], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == -signal.SIGKILL, (p.returncode, p.stderr)
+    deadline = time.monotonic() + 30  # the watcher wakes at once on the pipe's end; 30 s for a loaded machine
+    while out.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not out.exists()
+
+
 def _cli(*args: str, **kw) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "picklescope", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, **kw)

@@ -235,18 +235,23 @@ class OutFolder:
         if os.path.exists(self.path) and not os.path.isdir(self.path):
             raise PicklescopeError(f"{self.flag} {self.path!r} exists and is not a folder", "give a folder path")
         self.created = not os.path.isdir(self.path)
-        os.makedirs(self.path, exist_ok=True)
-        fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        if self.created:  # watched before it exists: a run killed the moment after making it leaves nothing
+            self._undertaker = _watch_for_death(self.path, self.own)
+        try:
+            os.makedirs(self.path, exist_ok=True)
+            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            self._tell_undertaker(b"keep")  # nothing was made here: nothing to remove
+            raise
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
+            self._tell_undertaker(b"keep")  # another run's folder, not ours to remove
             raise PicklescopeError(f"{self.flag} {self.path!r} is being written by another picklescope run right now",
                                    f"wait for that run to end, or give this one another folder with {self.flag}") \
                 from None
         self._fd = fd
-        if self.created:
-            self._undertaker = _watch_for_death(self.path, self.own)
         return self
 
     def keep(self) -> None:
