@@ -20,8 +20,25 @@ MAX_GAP_S = 0.020
 
 @pytest.fixture(scope="module")
 def legacy_traced():
-    """The must-show run: numpy-legacy over pickle5-oob on flowgrpo x0.25 with every in-process tracer."""
-    return ps.run("numpy-legacy", "pickle5-oob", "flowgrpo", 0.25, tracer="memray,tracemalloc,torch-profiler")
+    """The must-show run: numpy-legacy over pickle5-oob on flowgrpo x0.25 with every in-process tracer.
+
+    memray takes its heap snapshots from a thread of the measured process, every 1 ms; on a loaded 2-core
+    machine that thread can go unscheduled for the whole consolidate step (tens of ms), and memray's figure
+    for the step is then its heap before the copy. Such a run did not look, so it is made again (up to three
+    runs in all) until memray's series has a snapshot within 5 ms of that step's end: the best of a few tries,
+    chosen by the sampling, not by the figure the tests assert."""
+    for _ in range(3):
+        r = ps.run("numpy-legacy", "pickle5-oob", "flowgrpo", 0.25, tracer="memray,tracemalloc,torch-profiler")
+        if r.outcome != "ok" or _memray_looked_at_the_end_of(r, "consolidate"):
+            return r
+    return r
+
+
+def _memray_looked_at_the_end_of(r, name: str) -> bool:
+    st = r.sender.step(name)
+    series = (r.tracers.get("memray", {}).get("sides", {}).get("sender") or {}).get("series") or {}
+    return st is not None and st.end_s is not None and \
+        any(abs(t - st.end_s) <= 0.005 for t in series.get("t_s") or [])
 
 
 def ratio(n, r):
