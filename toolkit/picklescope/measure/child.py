@@ -53,10 +53,10 @@ def error_event(side: str, exc: BaseException) -> Error:
 def held_memory(meter: steps.Meter, trim: bool = False) -> tuple[int, int]:
     """(held, freed by gc.collect) in bytes, after the measured phase.
 
-    ``trim`` reads both after ``malloc_trim(0)``, for a phase whose baseline was also taken after one (a
-    node series' replay, see :func:`picklescope.investigate.node.node_series`): there glibc has already
-    served the same large buffers once, keeps them in its heap when they are freed, and without the trim
-    a cycle's memory that ``gc.collect()`` frees would not show as freed."""
+    ``trim`` reads both after ``malloc_trim(0)``, for a phase whose baseline was also taken after one (every
+    node replay's process, see docs/node.md): there glibc has already served the same large buffers once,
+    keeps them in its heap when they are freed, and without the trim a cycle's memory that ``gc.collect()``
+    frees would not show as freed."""
     if trim:
         procmem.trim_heap()
     before = procmem.rss()

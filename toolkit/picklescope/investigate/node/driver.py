@@ -255,8 +255,10 @@ def _replay(conn: Any, cfg: NodeConfig, engine: ReplicaEngine | VerlEngine, whol
     engine.arm()
     gc.enable()
     gc.collect()
-    if series:  # and with what the previous replay (or the warm-up) freed given back, as in the workers
-        procmem.trim_heap()
+    # and with what set-up (the batch built and split, the warm call), the previous replay or the warm-up freed
+    # given back, as in the workers: glibc keeps freed heap pages resident, and a step's allocation that lands
+    # on them would not show in RSS (a plain replay's first legacy copy rose 0.26-0.84x of a payload, not 1x)
+    procmem.trim_heap()
     collector.apply_mode(cfg.gc)
     collector.count_collections()
     meter = begin_measure(steps.Meter(channel.with_shared(conn.send), cfg.t0, "driver"))
@@ -280,7 +282,7 @@ def _replay(conn: Any, cfg: NodeConfig, engine: ReplicaEngine | VerlEngine, whol
         engine.finish()  # the workers end their own measured phase
         return collector.full_collections()  # a collection Ray asked for meanwhile changes what is held: counted
 
-    m = end_measure(conn, meter, None, read_at_end=at_end, trim=series)
+    m = end_measure(conn, meter, None, read_at_end=at_end, trim=True)
     conn.send(Done(type="done", side="driver", peak_bytes=m.peak_bytes, held_bytes=m.held_bytes,
                    cycle_held_bytes=m.cycle_held_bytes, t_s=m.end_t, full_collections=m.at_end))
     conn.send(Finished(type="finished"))

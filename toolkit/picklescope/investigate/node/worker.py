@@ -64,8 +64,7 @@ class NodeWorker:
         """Take the baseline after setup; from now on every step is measured and streamed."""
         gc.enable()
         gc.collect()
-        if self.cfg.warm_up == "steps":  # a series: what the warm-up freed, given back (as the driver)
-            procmem.trim_heap()
+        procmem.trim_heap()  # what set-up or the warm-up freed, given back (as the driver)
         collector.apply_mode(self.cfg.gc)
         collector.count_collections()
         self.meter = begin_measure(steps.Meter(channel.with_shared(self._send), self.t0, self.name))
@@ -109,8 +108,7 @@ class NodeWorker:
         meter = self.meter
         if meter is None:
             return
-        m = end_measure(self.conn, meter, None, read_at_end=collector.full_collections,
-                        trim=self.cfg.warm_up == "steps")
+        m = end_measure(self.conn, meter, None, read_at_end=collector.full_collections, trim=True)
         self.conn.send(Done(type="done", side=self.name, peak_bytes=m.peak_bytes, held_bytes=m.held_bytes,
                             cycle_held_bytes=m.cycle_held_bytes, t_s=meter.now(), full_collections=m.at_end))
 

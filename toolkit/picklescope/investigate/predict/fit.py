@@ -47,8 +47,9 @@ from picklescope.investigate.node import NodeResult, node_series
 from picklescope.verl import envs
 from picklescope.workloads.spec import Workload, load_workload
 
-CACHE_VERSION = 3  # 2: each step records its end jitter (the growth floor); 3: each step ends with FIT_STEP_GAP_S
-# idle, and on a cluster of its own each codec replays alone on a store that never fills (change it with them)
+CACHE_VERSION = 4  # 2: each step records its end jitter (the growth floor); 3: each step ends with FIT_STEP_GAP_S
+# idle, and on a cluster of its own each codec replays alone on a store that never fills; 4: every replay's
+# baseline is taken after malloc_trim(0), a standalone one's too (change it with them)
 FIT_SCALES = (0.05, 0.1, 0.2)
 FIT_WORKERS = (2, 4)
 FIT_STEPS = 6

@@ -178,6 +178,13 @@ class Model:
     calls_in_flight: int | None = None  # worker calls open at once, from call_to_send (None: not timed)
     call_to_send: float | None = None  # a call's span over the controller's time to send a chunk (see the module doc)
     send_s: Term | None = None  # the controller's seconds to send one chunk, by the chunk's bytes (None: not timed)
+    # the object store's bytes per payload byte of the chunks it holds at once: the most a fit's store held over its
+    # payload after the first step, when it holds that step's chunks only, at the largest fit size (DataProto plane;
+    # None: not fitted).
+    # Its level is at least this share of the calls open at once'
+    # chunks (``O``): a call's chunk stays in the store until the call ends, so workers that compute keep every
+    # chunk there, where the fits' short calls let the next chunk reuse the pages of one already freed
+    store_share: float | None = None
     fitted_on: list[str] = field(default_factory=list)
     leaf_row_bytes: list[float] = field(default_factory=list)  # bytes per row of each tensor leaf
 
@@ -205,9 +212,10 @@ class Model:
         """What the terms are functions of, at one size (see :data:`FEATURES`); ``mapped``: the largest chunk's
         mapped part, ``M``: the mapped parts of the calls open at once (the largest chunks first), workers
         computing ``compute_s`` seconds on their chunk (:meth:`open_calls`)."""
-        heaps, mapped = [], []
+        heaps, mapped, chunks = [], [], []
         for crows in chunk_sizes(rows, workers):
             c_i = payload * crows / rows
+            chunks.append(c_i)
             heap = sum(b * crows for b in self.leaf_row_bytes if heap_sized(b * crows)) \
                 if self.leaf_row_bytes else c_i
             heaps.append(min(heap, c_i))
@@ -216,6 +224,7 @@ class Model:
         in_flight = self.open_calls(chunk, workers, compute_s)
         return {"P": float(payload), "c": chunk, "h": heaps[0], "H": sum(heaps),
                 "mapped": mapped[0], "M": sum(sorted(mapped, reverse=True)[:in_flight]),
+                "O": sum(sorted(chunks, reverse=True)[:in_flight]),
                 "W": float(workers), "objects": rows * objects_per_row, "calls": float(len(heaps)), "1": 1.0}
 
     def role_features(self, role: str) -> tuple[str, ...]:
@@ -269,6 +278,8 @@ class Model:
                     # controller frees the controller's own objects only, never another process's memory
                     held -= self.release_share * (held - growth)
                 level = base + held
+                if role == "store" and self.store_share is not None:  # the chunks of the calls open at once
+                    level = max(level, self.store_share * x["O"])
                 if role == "store":  # the high-water mark of what it held (its pages are never given back:
                     level = min(cap, max(prev, level))  # never under its baseline), within its capacity
                     rows_out.append((level, min(cap, level + trans)))
@@ -310,6 +321,10 @@ class Model:
                          "none in the fits" if none else self.collection_rate.describe(1)))
         if self.leaf_row_bytes and "workers" in self.roles:
             rows.append(("workers", "calls open at once", self.calls_text()))
+        if self.store_share is not None:
+            rows.append(("store", "chunks held at once", f"at least {self.store_share:.2f} x the payload of the chunks "
+                         "of the calls open at once (the most a fit's store held after its first step, over its "
+                         "payload, at the largest fit size): a chunk stays in the store until its call ends"))
         return rows
 
     def calls_text(self) -> str:
@@ -513,6 +528,9 @@ def fit(replays: Sequence[Replay], leaf_row_bytes: Sequence[float] = ()) -> Mode
         if role == "controller":
             shares = [p[3] for p in per if p[3] is not None]
     m.call_to_send = call_to_send(reps)
+    if m.data_plane == "dataproto" and all("store" in s.end for r in reps for s in r.per_step):
+        largest = max(r.payload_bytes for r in reps)  # where a fixed cost weighs least against the payload
+        m.store_share = max(r.per_step[0].end["store"] / r.payload_bytes for r in reps if r.payload_bytes == largest)
     if m.call_to_send is not None:
         m.calls_in_flight = math.floor(m.call_to_send) + 1
     sends = [statistics.median(s.send_s for s in r.per_step) for r in reps
