@@ -180,10 +180,9 @@ class Model:
     send_s: Term | None = None  # the controller's seconds to send one chunk, by the chunk's bytes (None: not timed)
     # the object store's bytes per payload byte of the chunks it holds at once: the most a fit's store held over its
     # payload after the first step, when it holds that step's chunks only, at the largest fit size (DataProto plane;
-    # None: not fitted).
-    # Its level is at least this share of the calls open at once'
-    # chunks (``O``): a call's chunk stays in the store until the call ends, so workers that compute keep every
-    # chunk there, where the fits' short calls let the next chunk reuse the pages of one already freed
+    # None: not fitted). The store's level is at least this share of the calls open at once' chunks (``O``): a
+    # call's chunk stays in the store until the call ends, so workers that compute keep every chunk there, where
+    # the fits' short calls let the next chunk reuse the pages of one already freed
     store_share: float | None = None
     fitted_on: list[str] = field(default_factory=list)
     leaf_row_bytes: list[float] = field(default_factory=list)  # bytes per row of each tensor leaf
@@ -278,10 +277,10 @@ class Model:
                     # controller frees the controller's own objects only, never another process's memory
                     held -= self.release_share * (held - growth)
                 level = base + held
-                if role == "store" and self.store_share is not None:  # the chunks of the calls open at once
-                    level = max(level, self.store_share * x["O"])
-                if role == "store":  # the high-water mark of what it held (its pages are never given back:
-                    level = min(cap, max(prev, level))  # never under its baseline), within its capacity
+                if role == "store":  # at least the chunks of the calls open at once; the high-water mark of what it
+                    if self.store_share is not None:  # held (its pages are never given back: never under its
+                        level = max(level, self.store_share * x["O"])  # baseline), within its capacity
+                    level = min(cap, max(prev, level))
                     rows_out.append((level, min(cap, level + trans)))
                 else:
                     rows_out.append((level, max(prev, level) + trans))
