@@ -153,12 +153,14 @@ def test_a_standalone_replay_shows_its_first_steps_copy_whole(cluster):
     copy that lands on them does not show in RSS. On many keys x0.1 with 4 workers, without the trim, the
     legacy driver rose 0.27x of the payload in its first step on a cluster of its own and 1.0x in each later
     one (benchmarks/README.md, "A baseline after the trim"), and 0.78x here; the copy is the whole payload
-    at every step."""
+    at every step. How the two copies split between the two steps' readings varies with where the allocator
+    places the first step's temporaries (1.29x to 1.53x after the first at this size, with the trim), so
+    the second step is checked by the level it reaches: both copies held, the collector being off."""
     wl = Path(__file__).resolve().parents[1] / "benchmarks" / "workloads" / "many_keys.yaml"
     r = node("numpy-legacy", workload=str(wl), scale=0.1, workers=4, steps=2, gc="off", ray_address=cluster.address)
     assert r.outcome == "ok", r.error
     first, second = (s.driver_bytes / r.payload_bytes for s in r.training_steps)
-    assert first >= 0.9 and second - first >= 0.9, (first, second)
+    assert first >= 0.95 and second >= 1.9, (first, second)
 
 
 def test_node_timeline_is_the_sum_of_the_processes_and_the_store_at_every_sample(runs):
