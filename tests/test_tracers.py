@@ -23,8 +23,9 @@ def legacy_traced():
     """The must-show run: numpy-legacy over pickle5-oob on flowgrpo x0.25 with every in-process tracer.
 
     memray takes its heap snapshots from a thread of the measured process, every 1 ms; on a loaded 2-core
-    machine that thread can go unscheduled for the whole consolidate step (tens of ms), and memray's figure
-    for the step is then its heap before the copy. Such a run did not look, so it is made again (up to three
+    machine that thread can go unscheduled for the whole consolidate step (tens of ms), and its series then
+    says nothing of the copy (the product gives no figure for the step and says it did not look, see
+    ``tracers.per_step``). Such a run did not look, so it is made again (up to three
     runs in all) until memray's series has a snapshot within 5 ms of that step's end: the best of a few tries,
     chosen by the sampling, not by the figure the tests assert."""
     for _ in range(3):
@@ -86,6 +87,13 @@ def test_per_step_uses_the_rise_inside_each_step():
     late = {"t_s": [0.9, 1.5, 2.003, 2.5], "bytes": [0, 40, 100, 200]}
     assert per_step(late, steps[:1], sampled=True) == {"a": 100}
     assert per_step(late, steps[:1], sampled=False) == {"a": 40}
+    # readings inside a step that stop well before its end (a sampling thread not scheduled while the step
+    # copied) did not look at it: not the rise before the copy as the step's
+    stopped = {"t_s": [0.9, 1.1, 1.2, 2.5], "bytes": [0, 1, 2, 100]}
+    assert per_step(stopped, steps[:1], sampled=True) == {"a": None}
+    assert per_step(stopped, steps[:1], sampled=False) == {"a": 2}
+    just_before = {"t_s": [0.9, 1.2, 1.996, 2.5], "bytes": [0, 1, 90, 100]}
+    assert per_step(just_before, steps[:1], sampled=True) == {"a": 90}
 
 
 def test_memray_names_the_consolidate_copy_with_its_stack(legacy_traced):
@@ -99,7 +107,12 @@ def test_memray_names_the_consolidate_copy_with_its_stack(legacy_traced):
     assert any(frame.startswith("consolidate (tensordict/") for frame in top["stack"]), top["stack"]
     assert {"bytes", "step", "side", "stack"} <= set(top)
     memray = r.tracers["memray"]
-    assert memray["available"] and abs(ratio(memray["sides"]["sender"]["per_step"]["consolidate"], r) - 1.0) < 0.05
+    seen = memray["sides"]["sender"]["per_step"]["consolidate"]
+    assert memray["available"]
+    if _memray_looked_at_the_end_of(r, "consolidate"):
+        assert abs(ratio(seen, r) - 1.0) < 0.05
+    else:  # three runs in a row on a busy machine: the product says it did not look, with no figure
+        assert seen is None and any("did not look" in n and "'consolidate'" in n for n in memray["notes"])
 
 
 def test_tracemalloc_is_blind_to_the_copy_and_the_report_says_so(legacy_traced):

@@ -11,6 +11,7 @@ reason, the peak it saw, what it saw in each step, a per-side series) and ``RunR
 from __future__ import annotations
 
 import ast
+import bisect
 import functools
 from typing import Any
 
@@ -48,6 +49,10 @@ def per_step(series: dict[str, list], steps: list[Step], sampled: bool) -> dict[
     None (it did not look); an event series with none gives 0 (nothing happened). A sampled series
     also counts its first sample after the step if it comes within ``TAIL_S``: the reading that was
     due when the step ended belongs to it (a copy still filling pages at its last millisecond).
+    A sampled series with no reading within ``TAIL_S`` of the step's end, on either side, did not look
+    at that step either: a copy the step keeps shows at its end, and a sampling thread that was not
+    scheduled while the step copied (memray's runs inside the measured process; on a busy machine it
+    missed whole steps of tens of ms) would report as the step's rise what it saw before the copy.
     """
     t_s, values = series.get("t_s") or [], series.get("bytes") or []
     out: dict[str, int | None] = {}
@@ -68,7 +73,9 @@ def per_step(series: dict[str, list], steps: list[Step], sampled: bool) -> dict[
                 break
         if base is None:
             base = values[0] if values else 0
-        if not inside:
+        near = bisect.bisect_left(t_s, end - TAIL_S)
+        looked_at_end = not sampled or st.end_s is None or (near < len(t_s) and t_s[near] <= end + TAIL_S)
+        if not inside or not looked_at_end:
             out[st.name] = None if sampled else 0
         else:
             out[st.name] = max(max(inside), base) - base

@@ -32,7 +32,8 @@ def step_note(tracer: str, entry: dict[str, Any], side: str, step: str, seen: in
     where = f"{side} step '{step}'"
     truth = f"the kernel measured {fmt_bytes(exact, signed=True)} ({exact / payload:.2f}x payload)"
     if seen is None:
-        return f"{tracer} took no reading inside {where}, where {truth}: the step is shorter than its sampling."
+        return (f"{tracer} took no reading inside {where} or at its end, where {truth}: it did not look at the step "
+                "(one shorter than its sampling interval, or a sampling thread not scheduled on a busy machine).")
     pct = 100.0 * seen / payload
     said = f"{tracer} saw {fmt_bytes(seen, signed=True)} ({pct:.1f}% of payload) in {where}, where {truth}"
     if seen < BLIND * payload:
