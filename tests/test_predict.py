@@ -22,8 +22,9 @@ import pytest
 
 from picklescope.cli import main
 from picklescope.cli.commands import predict as predict_cmd
+from picklescope.cli.commands.common import idle_seconds
 from picklescope.core.result import Step
-from picklescope.core.units import fmt_bytes
+from picklescope.core.units import fmt_bytes, seconds
 from picklescope.errors import PicklescopeError
 from picklescope.investigate.node import collector
 from picklescope.investigate.predict import fit as fitting
@@ -356,9 +357,27 @@ def test_the_answer_states_how_many_workers_hold_their_chunk_and_the_node_if_all
     assert "workers: all 4 hold their chunk at once, each computing 60 s on it" in computing.summary()
     doc = bare.to_json_dict()
     assert doc["calls_open"] == 2 and doc["node_peak_all_open_bytes"] == computing.node_peak_bytes
-    for bad in (-1, float("nan"), "60"):  # the API's line is node's (investigate.node.checks.seconds)
+    for bad in (-1, float("nan"), "60"):  # the API's line is node's (core.units.seconds)
         with pytest.raises(PicklescopeError, match="worker_compute_s .* must be a number of seconds"):
             prediction.predict(("numpy",), "flowgrpo", payload="4GB", workers=4, steps=3, worker_compute_s=bad)
+
+
+@pytest.mark.parametrize("value", [0, 2, 0.5, 1e3, -1, -0.0, float("nan"), float("inf"), True])
+def test_the_duration_flags_and_keywords_accept_and_refuse_the_same_values(value):
+    """``--worker-compute`` / ``--step-gap`` and ``worker_compute_s`` / ``step_gap_s`` are one check
+    (``core.units.seconds``): a value the API refuses, typed as the flag, is refused too, and one it takes
+    is the same number."""
+    flag = idle_seconds("--worker-compute", "2", "seconds each worker holds its chunk")
+    try:
+        api = seconds("worker_compute_s", value, "--worker-compute 2", "seconds each worker holds its chunk")
+    except PicklescopeError:
+        api = None
+    try:
+        cli = flag(str(value))
+    except PicklescopeError as exc:
+        assert "--worker-compute" in str(exc) and "use e.g. --worker-compute 2" in str(exc)
+        cli = None
+    assert cli == api  # True: the keyword refuses a bool, the flag the text 'True'
 
 
 def test_a_workers_level_is_its_second_steps_once_glibc_keeps_its_leaves_in_the_heap():

@@ -8,8 +8,10 @@ process instead (interpreter, torch and the batch included), the way a container
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from picklescope.errors import PicklescopeError
 
@@ -100,6 +102,27 @@ def parse_size(text: str | int | float | Size, what: str = "size") -> Size:
     if value == float("inf"):
         raise PicklescopeError(f"{what} {text!r} is too large to be a size", "give a size like 700MiB or 1.5x")
     return Size(bytes=int(value * _UNITS[unit]))
+
+
+def seconds(name: str, value: Any, flag: str, what: str) -> float:
+    """``value`` as seconds, or one line for a duration that is not a finite number of seconds, zero or more.
+    One check for the API (``node``'s and ``predict``'s keyword ``name``, e.g. ``step_gap_s``) and the CLI
+    (``name`` the flag itself, ``value`` the text as typed): ``flag`` is the flag with an example value
+    (``--step-gap 2``), ``what`` what the duration is."""
+    as_flag = name.startswith("--")
+    number = value
+    if as_flag and isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            number = None
+    if isinstance(number, bool) or not (isinstance(number, (int, float)) and math.isfinite(number) and number >= 0):
+        if as_flag:
+            raise PicklescopeError(f"{name} {value!r} is not a number of seconds, zero or more",
+                                   f"use e.g. {flag} ({what})")
+        raise PicklescopeError(f"{name} {value!r} must be a number of seconds, zero or more",
+                               f"use e.g. {name}={flag.split()[-1]} ({flag}): {what}")
+    return float(number)
 
 
 def fmt_bytes(n: float | None, signed: bool = False) -> str:

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from picklescope.core.units import seconds as checked_seconds
 from picklescope.errors import PicklescopeError
 from picklescope.workloads.spec import DEFAULT_WORKLOAD
 
@@ -32,18 +33,11 @@ def seconds(text: str) -> float:
 
 
 def idle_seconds(flag: str, example: str, what: str) -> Callable[[str], float]:
-    """An argparse type for a duration that may be zero (``--step-gap``, ``--worker-compute``): one line
-    naming ``flag`` and an ``example`` value for anything that is not a finite number of seconds, zero or
-    more."""
+    """An argparse type for a duration that may be zero (``--step-gap``, ``--worker-compute``): the API's own
+    check (:func:`picklescope.core.units.seconds`) with ``flag`` and an ``example`` value in its
+    one line, so that the flag and the keyword accept and refuse the same values."""
     def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = -1.0
-        if not (math.isfinite(value) and value >= 0):
-            raise PicklescopeError(f"{flag} {text!r} is not a number of seconds, zero or more",
-                                   f"use e.g. {flag} {example} ({what})")
-        return value
+        return checked_seconds(flag, text, f"{flag} {example}", what)
     return parse
 
 

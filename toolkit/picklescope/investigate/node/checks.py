@@ -9,7 +9,6 @@ names the problem and the way out. Nothing has been started when it raises.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -146,11 +145,3 @@ def plan(codecs: Sequence[str], workload: str, scale: float, workers: int, steps
         raise PicklescopeError(f"--node-budget {node_budget!r} must be positive", "use e.g. --node-budget 1.5x")
     return Plan(codecs, gc_modes, wl, payload, budget, check_enforcement(enforcement, budget, ray_address))
 
-
-def seconds(name: str, value: Any, flag: str, what: str) -> float:
-    """``value`` as seconds, or one line for a duration that is not a finite number of seconds, zero or more:
-    the API's check (``node``'s and ``predict``'s) of what the CLI's ``idle_seconds`` type checks."""
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-        raise PicklescopeError(f"{name} {value!r} must be a number of seconds, zero or more",
-                               f"use e.g. {name}={flag.split()[-1]} ({flag}): {what}")
-    return float(value)

@@ -22,9 +22,10 @@ from picklescope.core import cgroup
 from picklescope.core.events import Next, Release
 from picklescope.core.leftovers import sweep_orphans, temp_name
 from picklescope.core.paths import make_temp_dir
+from picklescope.core.units import seconds
 from picklescope.errors import PicklescopeError
 from picklescope.investigate.node import enforce, tq_plane
-from picklescope.investigate.node.checks import DEFAULT_SCALE, plan, seconds
+from picklescope.investigate.node.checks import DEFAULT_SCALE, plan
 from picklescope.investigate.node.config import NodeConfig
 from picklescope.investigate.node.controller import check_controller
 from picklescope.investigate.node.driver import DRIVER_LOG, node_driver_main

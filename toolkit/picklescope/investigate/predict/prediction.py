@@ -26,10 +26,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from picklescope.core.units import fmt_bytes, parse_size
+from picklescope.core.units import fmt_bytes, parse_size, seconds
 from picklescope.errors import PicklescopeError
 from picklescope.investigate.node import GC_MODES, tq_plane
-from picklescope.investigate.node.checks import seconds
 from picklescope.investigate.predict import fit as fitting
 from picklescope.investigate.predict.answer import Check, CodecPrediction
 from picklescope.investigate.predict.model import Model, released_at
