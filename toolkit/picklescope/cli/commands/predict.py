@@ -128,12 +128,13 @@ def _predict(args: argparse.Namespace, codecs: list[str], planes: list[str]) -> 
     if args.json:
         print_json([p.to_json_dict() for p in preds])
         return 0
+    # the answer first, where the terminal shows it; the terms that reached it after (about 20 lines a codec)
+    print("\n".join(p.summary() for p in preds))
+    print()
     first = preds[0]
-    print(f"The model's terms (gc {first.gc}, fitted on {', '.join(first.fitted_on)}):")
+    print(f"How: the model's terms (gc {first.gc}, fitted on {', '.join(first.fitted_on)}):")
     for p in preds:
         print(f"  {p.codec}" + ("" if p.data_plane == "dataproto" else f", data plane {p.data_plane}") + ":")
         for role, term, value in p.terms:
             print(f"    {role:<13} {term:<26} {value}")
-    print()
-    print("\n".join(p.summary() for p in preds))
     return 0
