@@ -197,3 +197,22 @@ def test_on_real_workers_each_file_runs_on_one_worker_and_makes_its_module_fixtu
         workers = {w for kind, m, w in lines if kind == "test" and m == module}
         assert len(setups) == 1 and workers == set(setups), (module, lines)
         assert setups[0] in ("gw0", "gw1"), lines
+
+
+def test_a_child_runs_in_the_environment_its_parent_has_when_it_starts_it(monkeypatch):
+    """One forkserver serves every run of a test process (or a kernel), and it keeps the environment of the
+    moment it started. A test that set ``PICKLESCOPE_CACHE`` to a folder of its own and happened to start the
+    worker's forkserver left that folder in every later child: the worker's real verl runs then named the
+    installed versions unknown codecs (``unknown codec 'verl-0.9.1:numpy'``). Each child gets its parent's
+    environment of the moment it starts (``launcher.start``)."""
+    from picklescope.measure import launcher
+    from picklescope.verl.childcall import call
+
+    monkeypatch.setenv("PICKLESCOPE_CACHE", "/nonexistent/the-forkservers-cache")
+    launcher.warm_up()  # running already, or started now under the first setting
+    monkeypatch.setenv("PICKLESCOPE_CACHE", "/nonexistent/set-after-the-forkserver-started")
+    monkeypatch.setenv("PICKLESCOPE_PROBE", "now")
+    assert call("os.getenv", key="PICKLESCOPE_CACHE") == "/nonexistent/set-after-the-forkserver-started"
+    assert call("os.getenv", key="PICKLESCOPE_PROBE") == "now"
+    monkeypatch.delenv("PICKLESCOPE_PROBE")
+    assert call("os.getenv", key="PICKLESCOPE_PROBE") is None

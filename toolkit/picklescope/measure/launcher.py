@@ -261,12 +261,30 @@ def warm_up() -> int | None:
     return forkserver_pid()
 
 
+def _in_environment(conn: Any, env: dict[str, str], target: Any, *args: Any) -> Any:
+    """A child's entry: the environment its parent had when it started the child, then ``target``.
+
+    The forkserver's own environment is the one its parent had when the forkserver started, which may be
+    long before (a kernel's first run) and under other settings: a ``PICKLESCOPE_CACHE`` set for one call
+    (a test's, a notebook cell's) stayed in every later child, which then looked for verl's installed
+    versions in that folder and named them unknown codecs. A child started now gets the environment of
+    now, as a child spawned afresh would."""
+    os.environ.clear()
+    os.environ.update(env)
+    return target(conn, *args)
+
+
 def start(target: Any, args: tuple, name: str) -> tuple[ChildProcess, Any]:
-    """Start ``target(child_conn, *args)`` in a warm child; returns (process, parent end of pipe)."""
+    """Start ``target(child_conn, *args)`` in a warm child; returns (process, parent end of pipe). The child
+    runs in the caller's environment of this moment (:func:`_in_environment`), torch's cache folder as the
+    forkserver's (:func:`_warm_start`)."""
+    from multiprocessing import process
+
     ensure_preload()
     _warm_start()
+    env = {**os.environ, **torch_cache_env(process.current_process()._config["tempdir"])}
     parent_end, child_end = mp_context._default_context.get_context("forkserver").Pipe()
-    p = ChildProcess(target=target, args=(child_end, *args), name=name, daemon=True)
+    p = ChildProcess(target=_in_environment, args=(child_end, env, target, *args), name=name, daemon=True)
     # A Ctrl-C or SIGTERM between the forkserver's fork and our learning the pid (the first start waits
     # for the forkserver to import torch) would leave a child nobody knows about, which then prints a
     # traceback when its run folder disappears. Both are held back until p knows its pid, then handed

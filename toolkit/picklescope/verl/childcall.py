@@ -3,7 +3,8 @@
 Work on real verl that is not a two-sided measured run (the capability matrix, loading reference
 blobs, diagnosing a blob) still has to happen in a child: verl must never be imported by the
 caller, and one process holds one verl. The function is named by dotted path so the child imports
-it itself; the parent's cache folder travels with the call so both sides see the same
+it itself; the child runs in the parent's environment of the moment it starts
+(:func:`picklescope.measure.launcher.start`), so both sides see the same cache folder and verl
 environments. A :class:`~picklescope.errors.PicklescopeError` raised in the child comes back as
 the same one-line problem and hint.
 """
@@ -19,7 +20,6 @@ from picklescope.codecs.base import ModeMismatch
 from picklescope.core.events import Error, Result
 from picklescope.errors import PicklescopeError, UnsupportedCase
 from picklescope.measure import launcher
-from picklescope.verl.envs import CACHE_ENV, cache_root
 
 
 def _entry(conn: Any, dotted: str, kwargs: dict[str, Any], env: dict[str, str]) -> None:
@@ -41,8 +41,7 @@ def _entry(conn: Any, dotted: str, kwargs: dict[str, Any], env: dict[str, str]) 
 
 def call(dotted: str, timeout_s: float = 600.0, env: dict[str, str] | None = None, **kwargs: Any) -> Any:
     """Run ``dotted(**kwargs)`` in a warm child; return its result or raise its error here."""
-    child_env = {CACHE_ENV: str(cache_root()), **(env or {})}
-    msg, exitcode = launcher.call_once(_entry, (dotted, kwargs, child_env),
+    msg, exitcode = launcher.call_once(_entry, (dotted, kwargs, dict(env or {})),
                                        f"picklescope-{dotted.rsplit('.', 1)[-1]}", timeout_s, join_s=10)
     if msg is None:
         raise PicklescopeError(f"the child running {dotted} ended without an answer (exit code {exitcode})",
