@@ -79,6 +79,7 @@ import picklescope as ps
 from picklescope.core.units import fmt_bytes
 from picklescope.investigate.node import compare_drivers, node_series
 from picklescope.investigate.node.tq_plane import cpus_needed, plane_lines
+from picklescope.investigate.predict.fit import chunk_sizes
 from picklescope.ray import transferqueue
 from picklescope.ray.local_cluster import LocalCluster
 from picklescope.ray.startup import RayStartError
@@ -88,7 +89,12 @@ from picklescope.views.richtext import sentence
 OUT = Path("out")  # every file this notebook writes goes under out/
 OUT.mkdir(exist_ok=True)
 payload = ps.load_workload(workload).payload_bytes(scale)
+rows = ps.load_workload(workload).rows(scale)
+cut = chunk_sizes(rows, workers)  # as DataProto.chunk (torch.chunk) cuts the batch: ceil(rows / workers) each
 print(f"{workload} x{scale:g}: payload {fmt_bytes(payload)}, {workers} workers, {steps} training steps")
+print(f"{rows} rows, cut {', '.join(map(str, cut))} among the workers"
+      + ("" if cut == [cut[0]] * workers else ": a worker with fewer rows holds less")
+      + ("; one with none gets no call" if len(cut) < workers else ""))
 
 # %% [markdown]
 # ## 1. One cluster for every run, one node for every series
@@ -138,7 +144,8 @@ def replays(codecs: list[str], gc: list[str], **kw) -> list[ps.NodeResult]:
 # the memory the driver reported at its baseline and the own peak from its sample at the moment every
 # baseline was taken, and the node's total also subtracts a process that went below its baseline. The figure stacks
 # every process's memory above its baseline, plus the store: the top edge is the node's total. Shaded
-# bands are training steps.
+# bands are training steps. A worker whose chunk has fewer rows holds less (the set-up cell above prints
+# how the batch's rows are cut among the workers).
 
 # %%
 modes = list(dict.fromkeys(["default", *gc_modes, "off"]))  # "off" always: section 4 places its budget by it

@@ -105,6 +105,8 @@ def test_notebook_executes_headless(stem, executed):
         assert "numpy-legacy" in legacy_row and "killed " in legacy_row and " in training step " in legacy_row
         assert "numpy" in fixed_row and ">ok<" in fixed_row, fixed_row
         assert "cluster stopped, left: []" in out
+        # how the rows are cut among the workers, printed before the replays (a worker with fewer rows holds less)
+        assert re.search(r"^\d+ rows, cut \d+(, \d+)* among the workers", out, re.MULTILINE), out[:600]
         answer = _shown(nb)  # the last answer quotes the driver's own and exact peaks, the growth and the kill
         assert "the driver's own memory (the object store apart) peaked at" in answer, answer
         assert "its exact peak, object-store pages included, was" in answer and "driver grew" in answer
