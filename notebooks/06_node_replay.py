@@ -145,7 +145,10 @@ def replays(codecs: list[str], gc: list[str], **kw) -> list[ps.NodeResult]:
 # baseline was taken, and the node's total also subtracts a process that went below its baseline. The figure stacks
 # every process's memory above its baseline, plus the store: the top edge is the node's total. Shaded
 # bands are training steps. A worker whose chunk has fewer rows holds less (the set-up cell above prints
-# how the batch's rows are cut among the workers).
+# how the batch's rows are cut among the workers). The store's band is often too thin to see here: the
+# series' unmeasured steps wrote to the store's pages before the baselines were taken, and the store never
+# gives pages back, so each replay's chunks reuse pages already counted in its baseline (about 0.00x above
+# it; a replay on a fresh cluster shows the chunks' pages, docs/node.md).
 
 # %%
 modes = list(dict.fromkeys(["default", *gc_modes, "off"]))  # "off" always: section 4 places its budget by it

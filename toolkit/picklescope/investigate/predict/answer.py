@@ -115,8 +115,8 @@ class CodecPrediction:
     def summary(self) -> str:
         p = self.payload_bytes
         plane = "" if self.data_plane == "dataproto" else f", data plane {self.data_plane}"
-        out = [f"{self.codec} (gc {self.gc}{plane}), payload {fmt_bytes(p)} = {p / 1e9:.2f} GB (batch size "
-               f"{self.rows}), {self.workers} workers, {self.steps} steps: node peak "
+        out = [f"{self.codec} (gc {self.gc}{plane}), payload {fmt_bytes(p)} = {p / 1e9:.2f} GB (a batch of "
+               f"{self.rows} rows), {self.workers} workers, {self.steps} steps: node peak "
                f"{fmt_bytes(self.node_peak_bytes)}, controller {fmt_bytes(self.processes['controller'])}"]
         out.append("  " + self.verdict_text())
         if not self.baselines:
@@ -130,7 +130,8 @@ class CodecPrediction:
             out.append("  " + calls)
         if self.release_steps:
             shown = ", ".join(map(str, self.release_steps[:8])) + (", ..." if len(self.release_steps) > 8 else "")
-            out.append(f"  controller memory falls back (a collection frees held copies) at steps {shown}")
+            out.append(f"  controller memory falls back during steps {shown} "
+                       "(a collection frees the copies held by then)")
         if self.check:
             out.append("  " + self.check_text())
         return "\n".join(out)
@@ -141,8 +142,8 @@ class CodecPrediction:
         peak, steps = fmt_bytes(self.node_peak_bytes), self.steps
         if not self.node_memory_bytes:
             return f"the node peaks at {peak} over {steps} training steps (no --node-memory, so no threshold to cross)"
-        limit = (f"{self.threshold:g} of its {fmt_bytes(self.node_memory_bytes)} = "
-                 f"{fmt_bytes(self.threshold * self.node_memory_bytes)}")
+        limit = (f"{self.threshold:g} of its {fmt_bytes(self.node_memory_bytes)} "  # GiB, and the GB it was given in
+                 f"({self.node_memory_bytes / 1e9:.0f} GB) = {fmt_bytes(self.threshold * self.node_memory_bytes)}")
         if self.killed:
             k = self.killed
             return (f"Ray's memory monitor would kill {k['process']} in training step {k['training_step']} of {steps}, "
