@@ -171,7 +171,7 @@ def _own_mp_tempdir() -> None:
     util.Finalize(None, shutil.rmtree, args=(path,), kwargs={"ignore_errors": True}, exitpriority=-100)
 
 
-def _warm_start() -> None:
+def _warm_start() -> dict[str, str]:
     """Start the forkserver (if it is not running) with SIGINT ignored, so a Ctrl-C while it imports
     torch does not print its traceback; its children inherit the same, and the parent ends them. Only
     the new process ignores it (:func:`_spawn_ignoring_sigint`): this one keeps its handler throughout, so
@@ -180,17 +180,20 @@ def _warm_start() -> None:
     The forkserver starts with torch's cache folder inside the ``multiprocessing`` temp folder
     (:func:`picklescope.core.paths.torch_cache_env`): importing tensordict creates it, and every child
     and Ray process inherits the setting, so nothing named ``torchinductor_*`` is left in ``TMPDIR``.
-    Only the forkserver's environment gets it; the caller's own stays as it was."""
+    Only the forkserver's environment gets it; the caller's own stays as it was. Returns that setting,
+    which every child the forkserver starts keeps (:func:`start`)."""
     from multiprocessing import process
 
     _own_mp_tempdir()
     fs = forkserver._forkserver
-    with _environment(torch_cache_env(process.current_process()._config["tempdir"])):
+    extra = torch_cache_env(process.current_process()._config["tempdir"])
+    with _environment(extra):
         if fs._forkserver_pid is not None:
             fs.ensure_running()
-            return
+            return extra
         with _spawn_ignoring_sigint(own_session=_in_kernel()):
             fs.ensure_running()
+    return extra
 
 
 def _in_kernel() -> bool:
@@ -278,11 +281,8 @@ def start(target: Any, args: tuple, name: str) -> tuple[ChildProcess, Any]:
     """Start ``target(child_conn, *args)`` in a warm child; returns (process, parent end of pipe). The child
     runs in the caller's environment of this moment (:func:`_in_environment`), torch's cache folder as the
     forkserver's (:func:`_warm_start`)."""
-    from multiprocessing import process
-
     ensure_preload()
-    _warm_start()
-    env = {**os.environ, **torch_cache_env(process.current_process()._config["tempdir"])}
+    env = {**os.environ, **_warm_start()}
     parent_end, child_end = mp_context._default_context.get_context("forkserver").Pipe()
     p = ChildProcess(target=_in_environment, args=(child_end, env, target, *args), name=name, daemon=True)
     # A Ctrl-C or SIGTERM between the forkserver's fork and our learning the pid (the first start waits
