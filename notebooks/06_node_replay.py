@@ -88,8 +88,8 @@ from picklescope.views.richtext import sentence
 
 OUT = Path("out")  # every file this notebook writes goes under out/
 OUT.mkdir(exist_ok=True)
-payload = ps.load_workload(workload).payload_bytes(scale)
-rows = ps.load_workload(workload).rows(scale)
+wl = ps.load_workload(workload)
+payload, rows = wl.payload_bytes(scale), wl.rows(scale)
 cut = chunk_sizes(rows, workers)  # as DataProto.chunk (torch.chunk) cuts the batch: ceil(rows / workers) each
 print(f"{workload} x{scale:g}: payload {fmt_bytes(payload)}, {workers} workers, {steps} training steps")
 print(f"{rows} rows, cut {', '.join(map(str, cut))} among the workers"
