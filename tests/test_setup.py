@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import sys
 import tomllib
 from pathlib import Path
 
@@ -72,6 +73,17 @@ def test_torch_is_pinned_for_this_repository_only():
     assert 'TORCH = "torch==2.13.0"' in (ROOT / "dev.py").read_text()
     assert re.search(r'"-c", str\(CONSTRAINTS\), "-e"', (ROOT / "dev.py").read_text()), "dev.py installs with them"
     assert set(pins) >= HOST_PACKAGES
+
+
+def test_the_set_up_leaves_out_the_iri_checker_that_costs_every_ray_process_a_second():
+    """jsonschema 4.25+ installs rfc3987-syntax with its format-nongpl extra and imports it at its own import,
+    building about 35 Lark parsers: 1.2 s of CPU in every process that imports Ray or nbformat
+    (python-jsonschema/jsonschema#1428; docs/testing.md, "The set-up's pin of jsonschema"). The set-up pins
+    jsonschema below that, whose import leaves the module alone (installed or not)."""
+    import jsonschema  # noqa: F401  (imported here for what it imports)
+
+    assert Version(_constraints()["jsonschema"]) < Version("4.25")
+    assert "rfc3987_syntax" not in sys.modules
 
 
 def test_the_constraints_lie_inside_the_ranges():
