@@ -78,7 +78,7 @@ from IPython.display import display
 import picklescope as ps
 from picklescope.core.units import fmt_bytes
 from picklescope.investigate.node import compare_drivers, node_series
-from picklescope.investigate.node.tq_plane import cpus_needed, plane_lines
+from picklescope.investigate.node.tq_plane import cpus_needed, plane_lines, plane_verdict
 from picklescope.investigate.predict.fit import chunk_sizes
 from picklescope.ray import transferqueue
 from picklescope.ray.local_cluster import LocalCluster
@@ -171,8 +171,10 @@ for r in runs.values():
 
 # %%
 display(table.Table(table.node_rows([r for pair in by_mode.values() for r in pair.values()]),
-                    caption="the driver's memory at each training step's end, above its baseline, x payload; "
-                            "growth: from the first step's end to the last one's"))
+                    caption="x payload (the batch's bytes). driver peak: the driver's highest memory, object-store "
+                            "pages it maps included; driver own peak: its private memory alone; node peak: every "
+                            "process and the object store together; driver at each step's end: above its "
+                            "baseline; growth: from the first step's end to the last one's"))
 
 # %% [markdown]
 # ## 4. A node budget: which process would the kernel kill, and when?
@@ -234,6 +236,8 @@ else:
     tq_free = replays([tq_codec], ["off"], data_plane="transferqueue")[0]
     tq_capped = replays([tq_codec], ["off"], data_plane="transferqueue", node_budget=budget)[0]
     planes = {"free": tq_free, "capped": tq_capped}
+    print(textwrap.fill("Would the TransferQueue plane have saved this node? "
+                        + plane_verdict(capped[legacy], tq_capped), 96))
     display(table.Table(table.node_rows([off[legacy], tq_free]),
                         caption="the same batch on both data planes, collector off, no budget"))
     display(figures.node_figure(tq_free))

@@ -24,6 +24,7 @@ import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -66,6 +67,7 @@ def runs(cluster):
     baseline of its own: docs/node.md), as ``reproduce`` compares them; starting the actors is most of a
     replay's cost. Without a budget, both collector modes are one series (``SERIES``: a collector mode per
     replay); its second legacy replay with the collector off is ``get("numpy-legacy", "off", again=True)``.
+    A real verl codec's two collector modes are one series of that codec (it loads its verl once).
     Under a budget the fixed codec goes first, since a replay that is killed ends its series."""
     cache: dict[tuple, NodeResult] = {}
 
@@ -78,6 +80,10 @@ def runs(cluster):
             if codec in PAIR and "node_budget" in kw and set(kw) == {"node_budget"}:
                 for r in node_series(PAIR[::-1], gc=gc, ray_address=cluster.address, **opts):
                     cache[(r.codec, gc, key[2])] = r
+            elif codec.startswith("verl-") and gc in ("default", "off"):  # one verl, loaded once for both modes
+                modes = ("default", "off")
+                for g, r in zip(modes, node_series((codec,) * 2, gc=modes, ray_address=cluster.address, **opts)):
+                    cache[(codec, g, key[2])] = r
             elif codec in PAIR and not kw and gc in ("default", "off"):
                 results = node_series([c for c, _ in SERIES], gc=[g for _, g in SERIES],
                                       ray_address=cluster.address, **opts)
@@ -421,8 +427,10 @@ def test_interrupted_or_killed_parent_leaves_no_process_or_file(how):
 
 @pytest.mark.slow
 def test_real_verl_0_9_0_grows_and_0_9_1_does_not(runs, verl_envs):
-    # production collector: the peak alone (each chunk's consolidate copy, verl PR #5874's shape)
-    old, new = runs("verl-0.9.0:numpy"), runs("verl-0.9.1:numpy")
+    # Two workers (half the processes to start, each importing verl), both collector modes of a verl on the
+    # same processes (one series per verl). The production collector: the peak alone (each chunk's consolidate
+    # copy, verl PR #5874's shape).
+    old, new = runs("verl-0.9.0:numpy", workers=2), runs("verl-0.9.1:numpy", workers=2)
     assert old.outcome == new.outcome == "ok", (old.error, new.error)
     payload = old.payload_bytes
     # The driver's own (private) memory holds the discarded copies: at least a payload more for 0.9.0.
@@ -445,8 +453,7 @@ def test_real_verl_0_9_0_grows_and_0_9_1_does_not(runs, verl_envs):
             assert {s.training_step for s in inner} == set(range(1, STEPS + 1)), marker
             outers = [s for s in steps_ if s.name == outer]
             assert all(any(o.start_s <= s.start_s and s.end_s <= o.end_s for o in outers) for s in inner), marker
-    # with the collector off every chunk's copy stays, one payload per step whatever the worker count: two
-    # workers (half the processes to start, each importing verl) keep the same payload per step
+    # with the collector off every chunk's copy stays: one payload per step
     old, new = runs("verl-0.9.0:numpy", "off", workers=2), runs("verl-0.9.1:numpy", "off", workers=2)
     assert old.outcome == new.outcome == "ok", (old.error, new.error)
     assert old.payload_bytes == new.payload_bytes == payload and old.workers == new.workers == 2
@@ -557,12 +564,22 @@ def test_node_figure_stacks_processes_over_the_store_and_marks_the_kill():
     assert [t.name for t in ungrouped.data][:3] == ["driver", "worker-0", "worker-1"]
     colors = [t.line.color for t in ungrouped.data if t.name not in ("kill",)]
     assert len(set(colors)) == len(colors), colors  # nine processes and the store: no two alike
-    # steps too short for their labels side by side: every step keeps its band, crowded labels are left out
-    crowded = {**doc, "killed": None, "outcome": "ok", "training_steps": [
-        {"index": i, "start_s": 0.0001 * (i - 1), "end_s": 0.0001 * i} for i in range(1, 11)]}
-    crowded_fig = figures.node_figure(crowded)
-    labels = [a.text for a in crowded_fig.layout.annotations if a.text and a.text.startswith("step ")]
-    assert len(crowded_fig.layout.shapes) >= 10 and labels[0] == "step 1" and 1 < len(labels) < 10, labels
+    # steps too short for "step k" side by side: every step keeps its band and is labelled by its number alone
+    # (a band left unlabelled between two labelled ones reads as a missing step); where even the numbers do
+    # not fit, crowded labels are left out
+    def step_labels(f: Any) -> list[str]:
+        return [a.text for a in f.layout.annotations if a.text and (a.text.startswith("step ") or a.text.isdigit())]
+
+    def steps_of(n: int, width: float) -> dict[str, Any]:
+        return {**doc, "killed": None, "outcome": "ok", "training_steps": [
+            {"index": i, "start_s": width * (i - 1), "end_s": width * i} for i in range(1, n + 1)]}
+
+    assert step_labels(figures.node_figure(steps_of(2, 0.0015))) == ["step 1", "step 2"]  # room for the words
+    numbered = figures.node_figure(steps_of(10, 0.0002))
+    assert len(numbered.layout.shapes) >= 10 and step_labels(numbered) == [str(i) for i in range(1, 11)]
+    crowded_fig = figures.node_figure(steps_of(30, 0.0001))
+    labels = step_labels(crowded_fig)
+    assert len(crowded_fig.layout.shapes) >= 30 and labels[0] in ("1", "step 1") and 1 < len(labels) < 30, labels
     assert all(a.text and a.text != "new text" for a in crowded_fig.layout.annotations)  # no placeholder label
     # the curves end at the kill: the cluster being stopped afterwards is not the node's story
     doc["killed"]["t_s"] = 0.002

@@ -27,7 +27,7 @@ from picklescope.cli import main
 from picklescope.core.result import Process
 from picklescope.errors import PicklescopeError
 from picklescope.investigate.node import NodeResult, node, node_series
-from picklescope.investigate.node.tq_plane import STORAGE_UNITS, TQEngine, cpus_needed, plane_lines
+from picklescope.investigate.node.tq_plane import STORAGE_UNITS, TQEngine, cpus_needed, plane_lines, plane_verdict
 from picklescope.ray import ray_available
 from picklescope.ray.transferqueue import missing
 
@@ -234,6 +234,34 @@ def test_a_killed_replay_says_what_each_process_held_at_the_kill():
     assert lines[0].startswith("transferqueue killed producer in training step 2"), lines
     assert lines[1] == "  at the kill, above baselines: producer 2.50x, storage-0 1.00x, driver 0.01x " \
                        "(oom_score: producer 700)", lines
+
+
+def test_the_plane_verdict_answers_yes_or_no_with_the_step_each_plane_lost_a_process_in():
+    from picklescope.core.kill import Kill
+
+    def replay(plane: str, killed: tuple[str, int] | None = None, outcome: str = "ok") -> NodeResult:
+        r = NodeResult("numpy-legacy", "ray-arg", "flowgrpo", SCALE, 100, workers=WORKERS, steps=4, dispatch="chunk",
+                       gc="off", returns=None, data_plane=plane)
+        r.outcome = "oom-killed" if killed else outcome
+        if killed:
+            r.killed = Kill(killed[0], 1.0, 300, 1, node_bytes=400, training_step=killed[1], step="compute")
+        return r
+
+    dp_killed, tq_killed = replay("dataproto", ("worker-1", 2)), replay("transferqueue", ("storage-0", 3))
+    assert plane_verdict(dp_killed, replay("transferqueue")) == (
+        "Yes: under the same node budget the TransferQueue plane completed every training step, where the "
+        "DataProto plane lost its worker-1 in training step 2.")
+    assert plane_verdict(dp_killed, tq_killed) == (
+        "No: under the same node budget the TransferQueue plane lost its storage-0 in training step 3, later than "
+        "the DataProto plane, which lost its worker-1 in training step 2.")
+    assert plane_verdict(replay("dataproto", ("driver", 3)), tq_killed).startswith(
+        "No: under the same node budget both planes lost a process in training step 3 (TransferQueue its "
+        "storage-0, DataProto its driver)")
+    assert plane_verdict(replay("dataproto"), tq_killed).endswith("where the DataProto plane completed every "
+                                                                  "training step.")
+    assert plane_verdict(replay("dataproto"), replay("transferqueue")).startswith("The question did not arise")
+    assert plane_verdict(dp_killed, replay("transferqueue", outcome="timeout")).startswith(
+        "Not known: the TransferQueue replay ended timeout")
 
 
 def test_a_joined_cluster_without_a_cpu_for_each_transferqueue_actor_is_one_line():

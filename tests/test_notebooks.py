@@ -115,6 +115,10 @@ def test_notebook_executes_headless(stem, executed):
         assert "On verl's TransferQueue data plane the driver's own memory peaked at 0.0" in answer, answer
         assert "the storage units held 1.0" in answer or "the storage units held 0.9" in answer, answer
         assert "Under the same budget, the TransferQueue replay " in answer
+        # the section's yes or no comes first, with the training steps that prove it
+        verdict = re.search(r"^Would the TransferQueue plane have saved this node\? (Yes|No|The question did not "
+                            r"arise)[:,] .*?(training step \d+|every training step)", out, re.MULTILINE | re.DOTALL)
+        assert verdict and out.index(verdict.group(0)) < out.index("transferqueue "), out
         line = (r"^transferqueue +(ok|killed \S+ in training step \d+): node peak [\d.]+x, driver 0\.0\dx, "
                 r"producer [\d.]+x, workers [\d.]+x \(sum\), storage units [\d.]+x \(sum\)")
         assert re.search(line, out.replace("\n    ", " "), re.MULTILINE), out  # the notebook wraps it at 96

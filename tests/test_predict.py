@@ -915,10 +915,12 @@ def _two_codecs_on_a_small_node() -> list[prediction.CodecPrediction]:
     for codec, model in (("numpy-legacy", m), ("numpy", model_mod.fit(fit_set(grow=0.0, codec="numpy")))):
         played = prediction.play_node(model, wl, 512, pay, 8, 10, {}, 6 * pay, 0.95, store_capacity=cap)
         largest = prediction.largest_surviving(model, wl, 8, 10, {}, 6 * pay, 0.95, store_capacity=cap)
+        peak = prediction.node_peak_at(model, wl, largest, 8, 10, {}, 6 * pay, 0.95, store_capacity=cap)
         out.append(prediction.CodecPrediction(codec, "off", pay, 512, 8, 10, 6 * pay, 0.95, {}, played["node_peak"],
                                               played["peaks"], played["steps"], played["killed"], largest,
                                               played["releases"], model.terms_table(), model.fitted_on,
-                                              store_capacity_bytes=cap, store_capacity_source=source))
+                                              store_capacity_bytes=cap, store_capacity_source=source,
+                                              largest_surviving_node_peak_bytes=peak))
     return out
 
 
@@ -969,7 +971,12 @@ def test_a_codec_that_survives_the_whole_node_is_not_given_the_search_bound_as_i
     preds = _two_codecs_on_a_small_node()
     legacy, fixed = preds
     assert legacy.largest_text() == f"largest payload that survives 10 steps: " \
-                                    f"{fmt_bytes(legacy.largest_surviving_payload_bytes)}"
+                                    f"{fmt_bytes(legacy.largest_surviving_payload_bytes)} (the node then peaks at " \
+                                    f"{fmt_bytes(legacy.largest_surviving_node_peak_bytes)}, under " \
+                                    f"{fmt_bytes(legacy.threshold * legacy.node_memory_bytes)}; a row more crosses it)"
+    # the evidence holds: under the threshold at the largest payload, and the batch asked about, larger, crossed it
+    assert legacy.largest_surviving_node_peak_bytes <= legacy.threshold * legacy.node_memory_bytes
+    assert legacy.killed and legacy.node_peak_bytes > legacy.largest_surviving_node_peak_bytes
     fixed.largest_surviving_payload_bytes = fixed.node_memory_bytes + 1
     assert fixed.largest_text().startswith("any payload up to the node's whole memory (")
     assert "any payload up to the node's whole memory" in fixed.summary()

@@ -84,6 +84,26 @@ def _layers(doc: dict[str, Any], group: bool) -> list[tuple[str, list[float], li
     return layers
 
 
+def _step_labels(ended: list[dict[str, Any]], axis: list[float]) -> dict[str, str]:
+    """Each training step's label, by its index: ``step k`` where every one finds room in the one row above the
+    bands (label_layout, the run timeline's placement), else the numbers alone where that labels more steps
+    (a narrow figure of short steps; a band left unlabelled between two labelled ones reads as a missing
+    step). Steps whose label finds no room either way keep their band only."""
+    if not axis:
+        return {}
+    best: dict[str, str] = {}
+    for form in ("step {}", "{}"):
+        placed = label_layout.place([label_layout.Label(form.format(s["index"]), s["start_s"], s["end_s"],
+                                                        key=str(s["index"])) for s in ended],
+                                    axis[0], axis[-1], max_rows=1)
+        found = {p.label.key: p.label.text for p in placed}
+        if len(found) > len(best):
+            best = found
+        if len(best) == len(ended):
+            break
+    return best
+
+
 def node_figure(result: NodeResult | dict[str, Any], *, group_workers: bool | None = None,
                 title: str | None = None) -> go.Figure:
     """Stacked node memory of a :class:`~picklescope.investigate.node.NodeResult` (or its ``--json`` document)."""
@@ -101,14 +121,10 @@ def node_figure(result: NodeResult | dict[str, Any], *, group_workers: bool | No
                                  hovertemplate=f"{name}: %{{y:.1f}} MiB at %{{x:.3f}} s<extra></extra>"))
     ended = [s for s in doc.get("training_steps", []) if s.get("end_s") is not None]
     axis = _drawn_ticks(doc)
-    # short steps side by side would print their labels over each other: every step keeps its band, and a
-    # label goes where label_layout (the run timeline's placement) finds it room in the one row above the bands
-    labelled = {p.label.key for p in label_layout.place(
-        [label_layout.Label(f"step {s['index']}", s["start_s"], s["end_s"], key=str(s["index"])) for s in ended],
-        axis[0], axis[-1], max_rows=1)} if axis else set()
+    labelled = _step_labels(ended, axis)
     for s in ended:  # a band without a label gets no annotation at all (plotly would print "new text")
-        label = {"annotation_text": f"step {s['index']}", "annotation_position": "top left"} \
-            if str(s["index"]) in labelled else {}
+        text = labelled.get(str(s["index"]))
+        label = {"annotation_text": text, "annotation_position": "top left"} if text else {}
         fig.add_vrect(x0=s["start_s"], x1=s["end_s"], fillcolor="#ffbf00" if s["index"] % 2 else "#ffe08a",
                       opacity=0.15, line_width=0, **label)
     killed = doc.get("killed")

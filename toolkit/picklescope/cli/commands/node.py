@@ -93,4 +93,8 @@ def main(args: argparse.Namespace) -> int:
         if len(planes) > 1:
             print("\ndata planes side by side (own peaks above baseline, x payload):")
             print("\n".join(tq_plane.plane_lines(results)))
+            by_plane = {r.data_plane: r for r in results}
+            if {"dataproto", "transferqueue"} <= set(by_plane) and any(r.budget_bytes for r in results):
+                print("Would the TransferQueue plane have saved this node? "
+                      + tq_plane.plane_verdict(by_plane["dataproto"], by_plane["transferqueue"]))
     return 0 if all(r.outcome in ("ok", "oom-killed") for r in results) else 1

@@ -239,7 +239,8 @@ def _loop(conn: Any, cfg: NodeConfig, engine: ReplicaEngine | VerlEngine, whole:
         if not isinstance(msg, dict) or msg.get("type") != "next":
             return  # the parent's release (or its end): the Ray session ends in node_driver_main
         cfg = replace(cfg, codec=msg["codec"], gc=msg.get("gc", cfg.gc), t0=msg["t0"], t0_wall=msg["t0_wall"])
-        if isinstance(engine, ReplicaEngine):  # a series runs the built-in codecs on the replica engine only
+        if isinstance(engine, ReplicaEngine):  # a series runs on the replica engine only (one verl codec, or
+            # built-in codecs: checks.plan)
             engine.switch(NodeData(cfg.codec), cfg)
 
 

@@ -82,7 +82,8 @@ def node_series(codecs: Sequence[str], workload: str = "flowgrpo", scale: float 
     training steps with its own codec and collector (the store pages and allocator arenas they leave are
     part of every replay's baseline, docs/node.md says what that means for the figures) and a full
     collection with the freed heap given back; then its own baseline, its own clock (``t_s`` from its own
-    start) and its own session. A series needs codecs one process can switch between: the built-in ones. A replay that
+    start) and its own session. A series needs codecs one process can switch between: the built-in ones, or one real
+    verl codec repeated (each loads its own verl, so its collector modes can share a node). A replay that
     does not end ``ok`` ends the series; the replays after it say so. Every option applies to each replay, except
     ``gc``, which may also give one collector mode per codec (``codecs=(a, b, a, b), gc=("default", "default",
     "off", "off")``): comparing the collectors then needs no second start of the node either.

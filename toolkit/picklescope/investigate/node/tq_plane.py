@@ -281,3 +281,32 @@ def plane_lines(results: Sequence[Any]) -> list[str]:
             lines.append("  at the kill, above baselines: " + ", ".join(f"{n} {v / p:.2f}x" for n, v in top)
                          + f" (oom_score: {r.killed.process} {r.killed.oom_scores.get(r.killed.process)})")
     return lines
+
+
+def plane_verdict(dataproto: Any, transferqueue: Any) -> str:
+    """One sentence that answers "would the TransferQueue plane have saved this node?" from two replays of the
+    same workload, codec and node budget, one per data plane (each a
+    :class:`~picklescope.investigate.node.result.NodeResult`): yes, no, or that the question did not arise,
+    with the training step each replay lost a process in, which is the evidence."""
+    def lost(r: Any) -> str:
+        return f"lost its {r.killed.process} in training step {r.killed.training_step}"
+
+    dp, tq_ = dataproto, transferqueue
+    dp_ok, tq_ok = dp.killed is None and dp.outcome == "ok", tq_.killed is None and tq_.outcome == "ok"
+    if tq_.killed is None and not tq_ok:
+        return f"Not known: the TransferQueue replay ended {tq_.outcome} ({tq_.error or 'no detail'})."
+    if dp.killed is None and not dp_ok:
+        return f"Not known: the DataProto replay ended {dp.outcome} ({dp.error or 'no detail'})."
+    if tq_ok and dp_ok:
+        return "The question did not arise: under this budget both data planes completed every training step."
+    if tq_ok:
+        return (f"Yes: under the same node budget the TransferQueue plane completed every training step, where "
+                f"the DataProto plane {lost(dp)}.")
+    if dp_ok:
+        return (f"No: under the same node budget the TransferQueue plane {lost(tq_)}, where the DataProto plane "
+                "completed every training step.")
+    when = tq_.killed.training_step - dp.killed.training_step
+    return (f"No: under the same node budget the TransferQueue plane {lost(tq_)}, "
+            f"{'later' if when > 0 else 'earlier'} than the DataProto plane, which {lost(dp)}." if when else
+            f"No: under the same node budget both planes lost a process in training step {tq_.killed.training_step} "
+            f"(TransferQueue its {tq_.killed.process}, DataProto its {dp.killed.process}).")

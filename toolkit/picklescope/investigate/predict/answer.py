@@ -84,6 +84,8 @@ class CodecPrediction:
     node_peak_store_full_bytes: int | None = None
     store_full_killed_step: int | None = None
     largest_surviving_payload_store_full_bytes: int | None = None  # ... and the largest payload that survives so
+    largest_surviving_node_peak_bytes: int | None = None  # the node's peak at the largest surviving payload (under
+    # the threshold: what shows that it survives), None where the search stopped at the node's whole memory
     worker_compute_s: float = 0.0  # each worker's compute on its chunk, the call held open (--worker-compute)
     calls_open: int | None = None  # the workers' calls open at once, holding their chunks (Model.open_calls)
     node_peak_all_open_bytes: int | None = None  # the node's peak with every worker's call open at once, where
@@ -106,6 +108,7 @@ class CodecPrediction:
                 "node_peak_store_full_bytes": self.node_peak_store_full_bytes,
                 "store_full_killed_step": self.store_full_killed_step,
                 "largest_surviving_payload_store_full_bytes": self.largest_surviving_payload_store_full_bytes,
+                "largest_surviving_node_peak_bytes": self.largest_surviving_node_peak_bytes,
                 "worker_compute_s": self.worker_compute_s, "calls_open": self.calls_open,
                 "node_peak_all_open_bytes": self.node_peak_all_open_bytes,
                 "all_open_killed_step": self.all_open_killed_step,
@@ -179,6 +182,9 @@ class CodecPrediction:
                    "the search for the largest stops there")
         else:
             out = f"largest payload that survives {self.steps} steps: {fmt_bytes(largest)}"
+            if self.largest_surviving_node_peak_bytes is not None:  # how it follows: its node peak, the threshold
+                out += (f" (the node then peaks at {fmt_bytes(self.largest_surviving_node_peak_bytes)}, under "
+                        f"{fmt_bytes(self.threshold * mem)}; a row more crosses it)")
         full = self.largest_surviving_payload_store_full_bytes
         if self.node_peak_store_full_bytes is not None and self.node_peak_store_full_bytes > self.node_peak_bytes:
             out += ("; with its object store full, none" if full is None else

@@ -276,6 +276,15 @@ def largest_surviving(model: Model, wl: Workload, workers: int, steps: int, base
     return int(lo * per_row)
 
 
+def node_peak_at(model: Model, wl: Workload, payload: int, workers: int, steps: int, baselines: dict[str, int],
+                 node_memory: int, threshold: float, *, store_capacity: int | None, compute_s: float = 0.0) -> int:
+    """The node's peak at ``payload`` (whole rows of the workload), as :func:`largest_surviving` plays it: printed
+    beside the largest surviving payload, under the threshold, so that the figure can be checked."""
+    rows = max(1, round(payload / (wl.payload_bytes(1.0) / wl.rows(1.0))))
+    return play_node(model, wl, rows, payload, workers, steps, baselines, node_memory, threshold,
+                     store_capacity=store_capacity, compute_s=compute_s)["node_peak"]
+
+
 def predict(codecs: Sequence[str] = ("numpy-legacy", "numpy"), workload: str = "flowgrpo", *,
             scale: float | None = None, batch_size: int | None = None, payload: Any = None, workers: int = 4,
             steps: int = 4, gc: str = "default", node_memory: Any = None, store_capacity: Any = None,
@@ -332,6 +341,9 @@ def predict(codecs: Sequence[str] = ("numpy-legacy", "numpy"), workload: str = "
                            compute_s=worker_compute_s)
         largest = largest_surviving(model, wl, workers, steps, baselines, mem, threshold,
                                     store_capacity=cap, compute_s=worker_compute_s) if mem else None
+        largest_peak = None if not largest or largest >= mem else node_peak_at(
+            model, wl, largest, workers, steps, baselines, mem, threshold, store_capacity=cap,
+            compute_s=worker_compute_s)
         largest_full = largest_surviving(model, wl, workers, steps, baselines, mem, threshold, store_capacity=cap,
                                          store_full=True, compute_s=worker_compute_s) if mem and cap is not None \
             else None
@@ -351,6 +363,7 @@ def predict(codecs: Sequence[str] = ("numpy-legacy", "numpy"), workload: str = "
                                    node_peak_store_full_bytes=played["node_peak_store_full"],
                                    store_full_killed_step=played["store_full_killed_step"],
                                    largest_surviving_payload_store_full_bytes=largest_full,
+                                   largest_surviving_node_peak_bytes=largest_peak,
                                    worker_compute_s=worker_compute_s, calls_open=played["calls_open"],
                                    node_peak_all_open_bytes=all_open, all_open_killed_step=all_open_kill))
     if check:
