@@ -264,6 +264,29 @@ def test_the_plane_verdict_answers_yes_or_no_with_the_step_each_plane_lost_a_pro
         "Not known: the TransferQueue replay ended timeout")
 
 
+def test_the_command_comparing_both_planes_under_a_budget_ends_with_the_verdict(monkeypatch, capsys):
+    """``node --data-plane dataproto,transferqueue --node-budget ...`` prints the plane lines, then the yes or
+    no of :func:`plane_verdict` (the replays are stubbed here: the verdict's words are the command's)."""
+    from picklescope.cli.commands import node as node_cmd
+    from picklescope.core.kill import Kill
+
+    def replays(codecs, *a, data_plane: str = "dataproto", **kw):
+        r = NodeResult(codecs[0], "ray-arg", "flowgrpo", SCALE, 100, workers=WORKERS, steps=STEPS,
+                       dispatch="chunk", gc="off", returns=None, data_plane=data_plane, budget_bytes=150)
+        r.processes["driver"] = Process("driver", 1, "driver", reading="private", sampled_baseline_bytes=0)
+        if data_plane == "dataproto":
+            r.outcome = "oom-killed"
+            r.killed = Kill("worker-1", 1.0, 300, 1, node_bytes=160, training_step=2, step="compute")
+        return [r]
+
+    monkeypatch.setattr(node_cmd, "node_series", replays)
+    assert main(["node", *SMALL[:-2], "--data-plane", "dataproto,transferqueue", "--node-budget", "1.5x"]) in (0, 1)
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == ("Would the TransferQueue plane have saved this node? Yes: under the same node budget the "
+                    "TransferQueue plane completed every training step, where the DataProto plane lost its "
+                    "worker-1 in training step 2."), last
+
+
 def test_a_joined_cluster_without_a_cpu_for_each_transferqueue_actor_is_one_line():
     """TransferQueue's controller and each storage unit reserve one logical CPU: on a joined cluster with
     fewer, its actors would wait for one forever. The controller says so before starting anything."""
