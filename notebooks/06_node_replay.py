@@ -121,15 +121,24 @@ except RayStartError as exc:  # one sentence, then each series starts (and stops
     print(f"The shared cluster is not used: {exc.problem}. Each series below starts a cluster of its own.")
 
 
-def replays(codecs: list[str], gc: list[str], **kw) -> list[ps.NodeResult]:
-    """One replay per codec, with the collector mode of the same position in ``gc``."""
+def took(done: list[ps.NodeResult]) -> str:
+    """How long the replays of one series took, in words."""
+    ran = [r for r in done if r.wall_s is not None]  # not one never run, nor a driver that never started
+    if len(ran) == 1:
+        return f"1 replay on one driver and {workers} workers: {ran[0].wall_s:.1f} s, starting them included"
+    return (f"{len(ran)} replays on one driver and {workers} workers, each (s): "
+            + ", ".join(f"{r.wall_s:.1f}" for r in ran) + " (the first includes starting them)")
+
+
+def replays(codecs: list[str], gc: list[str], say: bool = True, **kw) -> list[ps.NodeResult]:
+    """One replay per codec, with the collector mode of the same position in ``gc``; ``say``: print how long
+    they took (a cell whose answer comes first prints it after)."""
     kw = {"workers": workers, "steps": steps, "engine": engine, "ray_address": address, **kw}
     if any(c.startswith("verl-") for c in codecs):  # one node each: a process loads one verl
         return [ps.node(c, workload, scale, gc=mode, **kw) for c, mode in zip(codecs, gc)]
     done = node_series(codecs, workload, scale, gc=gc, **kw)
-    ran = [r for r in done if r.wall_s is not None]  # not one never run, nor a driver that never started
-    print(f"{len(ran)} replay{'s' * (len(ran) > 1)} on one driver and {workers} workers, each (s):",
-          ", ".join(f"{r.wall_s:.1f}" for r in ran), "(the first includes starting them)")
+    if say:
+        print(took(done))
     return done
 
 
@@ -233,11 +242,14 @@ elif transferqueue.missing():
                   f"{transferqueue.INSTALL_HINT}.")
 else:
     tq_codec = legacy if not legacy.startswith("verl-") else "numpy-legacy"  # any codec: the tensors skip it
-    tq_free = replays([tq_codec], ["off"], data_plane="transferqueue")[0]
-    tq_capped = replays([tq_codec], ["off"], data_plane="transferqueue", node_budget=budget)[0]
+    tq_free = replays([tq_codec], ["off"], say=False, data_plane="transferqueue")[0]
+    tq_capped = replays([tq_codec], ["off"], say=False, data_plane="transferqueue", node_budget=budget)[0]
     planes = {"free": tq_free, "capped": tq_capped}
-    print(textwrap.fill("Would the TransferQueue plane have saved this node? "
+    print(textwrap.fill("Would the TransferQueue plane have saved this node? "  # the answer first, then the rest
                         + plane_verdict(capped[legacy], tq_capped), 96))
+    print(textwrap.fill("The TransferQueue replays took " + " and ".join(
+        f"{r.wall_s:.1f} s ({name})" for name, r in (("free", tq_free), ("under the budget", tq_capped))
+        if r.wall_s is not None) + ", each starting its own driver, workers and TransferQueue actors", 96))
     display(table.Table(table.node_rows([off[legacy], tq_free]),
                         caption="the same batch on both data planes, collector off, no budget"))
     display(figures.node_figure(tq_free))
@@ -348,13 +360,18 @@ missing = [(plane, c, s, w) for plane in your_planes for c in (legacy, fixed) fo
            if fitting.load_cached(fitting.cache_path(wl_fit, c, your_gc, s, w, fitting.FIT_STEPS, plane), plane) is None]
 if missing:
     plane, codec, s, w = missing[0]
-    print(f"not predicted: {len(missing)} of the fit's replays are not cached (first: {codec} at x{s:g} with {w} "
-          f"workers, data plane {plane}). Run once, outside the notebook:\n"
-          f"  picklescope predict --workload {workload} --codec {legacy},{fixed} --gc {your_gc} "
-          f"--data-plane {','.join(your_planes)} --payload {your_payload} --workers {your_workers} "
-          f"--steps {your_steps} --node-memory {your_node_memory} --worker-compute {your_worker_compute:g}"
-          + (f" --store-capacity {your_store_capacity}" if your_store_capacity else "")
-          + "".join(f" --process-baseline {b}" for b in your_baselines))
+    options = [f"--workload {workload}", f"--codec {legacy},{fixed}", f"--gc {your_gc}",
+               f"--data-plane {','.join(your_planes)}", f"--payload {your_payload}", f"--workers {your_workers}",
+               f"--steps {your_steps}", f"--node-memory {your_node_memory}",
+               f"--worker-compute {your_worker_compute:g}",
+               *([f"--store-capacity {your_store_capacity}"] if your_store_capacity else []),
+               *(f"--process-baseline {b}" for b in your_baselines)]
+    # the command wrapped between its options (a shell reads the backslashes as one line), never inside one
+    command = textwrap.fill(" ".join(o.replace(" ", "\0") for o in options), 88, initial_indent="  picklescope predict ",
+                            subsequent_indent="      ", break_long_words=False, break_on_hyphens=False)
+    print(textwrap.fill(f"not predicted: {len(missing)} of the fit's replays are not cached (first: {codec} at "
+                        f"x{s:g} with {w} workers, data plane {plane}). Run once, outside the notebook:", 96))
+    print(command.replace("\n", " \\\n").replace("\0", " "))
 else:
     yours = [p for plane in your_planes
              for p in predict((legacy, fixed), workload, payload=your_payload, workers=your_workers, steps=your_steps,

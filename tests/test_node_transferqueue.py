@@ -144,6 +144,16 @@ def test_json_keeps_the_node_schema_and_says_which_plane_ran(planes):
     assert {"driver", f"workers ({WORKERS})", "producer", "storage-0", "storage-1", "tq-controller"} <= set(names)
 
 
+@needs_tq
+def test_the_figure_title_names_the_plane_where_it_is_not_the_usual_one(planes):
+    """A TransferQueue replay's figure looks like a DataProto one: its title says which plane it is."""
+    from picklescope.views import figures
+
+    tq, dp = planes[("transferqueue", "numpy")], planes[("dataproto", "numpy")]
+    assert figures.node_figure(tq).layout.title.text.startswith("numpy on the TransferQueue data plane: ")
+    assert figures.node_figure(dp).layout.title.text.startswith("numpy: ")
+
+
 def test_bad_data_plane_options_are_one_line_before_anything_runs():
     for kw in ({"data_plane": "shared-memory"}, {"data_plane": "transferqueue", "dispatch": "broadcast"},
                {"data_plane": "transferqueue", "transport": "ray"},

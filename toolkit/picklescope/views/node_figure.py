@@ -84,6 +84,13 @@ def _layers(doc: dict[str, Any], group: bool) -> list[tuple[str, list[float], li
     return layers
 
 
+def _plane_words(doc: dict[str, Any]) -> str:
+    """The data plane in the title where it is not verl's usual one (the batch through the driver)."""
+    plane = doc.get("data_plane") or doc.get("node", {}).get("config", {}).get("data_plane") or "dataproto"
+    return "" if plane == "dataproto" else " on the TransferQueue data plane" if plane == "transferqueue" \
+        else f" on the {plane} data plane"
+
+
 def _step_labels(ended: list[dict[str, Any]], axis: list[float]) -> dict[str, str]:
     """Each training step's label, by its index: ``step k`` where every one finds room in the one row above the
     bands (label_layout, the run timeline's placement), else the numbers alone where that labels more steps
@@ -156,7 +163,7 @@ def node_figure(result: NodeResult | dict[str, Any], *, group_workers: bool | No
                            xanchor="right", bgcolor="rgba(255,255,255,0.9)", bordercolor="black", borderwidth=1)
     payload = doc.get("payload_bytes")
     fig.update_layout(
-        title=title or (f"{doc['codec']}: {doc['workers']} workers, {doc['steps']} steps, payload "
+        title=title or (f"{doc['codec']}{_plane_words(doc)}: {doc['workers']} workers, {doc['steps']} steps, payload "
                         f"{fmt_bytes(payload)}: {doc['outcome']}"),
         xaxis_title="seconds (one clock for every process)", yaxis_title="MiB above the node's baseline",
         legend={"orientation": "h", "y": -0.2}, template="plotly_white", height=420)
