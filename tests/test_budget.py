@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 import picklescope as ps
-from picklescope.core import cgroup
+from picklescope.core import cgroup, procmem
 from picklescope.core.units import Size
 from picklescope.measure import budget, verdicts, watchdog
 
@@ -210,7 +210,7 @@ def test_stack_parsing_finds_the_codec_line():
     assert str(verdicts.culprit(verdicts.main_thread_frames(other))) == "/a/numpy_codec.py:132 in before_views"
 
 
-def test_budget_forms_and_refusals():
+def test_budget_forms_and_refusals(monkeypatch):
     lim = budget.plan("1.5x", "700MiB", payload=100 * 2**20)
     assert lim.budgets == {"sender": 150 * 2**20, "receiver": 700 * 2**20}
     assert lim.specs == {"sender": "1.5x", "receiver": "700.0 MiB"}
@@ -220,11 +220,16 @@ def test_budget_forms_and_refusals():
         budget.plan("lots", None, payload=1)
     with pytest.raises(ps.PicklescopeError, match="unknown enforcement"):
         budget.plan("1x", None, payload=1, enforcement="prayer")
-    total = psutil.virtual_memory().total
+    # The machine's memory as read once: the suite's other tests take and free memory meanwhile, so a second
+    # reading inside plan() could move the bound past budgets made from the first (the 'together' check once
+    # passed a pair of budgets 1 MiB over half the room, because more memory was available a moment later).
+    machine = procmem.machine_memory()
+    monkeypatch.setattr(procmem, "machine_memory", lambda: dict(machine))
+    total = machine["total"]
     with pytest.raises(ps.PicklescopeError, match="more than this machine can give"):
         budget.plan(f"{total}", None, payload=1)
     with pytest.raises(ps.PicklescopeError, match="together"):
-        half = (psutil.virtual_memory().available - budget.machine_reserve(total)) // 2 + 2**20
+        half = (machine["available"] - budget.machine_reserve(total)) // 2 + 2**20
         budget.plan(f"{half}", f"{half}", payload=1)
 
 
