@@ -86,7 +86,7 @@ def _layers(doc: dict[str, Any], group: bool) -> list[tuple[str, list[float], li
 
 def _plane_words(doc: dict[str, Any]) -> str:
     """The data plane in the title where it is not verl's usual one (the batch through the driver)."""
-    plane = doc.get("data_plane") or doc.get("node", {}).get("config", {}).get("data_plane") or "dataproto"
+    plane = doc["node"].get("config", {}).get("data_plane", "dataproto")  # where --json keeps it
     return "" if plane == "dataproto" else " on the TransferQueue data plane" if plane == "transferqueue" \
         else f" on the {plane} data plane"
 

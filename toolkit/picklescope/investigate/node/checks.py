@@ -122,8 +122,8 @@ def plan(codecs: Sequence[str], workload: str, scale: float, workers: int, steps
                                "give one mode for every replay (gc='off') or one per codec")
     # one real verl codec may repeat (its collector modes compared on the same processes, which loaded its
     # verl once); a switch to another codec cannot happen where a verl codec is in the series
-    if len(codecs) > 1 and (engine != "replica" or (len(set(codecs)) > 1 and any(c.startswith("verl-")
-                                                                                  for c in codecs))):
+    switches_verl = len(set(codecs)) > 1 and any(c.startswith("verl-") for c in codecs)
+    if len(codecs) > 1 and (engine != "replica" or switches_verl):
         raise PicklescopeError("a node series switches codecs inside its processes, which real verl's codecs "
                                "cannot (each loads its own verl)", "run picklescope node once per verl codec")
     if len(codecs) > 1 and enforcement == "ray":  # Ray's threshold is fixed at start-up on one watched cgroup
