@@ -333,7 +333,7 @@ def watch_main(argv: list[str]) -> int:
     cluster's temp dir and the memory cgroups it was given (a node run's, which the node's driver
     cannot be trusted to remove: once its raylet is killed, Ray's core worker ends the driver at
     once). It exits on its own once the leader is gone while the starter lives (a run ended normally);
-    a leader gone with its starter leaves only the cgroups to remove.
+    a leader gone with its starter leaves only its temp dir and the cgroups to remove.
     """
     parent, parent_ticks, leader, leader_ticks = (int(a) for a in argv[:4])
     temp_dir = argv[4] if len(argv) > 4 and argv[4] else None
@@ -344,11 +344,15 @@ def watch_main(argv: list[str]) -> int:
         fd = None
     while True:
         if not running(leader, leader_ticks):
-            # a run that ended normally, or a node's driver that Ray ended when its starter died: then only
-            # the cgroups are left (a dead leader's session is never looked for: its number may be reused)
-            if cgroups and not running(parent, parent_ticks):
-                _remove_cgroups(cgroups)
-                return 1
+            # a run that ended normally, or a node's driver that Ray ended when its starter died: then its temp
+            # dir (the driver, ended at once, may not have removed it) and the cgroups are left (a dead leader's
+            # session is never looked for: its number may be reused)
+            if not running(parent, parent_ticks):
+                if temp_dir:
+                    shutil.rmtree(temp_dir, ignore_errors=True)
+                if cgroups:
+                    _remove_cgroups(cgroups)
+                    return 1
             return 0
         if not running(parent, parent_ticks):
             break
