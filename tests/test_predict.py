@@ -159,6 +159,35 @@ def test_under_the_default_collector_releases_fall_where_the_counted_allocations
     assert off.allocation_rate is None  # only the default collector runs on its own schedule
 
 
+def test_a_release_frees_the_calls_done_in_its_step_and_every_mapped_leaf_of_the_garbage():
+    """The legacy copy is cycle-held: a run of the collector in step k frees the copies of the steps before
+    and of step k's calls already done (their chunks sent); the call in hand keeps its own (docs/predict.md,
+    "share freed at a release"). Of that garbage, leaves above glibc's mmap threshold go back to the kernel,
+    all of them; the heap-sized rest by the fitted share. The counts are a flowgrpo x0.5 replay's with 4
+    workers (429 to 704: the run at 99% of step 2, three of four calls done) and an x0.1 one's with 2
+    (590 to 717: one of two), benchmarks/README.md."""
+    assert model_mod.calls_done(429, 704, 4) == 0.75
+    assert model_mod.calls_done(590, 717, 2) == 0.5
+    assert model_mod.calls_done(100, 600, 4) is None  # no run in the step
+    assert model_mod.freed_at_release(2.0, 0.25, 0.5) == pytest.approx(0.5 + 0.75)
+    m = model_mod.fit(_counted(fit_set(release_every=3, gc="default"), model_mod.YOUNG_EVERY // 2 + 1))
+    x = m.features(200 * MiB, 64, 4, 2)
+    assert m.release_points(x, 6) == {2: 0.75, 4: 0.75, 6: 0.75}  # 351 a step: each run late in its step
+    m.release_share = 1.0
+    played = m.play(200 * MiB, 64, 4, 6, 2)
+    levels = [round(lvl / (200 * MiB), 3) for lvl, _ in played["controller"]]
+    assert levels == [1.5, 0.75, 1.75, 0.75, 1.75, 0.75]  # base 0.5 + what the call in hand still holds
+    # the step's highest is just before the run: the copy of step 1 and three of step 2's, above base 0.5
+    assert played["controller"][1][1] == pytest.approx(2.25 * 200 * MiB, rel=1e-6)
+    node_level, node_peak = played["node"][1]
+    assert node_peak == pytest.approx(node_level + 1.5 * 200 * MiB, rel=1e-6)  # the node stood as far above its level
+    m.release_share = 0.0  # nothing heap-sized leaves; a 40 MiB leaf of each 50 MiB chunk is mapped: 0.8 of it
+    m.leaf_row_bytes = [40 * MiB / 16, 10 * MiB / 16]
+    assert m.features(200 * MiB, 64, 4, 2)["mshare"] == pytest.approx(0.8)
+    levels = [round(lvl / (200 * MiB), 3) for lvl, _ in m.play(200 * MiB, 64, 4, 3, 2)["controller"]]
+    assert levels == [1.5, 1.1, 2.1]  # step 2: 1.75 payloads of garbage, 0.8 of it mapped: 1.4 freed
+
+
 def test_a_feature_the_fits_do_not_need_is_not_extrapolated():
     """Allocations that do not move with the objects at the fit sizes (flowgrpo's: 452 with 2 calls at 12,
     26 and 52 objects) get no objects slope from the calls' slight curvature: at a production batch of
@@ -300,6 +329,7 @@ def test_workers_that_compute_keep_more_calls_open_by_their_compute_over_the_sen
     for rep in reps:
         for s in rep.per_step:
             s.send_s = 0.010 + rep.chunk_bytes / 2**30
+            s.peak["node"] += 20 * MiB  # the node's own rise while the controller sends
     m = model_mod.fit(reps, leaves)
     assert m.send_s is not None and m.send_s({"c": 64 * MiB, "1": 1.0}) == pytest.approx(0.0725, rel=1e-3)
     chunk = 64 * MiB
@@ -307,6 +337,11 @@ def test_workers_that_compute_keep_more_calls_open_by_their_compute_over_the_sen
     payload, rows = 4 * chunk, 64
     level, peak = m.play(payload, rows, 4, 3, 2, compute_s=60.0)["workers"][2]
     assert peak - level == pytest.approx(4 * 48 * MiB, rel=1e-6)
+    # the node rises by the higher of the sends' moment (its own rise and the two calls they overlap) and the
+    # compute's after them (all four calls, the send over: docs/predict.md), not by their sum (212 MiB)
+    for compute, rise in ((0.0, 20 + 2 * 48), (0.02, 20 + 2 * 48), (60.0, 4 * 48)):
+        level, peak = m.play(payload, rows, 4, 3, 2, compute_s=compute)["node"][2]
+        assert peak - level == pytest.approx(rise * MiB, rel=1e-3), (compute, (peak - level) / MiB)
     untimed = model_mod.fit(_mapped_fit_set([1.6, 0.4, 0.5, 0.4, 0.4, 0.5]), leaves)  # sends not timed
     assert untimed.send_s is None and untimed.open_calls(chunk, 4, 0.02) == 4 and untimed.open_calls(chunk, 4) == 2
     assert "--worker-compute S" in m.calls_text() and "s per GiB" in m.calls_text()

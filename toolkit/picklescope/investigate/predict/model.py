@@ -223,6 +223,7 @@ class Model:
         in_flight = self.open_calls(chunk, workers, compute_s)
         return {"P": float(payload), "c": chunk, "h": heaps[0], "H": sum(heaps),
                 "mapped": mapped[0], "M": sum(sorted(mapped, reverse=True)[:in_flight]),
+                "mshare": sum(mapped) / payload if payload > 0 else 0.0,
                 "O": sum(sorted(chunks, reverse=True)[:in_flight]),
                 "W": float(workers), "objects": rows * objects_per_row, "calls": float(len(heaps)), "1": 1.0}
 
@@ -233,24 +234,27 @@ class Model:
         return FEATURES[role]
 
     def release_steps(self, x: dict[str, float], steps: int) -> list[int]:
-        """Training steps (1-based) at which a release happens: those in which the collector runs when the
-        controller's allocations were counted (see the module doc), else every 1/rate steps, the first after
-        one interval."""
+        return sorted(self.release_points(x, steps))  # the training steps (1-based) of the releases
+
+    def release_points(self, x: dict[str, float], steps: int) -> dict[int, float]:
+        """Training steps (1-based) with a release, each with the share of its calls done then (:func:`calls_done`):
+        where the collector runs if the allocations were counted (module doc), else every 1/rate steps."""
         if self.release_rate is None:
-            return []
+            return {}
         if self.allocation_rate is not None:  # set with allocations_at, from the same counts
             counted = [max(0.0, t(x)) for t in self.allocations_at]
             rate = max(0.0, self.allocation_rate(x))
 
-            def runs(k: int) -> int:  # the collector's runs from the full collection before step 1 to step k's end
-                so_far = 0.0 if k == 0 else counted[k - 1] if k <= len(counted) else \
+            def so_far(k: int) -> float:  # the allocations from the full collection before step 1 to step k's end
+                return 0.0 if k == 0 else counted[k - 1] if k <= len(counted) else \
                     counted[-1] + rate * (k - len(counted))
-                return math.floor(so_far / YOUNG_EVERY + 1e-9)
-            return [k for k in range(1, steps + 1) if runs(k) > runs(k - 1)]
+            points = {k: calls_done(so_far(k - 1), so_far(k), int(x["calls"])) for k in range(1, steps + 1)}
+            return {k: done for k, done in points.items() if done is not None}
         rate = min(1.0, max(0.0, self.release_rate(x)))
         if rate <= 0:
-            return []
-        return [k for k in range(1, steps + 1) if math.floor(rate * k + 1e-9) > math.floor(rate * (k - 1) + 1e-9)]
+            return {}
+        return {k: 0.0 for k in range(1, steps + 1)
+                if math.floor(rate * k + 1e-9) > math.floor(rate * (k - 1) + 1e-9)}
 
     def play(self, payload: float, rows: int, workers: int, steps: int, objects_per_row: float,
              store_capacity: float | None = None, compute_s: float = 0.0) -> dict[str, list[tuple[float, float]]]:
@@ -261,7 +265,8 @@ class Model:
         (:meth:`open_calls`)."""
         x = self.features(payload, rows, workers, objects_per_row, compute_s)
         cap = math.inf if store_capacity is None else max(0.0, store_capacity)
-        releases = set(self.release_steps(x, steps))
+        releases = self.release_points(x, steps)
+        before_run = [0.0] * steps  # per step, how far above its level after the step the controller stood at a run
         out: dict[str, list[tuple[float, float]]] = {}
         for role, rm in self.roles.items():
             base, growth, trans = rm.base(x), max(0.0, rm.growth(x)), max(0.0, rm.transient(x))
@@ -272,9 +277,14 @@ class Model:
             held, prev, rows_out = 0.0, 0.0, []
             for k in range(1, steps + 1):
                 held += growth
-                if k in releases and (self.data_plane == "dataproto" or role == "controller"):
-                    # this step's own copy is still referenced; on the TransferQueue plane a collection in the
-                    # controller frees the controller's own objects only, never another process's memory
+                if k in releases and role == "controller" and self.data_plane == "dataproto":
+                    # the copies of the steps before and of this step's calls done are garbage (the call in hand's
+                    # is referenced); just before the run the controller held them all, its highest in the step
+                    garbage = held - growth + growth * releases[k]
+                    held -= freed_at_release(garbage, x["mshare"], self.release_share)
+                    before_run[k - 1] = max(0.0, garbage - held)
+                elif k in releases and (self.data_plane == "dataproto" or role == "controller"):  # on the
+                    # TransferQueue plane a collection in the controller frees the controller's own objects only
                     held -= self.release_share * (held - growth)
                 level = base + held
                 if role == "store":  # at least the chunks of the calls open at once; the high-water mark of what it
@@ -282,15 +292,20 @@ class Model:
                         level = max(level, self.store_share * x["O"])  # baseline), within its capacity
                     level = min(cap, max(prev, level))
                     rows_out.append((level, min(cap, level + trans)))
-                else:
-                    rows_out.append((level, max(prev, level) + trans))
+                else:  # the controller's highest in a step with a run may be just before the run
+                    extra = before_run[k - 1] if role == "controller" else 0.0
+                    rows_out.append((level, max(max(prev, level) + trans, level + extra)))
                 prev = level
             out[role] = rows_out
         if "node" in self.roles and all(p in out for p in self.parts):  # the node: its parts' levels, plus the
-            trans = max(0.0, self.roles["node"].transient(x))  # rise of the node's own total within a step
-            trans += x["M"]  # and the mapped chunks of the workers' calls open at once (see FEATURES)
+            # its own rise within a step: the higher of the sends' (the fits' rise, and the mapped chunks of the
+            # calls the sends overlap) and the compute's after them (every open call's mapped chunk, no send)
+            sending = max(0.0, self.roles["node"].transient(x)) + self.features(payload, rows, workers,
+                                                                                 objects_per_row)["M"]
+            trans = max(sending, x["M"])
             levels = [sum(out[p][k][0] for p in self.parts) for k in range(steps)]
-            out["node"] = [(lvl, max(levels[k - 1] if k else 0.0, lvl) + trans) for k, lvl in enumerate(levels)]
+            out["node"] = [(lvl, max(max(levels[k - 1] if k else 0.0, lvl) + trans, lvl + before_run[k]))
+                           for k, lvl in enumerate(levels)]
         return out
 
     def terms_table(self, unit_payload: float = 1.0) -> list[tuple[str, str, str]]:
@@ -299,13 +314,16 @@ class Model:
         rows = []
         for role, rm in self.roles.items():
             if role == "node" and all(p in self.roles for p in self.parts):
-                rows.append(("node", "sum of", " + ".join(self.parts) + ", plus its own rise within a step: "
+                rows.append(("node", "sum of", " + ".join(self.parts) + ", plus its own rise while the controller "
+                             "sends (or, if more, the open calls' mapped chunks while workers compute): "
                              + rm.transient.describe(mib)))
                 continue
             rows.append((role, "level with nothing held", rm.base.describe(mib)))
             freed = ("never freed in the fits" if self.release_rate is None else
                      "its pages kept at a release (a high-water mark, reused by the next steps)" if role == "store"
-                     else f"{self.release_share:.0%} of it freed at each release")
+                     else f"at each release the earlier steps' and the step's calls done: their leaves above glibc's "
+                     f"mmap threshold all, {self.release_share:.0%} of the rest" if role == "controller"
+                     and self.data_plane == "dataproto" else f"{self.release_share:.0%} of it freed at each release")
             rows.append((role, "held per training step", rm.growth.describe(mib) + f", {freed}"))
             rows.append((role, "transient within a step", rm.transient.describe(mib)))
         if self.release_rate is not None and self.allocation_rate is None:  # else the allocations set them
@@ -391,6 +409,26 @@ def fit_supported(name: str, features: tuple[str, ...], xs: Sequence[dict[str, f
     return reduced if reduced.max_residual <= full.max_residual + tolerance * scale else full
 
 
+def calls_done(before: float, after: float, calls: int) -> float | None:
+    """The share of a step's ``calls`` done when the collector runs in it (None: it does not): the step took the
+    counted allocations from ``before`` to ``after``, a run falls where they pass a multiple of :data:`YOUNG_EVERY`,
+    and they fall evenly on the calls (about 53 a call, a few per step). A call done has sent its chunk, so its
+    cycle-held copy is garbage for that run; the call in hand still holds its own."""
+    runs = math.floor(after / YOUNG_EVERY + 1e-9) - math.floor(before / YOUNG_EVERY + 1e-9)
+    if runs <= 0 or after <= before:
+        return None
+    at = (math.floor(before / YOUNG_EVERY + 1e-9) + 1) * YOUNG_EVERY
+    return math.floor((at - before) / (after - before) * max(1, calls) + 1e-9) / max(1, calls)
+
+
+def freed_at_release(garbage: float, mapped_share: float, heap_share: float) -> float:
+    """What a release gives back of ``garbage`` bytes of the controller's copies: their leaves above glibc's mmap
+    threshold (``mapped_share``) all; glibc's heap keeps a freed block resident unless it is at the heap's top, so
+    of the rest only ``heap_share`` (fitted at the fit sizes, whose copies are all heap-sized)."""
+    mapped = garbage * min(1.0, max(0.0, mapped_share))
+    return mapped + (garbage - mapped) * heap_share
+
+
 def released_at(rep: Replay) -> list[int]:
     """Steps at which the controller's memory fell back: its level dropped by more than half a chunk,
     or its count of full collections moved."""
@@ -419,7 +457,8 @@ def growth_floor(rep: Replay, role: str, rises: Sequence[float]) -> float:
     return float(max(resolution, statistics.median(abs(r - mid) for r in rises)))
 
 
-def _role_terms(rep: Replay, role: str, releases: list[int]) -> tuple[float, float, float, float | None]:
+def _role_terms(rep: Replay, role: str, releases: list[int], mapped_share: float = 0.0
+                ) -> tuple[float, float, float, float | None]:
     """One replay's (base, growth, transient, share freed at a release) for ``role``.
 
     On the TransferQueue plane the first write fills the processes' heaps: the storage units (and the
@@ -454,13 +493,18 @@ def _role_terms(rep: Replay, role: str, releases: list[int]) -> tuple[float, flo
         growth = 0.0
     held, ms = 0.0, []
     shares = []
+    counts = [s.allocations for s in rep.per_step]
     for i, k in enumerate(idx):
         held += 1
         if k in releases and i > 0:
             before = ends[i - 1] + growth
             freed = before - ends[i]
-            if growth > 0 and held > 1:
-                shares.append(max(0.0, min(1.0, freed / (growth * (held - 1)))))
+            done = 0.0  # the calls of this step done when the collector ran (counted: calls_done), garbage too
+            if role == "controller" and rep.data_plane == "dataproto" and None not in (counts[i - 1], counts[i]):
+                done = calls_done(counts[i - 1], counts[i], rep.workers) or 0.0
+            garbage, mapped = growth * (held - 1 + done), growth * (held - 1 + done) * mapped_share
+            if growth > 0 and garbage - mapped > 0:
+                shares.append(max(0.0, min(1.0, (freed - mapped) / (garbage - mapped))))
             held = 1
         ms.append(held)
     base = sum(e - growth * m for e, m in list(zip(ends, ms))[settle:]) / (len(ends) - settle)
@@ -517,7 +561,7 @@ def fit(replays: Sequence[Replay], leaf_row_bytes: Sequence[float] = ()) -> Mode
     for role in (ROLES if m.data_plane == "dataproto" else TQ_ROLES):
         if not all(role in s.end for r in reps for s in r.per_step):
             continue
-        per = [_role_terms(r, role, rl) for r, rl in zip(reps, rel)]
+        per = [_role_terms(r, role, rl, x["mshare"]) for r, rl, x in zip(reps, rel, xs)]
         if role == "node" and all(p in s.end for r in reps for s in r.per_step for p in m.parts):
             per = [(0.0, 0.0, _node_transient(r, m.parts), None) for r in reps]
         feats = m.role_features(role)
