@@ -166,13 +166,14 @@ def test_a_release_frees_the_calls_done_in_its_step_and_every_mapped_leaf_of_the
     all of them; the heap-sized rest by the fitted share. The counts are a flowgrpo x0.5 replay's with 4
     workers (429 to 704: the run at 99% of step 2, three of four calls done) and an x0.1 one's with 2
     (590 to 717: one of two), benchmarks/README.md."""
-    assert model_mod.calls_done(429, 704, 4) == 0.75
-    assert model_mod.calls_done(590, 717, 2) == 0.5
+    assert model_mod.calls_done(429, 704, 4) == (0.75, 0.75)
+    assert model_mod.calls_done(590, 717, 2) == (0.5, 0.5)
     assert model_mod.calls_done(100, 600, 4) is None  # no run in the step
+    assert model_mod.calls_done(0, 2000, 4) == (0.25, 0.5)  # runs at 701 and 1402: the last frees the most
     assert model_mod.freed_at_release(2.0, 0.25, 0.5) == pytest.approx(0.5 + 0.75)
     m = model_mod.fit(_counted(fit_set(release_every=3, gc="default"), model_mod.YOUNG_EVERY // 2 + 1))
     x = m.features(200 * MiB, 64, 4, 2)
-    assert m.release_points(x, 6) == {2: 0.75, 4: 0.75, 6: 0.75}  # 351 a step: each run late in its step
+    assert m.release_points(x, 6) == {k: (0.75, 0.75) for k in (2, 4, 6)}  # 351 a step: each run late in its step
     m.release_share = 1.0
     played = m.play(200 * MiB, 64, 4, 6, 2)
     levels = [round(lvl / (200 * MiB), 3) for lvl, _ in played["controller"]]
@@ -181,6 +182,12 @@ def test_a_release_frees_the_calls_done_in_its_step_and_every_mapped_leaf_of_the
     assert played["controller"][1][1] == pytest.approx(2.25 * 200 * MiB, rel=1e-6)
     node_level, node_peak = played["node"][1]
     assert node_peak == pytest.approx(node_level + 1.5 * 200 * MiB, rel=1e-6)  # the node stood as far above its level
+    many = model_mod.fit(_counted(fit_set(release_every=3, gc="default"), 1500))  # two runs in every step
+    many.release_share = 1.0
+    assert many.release_points(x, 2) == {1: (0.25, 0.75), 2: (0.25, 0.75)}
+    level, peak = many.play(200 * MiB, 64, 4, 2, 2)["controller"][1]
+    # the last run frees three of the step's four copies; its highest is before the first, one call done
+    assert (level, peak) == (pytest.approx(0.75 * 200 * MiB, rel=1e-6), pytest.approx(1.0 * 200 * MiB, rel=1e-6))
     m.release_share = 0.0  # nothing heap-sized leaves; a 40 MiB leaf of each 50 MiB chunk is mapped: 0.8 of it
     m.leaf_row_bytes = [40 * MiB / 16, 10 * MiB / 16]
     assert m.features(200 * MiB, 64, 4, 2)["mshare"] == pytest.approx(0.8)

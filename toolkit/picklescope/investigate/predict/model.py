@@ -236,9 +236,9 @@ class Model:
     def release_steps(self, x: dict[str, float], steps: int) -> list[int]:
         return sorted(self.release_points(x, steps))  # the training steps (1-based) of the releases
 
-    def release_points(self, x: dict[str, float], steps: int) -> dict[int, float]:
-        """Training steps (1-based) with a release, each with the share of its calls done then (:func:`calls_done`):
-        where the collector runs if the allocations were counted (module doc), else every 1/rate steps."""
+    def release_points(self, x: dict[str, float], steps: int) -> dict[int, tuple[float, float]]:
+        """Training steps (1-based) with a release, each with the shares of its calls done at its collector's first
+        and last run (:func:`calls_done`) if the allocations were counted (module doc), else every 1/rate steps."""
         if self.release_rate is None:
             return {}
         if self.allocation_rate is not None:  # set with allocations_at, from the same counts
@@ -253,7 +253,7 @@ class Model:
         rate = min(1.0, max(0.0, self.release_rate(x)))
         if rate <= 0:
             return {}
-        return {k: 0.0 for k in range(1, steps + 1)
+        return {k: (0.0, 0.0) for k in range(1, steps + 1)
                 if math.floor(rate * k + 1e-9) > math.floor(rate * (k - 1) + 1e-9)}
 
     def play(self, payload: float, rows: int, workers: int, steps: int, objects_per_row: float,
@@ -276,13 +276,13 @@ class Model:
                 trans += x["M"]
             held, prev, rows_out = 0.0, 0.0, []
             for k in range(1, steps + 1):
-                held += growth
+                level_held, held = held, held + growth  # what the steps before left held, and with this one's
                 if k in releases and role == "controller" and self.data_plane == "dataproto":
                     # the copies of the steps before and of this step's calls done are garbage (the call in hand's
                     # is referenced); just before the run the controller held them all, its highest in the step
-                    garbage = held - growth + growth * releases[k]
-                    held -= freed_at_release(garbage, x["mshare"], self.release_share)
-                    before_run[k - 1] = max(0.0, garbage - held)
+                    first, last = releases[k]
+                    held -= freed_at_release(held - growth + growth * last, x["mshare"], self.release_share)
+                    before_run[k - 1] = max(0.0, level_held + growth * first - held)
                 elif k in releases and (self.data_plane == "dataproto" or role == "controller"):  # on the
                     # TransferQueue plane a collection in the controller frees the controller's own objects only
                     held -= self.release_share * (held - growth)
@@ -409,16 +409,18 @@ def fit_supported(name: str, features: tuple[str, ...], xs: Sequence[dict[str, f
     return reduced if reduced.max_residual <= full.max_residual + tolerance * scale else full
 
 
-def calls_done(before: float, after: float, calls: int) -> float | None:
-    """The share of a step's ``calls`` done when the collector runs in it (None: it does not): the step took the
-    counted allocations from ``before`` to ``after``, a run falls where they pass a multiple of :data:`YOUNG_EVERY`,
-    and they fall evenly on the calls (about 53 a call, a few per step). A call done has sent its chunk, so its
-    cycle-held copy is garbage for that run; the call in hand still holds its own."""
-    runs = math.floor(after / YOUNG_EVERY + 1e-9) - math.floor(before / YOUNG_EVERY + 1e-9)
-    if runs <= 0 or after <= before:
+def calls_done(before: float, after: float, calls: int) -> tuple[float, float] | None:
+    """The shares of a step's ``calls`` done when the collector first and last runs in it (None: it does not run):
+    the step took the counted allocations from ``before`` to ``after``, a run falls where they pass a multiple of
+    :data:`YOUNG_EVERY`, and they fall evenly on the calls (about 53 a call, a few per step). A call done has sent
+    its chunk, so its cycle-held copy is garbage for a run; the call in hand still holds its own."""
+    first, last = (math.floor(before / YOUNG_EVERY + 1e-9) + 1) * YOUNG_EVERY, \
+        math.floor(after / YOUNG_EVERY + 1e-9) * YOUNG_EVERY
+    if last < first or after <= before:
         return None
-    at = (math.floor(before / YOUNG_EVERY + 1e-9) + 1) * YOUNG_EVERY
-    return math.floor((at - before) / (after - before) * max(1, calls) + 1e-9) / max(1, calls)
+    n = max(1, calls)
+    return math.floor((first - before) / (after - before) * n + 1e-9) / n, \
+        math.floor((last - before) / (after - before) * n + 1e-9) / n
 
 
 def freed_at_release(garbage: float, mapped_share: float, heap_share: float) -> float:
@@ -501,7 +503,7 @@ def _role_terms(rep: Replay, role: str, releases: list[int], mapped_share: float
             freed = before - ends[i]
             done = 0.0  # the calls of this step done when the collector ran (counted: calls_done), garbage too
             if role == "controller" and rep.data_plane == "dataproto" and None not in (counts[i - 1], counts[i]):
-                done = calls_done(counts[i - 1], counts[i], rep.workers) or 0.0
+                done = (calls_done(counts[i - 1], counts[i], len(chunk_sizes(rep.rows, rep.workers))) or (0, 0.0))[1]
             garbage, mapped = growth * (held - 1 + done), growth * (held - 1 + done) * mapped_share
             if growth > 0 and garbage - mapped > 0:
                 shares.append(max(0.0, min(1.0, (freed - mapped) / (garbage - mapped))))
