@@ -412,7 +412,7 @@ def fit_supported(name: str, features: tuple[str, ...], xs: Sequence[dict[str, f
 def calls_done(before: float, after: float, calls: int) -> tuple[float, float] | None:
     """The shares of a step's ``calls`` done when the collector first and last runs in it (None: it does not run):
     the step took the counted allocations from ``before`` to ``after``, a run falls where they pass a multiple of
-    :data:`YOUNG_EVERY`, and they fall evenly on the calls (about 53 a call, a few per step). A call done has sent
+    :data:`YOUNG_EVERY`, and they fall evenly on the calls (flowgrpo: 53 a call, 21 a step). A call done has sent
     its chunk, so its cycle-held copy is garbage for a run; the call in hand still holds its own."""
     first, last = (math.floor(before / YOUNG_EVERY + 1e-9) + 1) * YOUNG_EVERY, \
         math.floor(after / YOUNG_EVERY + 1e-9) * YOUNG_EVERY
