@@ -70,6 +70,27 @@ def test_tries_fit_the_budget_and_early_failures_leave_room_for_more(monkeypatch
     assert sum(spend(170.0, 1e9)) == 170.0  # 20 s left is enough for one more
 
 
+def test_components_that_die_together_are_named_by_the_one_that_ended_them(monkeypatch):
+    """A raylet that gives up on its dashboard agent stops its runtime-env agent a moment before it exits
+    itself: a poll between the two found the agent dead and named it, which says nothing of the cause (a
+    fresh-clone CI: "the runtime-env agent died 0:16 into start-up"). The raylet gets AGENT_GRACE_S to show
+    its own end; an agent that died alone is still named, once that wait is over."""
+    t0 = startup.time.monotonic()
+    raylet_ends = [t0 + 0.2]
+    monkeypatch.setattr(startup.cluster, "running",
+                        lambda pid, ticks: pid == 1 and startup.time.monotonic() < raylet_ends[0])
+    labels = dict(startup.COMPONENTS)
+    watch = startup.ComponentWatch(lambda: [], t0=t0)
+    watch.seen = {2: (labels["runtime_env/agent/main.py"], None), 1: (labels["/raylet/raylet"], None)}
+    assert watch.poll() == labels["/raylet/raylet"]
+    assert "raylet" in watch.sentence("start-up") and watch.sentence("start-up").endswith("0:00 into start-up")
+    raylet_ends[0] = float("inf")  # the raylet lives on: the agent died alone
+    alone = startup.ComponentWatch(lambda: [], t0=t0)
+    alone.seen = {2: (labels["runtime_env/agent/main.py"], None), 1: (labels["/raylet/raylet"], None)}
+    assert alone.poll() == labels["runtime_env/agent/main.py"]
+    assert startup.time.monotonic() - t0 >= startup.AGENT_GRACE_S
+
+
 @pytest.mark.slow
 @pytest.mark.ray
 def test_a_cluster_whose_agent_misses_rays_deadline_twice_starts_on_a_later_try(tmp_path, monkeypatch):

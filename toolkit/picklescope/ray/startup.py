@@ -46,6 +46,15 @@ COMPONENTS = (
     ("dashboard/agent.py", "the dashboard agent"),
     ("runtime_env/agent/main.py", "the runtime-env agent"),
 )
+_CORE = 2  # COMPONENTS before this index are the cluster's core processes, the rest the raylet's agents
+AGENT_GRACE_S = 1.0  # how long a dead agent waits for its raylet's or the GCS's end to show (ComponentWatch.poll)
+
+
+def _rank(label: str) -> int:
+    """Where a component's name stands in :data:`COMPONENTS` (the GCS first)."""
+    return next((i for i, (_, name) in enumerate(COMPONENTS) if name == label), len(COMPONENTS))
+
+
 LOCAL_CLUSTER = "the local Ray cluster"  # the subject of RayStartError's sentence when a run starts its own
 DID_NOT_START = f"{LOCAL_CLUSTER} did not start"  # how that sentence begins, for a caller that reads the line
 
@@ -166,18 +175,32 @@ class ComponentWatch:
         return None
 
     def poll(self) -> str | None:
-        """The name of a watched component that has died (remembered with when), else None."""
+        """The name of a watched component that has died (remembered with when), else None.
+
+        Components die together: the raylet's agents end with it, and the GCS's end takes the raylet down.
+        What ended them is named: of those found dead, the first in :data:`COMPONENTS`' order; where only
+        agents are, the raylet and the GCS get :data:`AGENT_GRACE_S` to show whether they ended too (a
+        raylet that gives up on its agent stops its other agent a moment before it exits itself)."""
         if self.died is not None:
             return self.died[0]
-        for pid, (label, ticks) in self.seen.items():
-            if not cluster.running(pid, ticks):
-                self.died = (label, time.monotonic() - self.t0)
-                return label
+        dead = self._dead()
+        if dead:
+            noticed = time.monotonic() - self.t0
+            until = time.monotonic() + AGENT_GRACE_S
+            while min(map(_rank, dead)) >= _CORE and time.monotonic() < until:
+                time.sleep(0.05)
+                dead = self._dead()
+            first = min(dead, key=_rank)
+            self.died = (first, noticed)
+            return first
         try:
             self.add(self.scan())
         except OSError:
             pass
         return None
+
+    def _dead(self) -> list[str]:
+        return [label for pid, (label, ticks) in self.seen.items() if not cluster.running(pid, ticks)]
 
     def sentence(self, phase: str) -> str | None:
         """"the raylet (with the object store) died 1:40 into start-up", once one has died."""
