@@ -285,6 +285,32 @@ def flowgrpo_quarter():
     return {(r.codec, r.transport): r for r in inv.results}
 
 
+SAMPLER_GAP_S = 0.020  # the longest the parent's sampling thread may go between two samples of a run
+
+
+def dumps_gap(run) -> float:
+    """The longest interval between two samples of ``run``'s sender that touches its ``pickle.dumps`` step."""
+    dumps, t = run.sender.step("pickle.dumps"), run.sender.timeline.t_s
+    return max(b - a for a, b in zip(t, t[1:]) if b >= dumps.start_s and a <= dumps.end_s)
+
+
+@pytest.fixture(scope="session")
+def steady_torch_pickle(flowgrpo_quarter):
+    """flowgrpo x0.25 through torch over pickle, as ``flowgrpo_quarter`` measured it, or, where the sampler went
+    SAMPLER_GAP_S or longer without a sample during ``pickle.dumps`` there, the steadiest of up to two runs more:
+    on a loaded 2-core machine the suite's other worker can hold the sampling thread off a core for tens of ms in
+    any one run (33 ms once, and the sampled curve then missed the peak by 16%), and the checks on this run are
+    of the sampler, not of the machine's load. ``.gaps`` keeps every try's longest gap, ``.run`` the steadiest."""
+    from types import SimpleNamespace
+
+    import picklescope as ps
+
+    runs = [flowgrpo_quarter[("torch", "pickle")]]
+    while len(runs) < 3 and dumps_gap(runs[-1]) >= SAMPLER_GAP_S:
+        runs.append(ps.run("torch", "pickle", "flowgrpo", 0.25))
+    return SimpleNamespace(run=min(runs, key=dumps_gap), gaps=[dumps_gap(r) for r in runs])
+
+
 @pytest.fixture(scope="session")
 def verl_envs():
     """verl 0.9.0 and 0.9.1 from PyPI through the CLI (a no-op when already in the cache), {label: env}.
