@@ -19,27 +19,21 @@ and the store plus its own rise.
 On the TransferQueue data plane the node also has the rollout's ``producer``, TransferQueue's storage
 units (``storage``, their sum) and its controller actor (``tq-controller``): each is a role of its own
 and a part of the node's sum (:data:`TQ_PARTS`).
-What does not scale with bytes is kept apart: under the default collector a release is a step
-at which the controller's memory fell back (a collection freed the cycle-held copies); how often that
-happens depends on how many objects a step creates, not on bytes, so the release rate per step is
-fitted as a linear function of the batch's non-tensor objects (rows x keys) and ``W``, and the share of
-the held memory a release frees is its own term. Where the replays counted the controller's container
-allocations (what CPython's collector counts: it runs when the allocations since its last run pass its
-first threshold, :data:`YOUNG_EVERY`), the rate fitted is of those allocations per training step: the
-cycle-held copies of the steps before are young objects, and the collector's next run frees them, so the
-releases are the steps in which a run falls, counted from the full collection before the first step.
-Allocations per step are counted in the hundreds or thousands where the runs in six steps are one or two,
-so the schedule extrapolates from a far finer measurement than the releases seen.
+What does not scale with bytes is kept apart: under the default collector a release is a step at which
+the controller's memory fell back (a collection freed the cycle-held copies), and how often depends on the
+objects a step creates, not on bytes. Where the replays counted the controller's container allocations (what
+CPython's collector counts: it runs each time they pass :data:`YOUNG_EVERY`), the releases are the steps in
+which a run falls, counted from the full collection before the first step: hundreds of allocations a step
+are a far finer measurement than the one or two releases six steps show. Elsewhere the release rate per step
+is fitted as a linear function of the batch's non-tensor objects (rows x keys) and ``W``. What a release
+frees is its own term (:func:`freed_at_release`).
 
 The object store is a bounded high-water mark: its pages are never given back, so its level after a step is
 the highest its base plus the held steps' objects have been (a release frees objects, and the next steps
 reuse their pages without a new rise), never below its baseline and never above the store's capacity (Ray
 spills what does not fit to disk, where it is no memory of the node's).
-A growth the replays cannot tell from nothing counts as none: a replay's median rise between steps is
-kept only above both what one sample interval resolves of a level (how far the role moved between the
-first two samples after the step's end, the median over the steps) and the noise of the replay's own
-rises (their median absolute deviation from the median). Below that, a growth is the sampler's or the
-allocator's jitter, and played over 120 steps it would be a rise no step makes.
+A growth the replays cannot tell from nothing (:func:`growth_floor`) counts as none: it is the sampler's or
+the allocator's jitter, and played over 120 steps it would be a rise no step makes.
 
 How many workers' calls are open at once (the chunks whose leaves above glibc's mmap threshold the
 workers' sum holds together, see :data:`MMAP_THRESHOLD_MAX`) comes from the call-to-send ratio of the
@@ -281,11 +275,11 @@ class Model:
                     # the copies of the steps before and of this step's calls done are garbage (the call in hand's
                     # is referenced); just before the run the controller held them all, its highest in the step
                     first, last = releases[k]
-                    held -= freed_at_release(held - growth + growth * last, x["mshare"], self.release_share)
+                    held -= freed_at_release(level_held + growth * last, x["mshare"], self.release_share)
                     before_run[k - 1] = max(0.0, level_held + growth * first - held)
                 elif k in releases and (self.data_plane == "dataproto" or role == "controller"):  # on the
                     # TransferQueue plane a collection in the controller frees the controller's own objects only
-                    held -= self.release_share * (held - growth)
+                    held -= self.release_share * level_held
                 level = base + held
                 if role == "store":  # at least the chunks of the calls open at once; the high-water mark of what it
                     if self.store_share is not None:  # held (its pages are never given back: never under its
@@ -297,12 +291,11 @@ class Model:
                     rows_out.append((level, max(max(prev, level) + trans, level + extra)))
                 prev = level
             out[role] = rows_out
-        if "node" in self.roles and all(p in out for p in self.parts):  # the node: its parts' levels, plus the
-            # its own rise within a step: the higher of the sends' (the fits' rise, and the mapped chunks of the
-            # calls the sends overlap) and the compute's after them (every open call's mapped chunk, no send)
-            sending = max(0.0, self.roles["node"].transient(x)) + self.features(payload, rows, workers,
-                                                                                 objects_per_row)["M"]
-            trans = max(sending, x["M"])
+        if "node" in self.roles and all(p in out for p in self.parts):  # the node: its parts' levels, plus its
+            # own rise: the higher of the sends' (the fits' rise and the mapped chunks of the calls they overlap)
+            # and the compute's after them (every open call's mapped chunk, no send)
+            sends = x if compute_s <= 0 else self.features(payload, rows, workers, objects_per_row)
+            trans = max(max(0.0, self.roles["node"].transient(x)) + sends["M"], x["M"])
             levels = [sum(out[p][k][0] for p in self.parts) for k in range(steps)]
             out["node"] = [(lvl, max(max(levels[k - 1] if k else 0.0, lvl) + trans, lvl + before_run[k]))
                            for k, lvl in enumerate(levels)]
@@ -319,11 +312,14 @@ class Model:
                              + rm.transient.describe(mib)))
                 continue
             rows.append((role, "level with nothing held", rm.base.describe(mib)))
-            freed = ("never freed in the fits" if self.release_rate is None else
-                     "its pages kept at a release (a high-water mark, reused by the next steps)" if role == "store"
-                     else f"at each release the earlier steps' and the step's calls done: their leaves above glibc's "
-                     f"mmap threshold all, {self.release_share:.0%} of the rest" if role == "controller"
-                     and self.data_plane == "dataproto" else f"{self.release_share:.0%} of it freed at each release")
+            freed = f"{self.release_share:.0%} of it freed at each release"
+            if self.release_rate is None:
+                freed = "never freed in the fits"
+            elif role == "store":
+                freed = "its pages kept at a release (a high-water mark, reused by the next steps)"
+            elif role == "controller" and self.data_plane == "dataproto":
+                freed = (f"at each release the earlier steps' and the step's calls done: their leaves above glibc's "
+                         f"mmap threshold all, {self.release_share:.0%} of the rest")
             rows.append((role, "held per training step", rm.growth.describe(mib) + f", {freed}"))
             rows.append((role, "transient within a step", rm.transient.describe(mib)))
         if self.release_rate is not None and self.allocation_rate is None:  # else the allocations set them
