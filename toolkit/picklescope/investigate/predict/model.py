@@ -173,10 +173,9 @@ class Model:
     call_to_send: float | None = None  # a call's span over the controller's time to send a chunk (see the module doc)
     send_s: Term | None = None  # the controller's seconds to send one chunk, by the chunk's bytes (None: not timed)
     # the object store's bytes per payload byte of the chunks it holds at once: the most a fit's store held over its
-    # payload after the first step, when it holds that step's chunks only, at the largest fit size (DataProto plane;
-    # None: not fitted). The store's level is at least this share of the calls open at once' chunks (``O``): a
-    # call's chunk stays in the store until the call ends, so workers that compute keep every chunk there, where
-    # the fits' short calls let the next chunk reuse the pages of one already freed
+    # payload after any step, less what the steps before kept (its fitted growth), at the largest fit size (DataProto
+    # plane; None: not fitted). The store's level is at least this share of the calls open at once' chunks (``O``):
+    # a call's chunk stays in the store until the call ends, so workers that compute keep every chunk there
     store_share: float | None = None
     fitted_on: list[str] = field(default_factory=list)
     leaf_row_bytes: list[float] = field(default_factory=list)  # bytes per row of each tensor leaf
@@ -336,8 +335,8 @@ class Model:
             rows.append(("workers", "calls open at once", self.calls_text()))
         if self.store_share is not None:
             rows.append(("store", "chunks held at once", f"at least {self.store_share:.2f} x the payload of the chunks "
-                         "of the calls open at once (the most a fit's store held after its first step, over its "
-                         "payload, at the largest fit size): a chunk stays in the store until its call ends"))
+                         "of the calls open at once (the most a fit's store held after a step beyond what earlier "
+                         "steps kept, over its payload, at the largest fit size): a chunk stays until its call ends"))
         return rows
 
     def calls_text(self) -> str:
@@ -556,6 +555,7 @@ def fit(replays: Sequence[Replay], leaf_row_bytes: Sequence[float] = ()) -> Mode
     xs = [m.features(r.payload_bytes, r.rows, r.workers, r.non_tensor_objects / r.rows) for r in reps]
     rel = [released_at(r) for r in reps]
     shares: list[float] = []
+    kept: list[float] = [0.0] * len(reps)
     for role in (ROLES if m.data_plane == "dataproto" else TQ_ROLES):
         if not all(role in s.end for r in reps for s in r.per_step):
             continue
@@ -566,12 +566,13 @@ def fit(replays: Sequence[Replay], leaf_row_bytes: Sequence[float] = ()) -> Mode
         m.roles[role] = RoleModel(role, fit_term(f"{role} base", feats, xs, [p[0] for p in per]),
                                   fit_term(f"{role} growth", feats, xs, [p[1] for p in per]),
                                   fit_term(f"{role} transient", feats, xs, [p[2] for p in per]))
-        if role == "controller":
-            shares = [p[3] for p in per if p[3] is not None]
+        shares = [p[3] for p in per if p[3] is not None] if role == "controller" else shares
+        kept = [p[1] for p in per] if role == "store" else kept  # each replay's store growth per step
     m.call_to_send = call_to_send(reps)
     if m.data_plane == "dataproto" and all("store" in s.end for r in reps for s in r.per_step):
         largest = max(r.payload_bytes for r in reps)  # where a fixed cost weighs least against the payload
-        m.store_share = max(r.per_step[0].end["store"] / r.payload_bytes for r in reps if r.payload_bytes == largest)
+        m.store_share = max((s.end["store"] - g * k) / r.payload_bytes for r, g in zip(reps, kept)
+                            if r.payload_bytes == largest for k, s in enumerate(r.per_step))
     if m.call_to_send is not None:
         m.calls_in_flight = math.floor(m.call_to_send) + 1
     sends = [statistics.median(s.send_s for s in r.per_step) for r in reps
