@@ -554,8 +554,7 @@ def fit(replays: Sequence[Replay], leaf_row_bytes: Sequence[float] = ()) -> Mode
               fitted_on=[f"x{r.scale:g} {r.workers}w" for r in reps], leaf_row_bytes=list(leaf_row_bytes))
     xs = [m.features(r.payload_bytes, r.rows, r.workers, r.non_tensor_objects / r.rows) for r in reps]
     rel = [released_at(r) for r in reps]
-    shares: list[float] = []
-    kept: list[float] = [0.0] * len(reps)
+    read: dict[str, list[tuple[float, float, float, float | None]]] = {}  # per role, each replay's readings
     for role in (ROLES if m.data_plane == "dataproto" else TQ_ROLES):
         if not all(role in s.end for r in reps for s in r.per_step):
             continue
@@ -566,12 +565,11 @@ def fit(replays: Sequence[Replay], leaf_row_bytes: Sequence[float] = ()) -> Mode
         m.roles[role] = RoleModel(role, fit_term(f"{role} base", feats, xs, [p[0] for p in per]),
                                   fit_term(f"{role} growth", feats, xs, [p[1] for p in per]),
                                   fit_term(f"{role} transient", feats, xs, [p[2] for p in per]))
-        shares = [p[3] for p in per if p[3] is not None] if role == "controller" else shares
-        kept = [p[1] for p in per] if role == "store" else kept  # each replay's store growth per step
+        read[role] = per
     m.call_to_send = call_to_send(reps)
-    if m.data_plane == "dataproto" and all("store" in s.end for r in reps for s in r.per_step):
+    if m.data_plane == "dataproto" and "store" in read:  # less what the steps before kept: each replay's growth
         largest = max(r.payload_bytes for r in reps)  # where a fixed cost weighs least against the payload
-        m.store_share = max((s.end["store"] - g * k) / r.payload_bytes for r, g in zip(reps, kept)
+        m.store_share = max((s.end["store"] - p[1] * k) / r.payload_bytes for r, p in zip(reps, read["store"])
                             if r.payload_bytes == largest for k, s in enumerate(r.per_step))
     if m.call_to_send is not None:
         m.calls_in_flight = math.floor(m.call_to_send) + 1
@@ -587,6 +585,7 @@ def fit(replays: Sequence[Replay], leaf_row_bytes: Sequence[float] = ()) -> Mode
     if any(rel):
         m.release_rate = fit_supported("release rate", FEATURES["objects"], xs,
                                   [len(rl) / len(r.per_step) for r, rl in zip(reps, rel)])
+        shares = [p[3] for p in read.get("controller", []) if p[3] is not None]
         m.release_share = sum(shares) / len(shares) if shares else 1.0
     if m.release_rate is not None and m.gc == "default" and all(r.per_step[-1].allocations for r in reps):
         n = min(len(r.per_step) for r in reps)
