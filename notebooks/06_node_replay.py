@@ -320,9 +320,11 @@ if cluster is not None:
 # ### Next: your node
 #
 # The replays above fit on this machine. `picklescope predict` answers for a node that does not. It
-# runs small replays like the ones above (three batch sizes, two worker counts: the *fit*), reads from
-# them how each process's memory grows with the batch, the workers and the training steps (a *cost
-# model*), and plays that forward at your batch, your workers and your node's RAM (docs/predict.md).
+# runs small replays like the ones above (three batch sizes, two worker counts: the *fit*; under Python's
+# default collector each size also once with the collector off, where nothing frees a copy, so each step's
+# rise is what the step keeps), reads from them how each process's memory grows with the batch, the
+# workers and the training steps (a *cost model*), and plays that forward at your batch, your workers and
+# your node's RAM (docs/predict.md).
 # In a real job it is usually not the kernel that kills first but **Ray's memory monitor**: when the
 # whole node passes a *threshold* (0.95 of its memory by default) it kills one of Ray's processes. The
 # prediction names the training step at which the node would cross it and the process the monitor
@@ -343,7 +345,7 @@ if cluster is not None:
 import textwrap  # noqa: E402
 
 from picklescope.investigate.predict import fit as fitting  # noqa: E402
-from picklescope.investigate.predict.prediction import fit_scales, predict  # noqa: E402
+from picklescope.investigate.predict.prediction import fit_modes, fit_scales, predict  # noqa: E402
 from picklescope.workloads.spec import load_workload  # noqa: E402
 
 your_payload = "44GB"  # the batch's tensor payload (verl-omni #402: 512 videos of about 86 MB)
@@ -355,9 +357,9 @@ your_worker_compute = 60  # seconds each worker computes on its chunk per step: 
 # send every chunk, so all your workers hold theirs at once, as in a training step (0: as the replay's workers do)
 your_planes = ["dataproto"]  # and/or "transferqueue" (built-in codecs only: the tensors skip the codec there)
 wl_fit = load_workload(workload)
-missing = [(plane, c, s, w) for plane in your_planes for c in (legacy, fixed) for w in fitting.FIT_WORKERS
-           for s in fit_scales(wl_fit, c, fitting.FIT_SCALES, fitting.FIT_WORKERS)
-           if fitting.load_cached(fitting.cache_path(wl_fit, c, your_gc, s, w, fitting.FIT_STEPS, plane), plane) is None]
+missing = [(plane, c, s, w) for plane in your_planes for mode in fit_modes(your_gc, plane) for c in (legacy, fixed)
+           for w in fitting.FIT_WORKERS for s in fit_scales(wl_fit, c, fitting.FIT_SCALES, fitting.FIT_WORKERS)
+           if fitting.load_cached(fitting.cache_path(wl_fit, c, mode, s, w, fitting.FIT_STEPS, plane), plane) is None]
 if missing:
     plane, codec, s, w = missing[0]
     options = [f"--workload {workload}", f"--codec {legacy},{fixed}", f"--gc {your_gc}",

@@ -28,11 +28,12 @@ from picklescope.core.units import fmt_bytes, seconds
 from picklescope.errors import PicklescopeError
 from picklescope.investigate.node import collector
 from picklescope.investigate.predict import fit as fitting
+from picklescope.investigate.predict import heap, prediction
 from picklescope.investigate.predict import model as model_mod
-from picklescope.investigate.predict import prediction
 from picklescope.investigate.predict.fit import Replay, StepObs
 from picklescope.ray.transferqueue import missing
 from picklescope.views import figures
+from picklescope.views.report import render_predictions
 from picklescope.workloads.spec import load_workload
 
 MiB = 2**20
@@ -126,7 +127,7 @@ def test_the_collector_runs_once_per_young_every_allocations_of_this_interpreter
     gc.collect()
     collector.count_collections()
     try:
-        keep = [[] for _ in range(model_mod.YOUNG_EVERY * 5 + 17)]
+        keep = [[] for _ in range(heap.YOUNG_EVERY * 5 + 17)]
         counted, runs = collector.allocations(), sum(collector.collections())
     finally:
         if not enabled:
@@ -147,10 +148,10 @@ def test_under_the_default_collector_releases_fall_where_the_counted_allocations
     """Releases seen in six steps are one or two; allocations per step are counted in the hundreds. Where
     they were counted, the releases are the steps in which the collector runs (here half its threshold per
     step: a run every two steps), not the rate of the releases seen (every third step)."""
-    counted = model_mod.fit(_counted(fit_set(release_every=3, gc="default"), model_mod.YOUNG_EVERY // 2 + 1))
+    counted = model_mod.fit(_counted(fit_set(release_every=3, gc="default"), heap.YOUNG_EVERY // 2 + 1))
     x = counted.features(200 * MiB, 64, 4, 2)
     assert counted.allocation_rate is not None
-    assert counted.allocation_rate(x) == pytest.approx(model_mod.YOUNG_EVERY // 2 + 1, abs=1e-6)
+    assert counted.allocation_rate(x) == pytest.approx(heap.YOUNG_EVERY // 2 + 1, abs=1e-6)
     assert counted.release_steps(x, 6) == [2, 4, 6]
     assert any(term == "allocations per step" for _, term, _ in counted.terms_table())
     uncounted = model_mod.fit(fit_set(release_every=3, gc="default"))  # cached before allocations were counted
@@ -166,12 +167,12 @@ def test_a_release_frees_the_calls_done_in_its_step_and_every_mapped_leaf_of_the
     all of them; the heap-sized rest by the fitted share. The counts are a flowgrpo x0.5 replay's with 4
     workers (429 to 704: the run at 99% of step 2, three of four calls done) and an x0.1 one's with 2
     (590 to 717: one of two), benchmarks/README.md."""
-    assert model_mod.calls_done(429, 704, 4) == (0.75, 0.75)
-    assert model_mod.calls_done(590, 717, 2) == (0.5, 0.5)
-    assert model_mod.calls_done(100, 600, 4) is None  # no run in the step
-    assert model_mod.calls_done(0, 2000, 4) == (0.25, 0.5)  # runs at 701 and 1402: the last frees the most
-    assert model_mod.freed_at_release(2.0, 0.25, 0.5) == pytest.approx(0.5 + 0.75)
-    m = model_mod.fit(_counted(fit_set(release_every=3, gc="default"), model_mod.YOUNG_EVERY // 2 + 1))
+    assert heap.calls_done(429, 704, 4) == (0.75, 0.75)
+    assert heap.calls_done(590, 717, 2) == (0.5, 0.5)
+    assert heap.calls_done(100, 600, 4) is None  # no run in the step
+    assert heap.calls_done(0, 2000, 4) == (0.25, 0.5)  # runs at 701 and 1402: the last frees the most
+    assert heap.freed_at_release(2.0, 0.25, 0.5) == pytest.approx(0.5 + 0.75)
+    m = model_mod.fit(_counted(fit_set(release_every=3, gc="default"), heap.YOUNG_EVERY // 2 + 1))
     x = m.features(200 * MiB, 64, 4, 2)
     assert m.release_points(x, 6) == {k: (0.75, 0.75) for k in (2, 4, 6)}  # 351 a step: each run late in its step
     m.release_share = 1.0
@@ -192,7 +193,83 @@ def test_a_release_frees_the_calls_done_in_its_step_and_every_mapped_leaf_of_the
     m.leaf_row_bytes = [40 * MiB / 16, 10 * MiB / 16]
     assert m.features(200 * MiB, 64, 4, 2)["mshare"] == pytest.approx(0.8)
     levels = [round(lvl / (200 * MiB), 3) for lvl, _ in m.play(200 * MiB, 64, 4, 3, 2)["controller"]]
-    assert levels == [1.5, 1.1, 2.1]  # step 2: 1.75 payloads of garbage, 0.8 of it mapped: 1.4 freed
+    # step 2: 1.75 payloads of garbage, 0.8 of it mapped: 1.4 freed, its 0.35 heap-sized part kept as free blocks;
+    # step 3's copy reuses 0.2 of them for its heap-sized part and adds only its mapped 0.8 (docs/predict.md)
+    assert levels == [1.5, 1.1, 1.9]
+
+
+def test_under_the_default_collector_the_controller_keeps_what_the_collector_off_fits_keep_and_reuses_freed_blocks(
+        monkeypatch):
+    """A run gives back part of its heap-sized garbage and keeps the rest as free blocks, which the next steps'
+    copies reuse: the level pauses after a run instead of falling (docs/predict.md, "share freed at a release").
+    Replays made so (a copy of 1.0x a step, 30% given back at each run), read alone, take the pauses for a
+    smaller growth; with the collector-off replays' growth (``held``), the fit finds the share and plays
+    their levels back, and ``models`` replays the fit sizes in both modes for it."""
+    share, reps, off = 0.3, [], fit_set()  # off: 1.0x a step, never freed
+    for r in _counted(fit_set(gc="default"), heap.YOUNG_EVERY // 2 + 1):  # a run late in every second step
+        p = r.payload_bytes
+        runs = model_mod.replay_releases(r)
+        done = 1 - 1 / len(fitting.chunk_sizes(r.rows, r.workers))  # all calls but the one in hand
+        assert runs == {k: (done, done) for k in (2, 4, 6)}
+        for s, (level, _) in zip(r.per_step, heap.play(0.5 * p, 1.0 * p, 0.0, runs, r.steps, share)):
+            s.end["controller"] = s.peak["controller"] = int(level)
+        reps.append(r)
+    x = reps[0]
+    ends = [s.end["controller"] / x.payload_bytes for s in x.per_step]
+    assert ends == pytest.approx([1.5, 2.05, 2.05, 2.4, 2.4, 2.4], abs=1e-6)  # no fall: each run's blocks reused
+    alone = model_mod.fit(reps)
+    both = model_mod.fit(reps, held=model_mod.fit(off))
+    feats = both.features(x.payload_bytes, x.rows, x.workers, 2)
+    assert alone.roles["controller"].growth(feats) < 0.5 * x.payload_bytes  # the pauses read as growth
+    assert both.roles["controller"].growth(feats) == pytest.approx(x.payload_bytes, rel=1e-3)
+    assert both.release_share == pytest.approx(share, abs=1 / heap.SHARE_GRID)
+    played = [lvl / x.payload_bytes for lvl, _ in both.play(x.payload_bytes, x.rows, x.workers, 6, 2)["controller"]]
+    assert played == pytest.approx(ends, abs=0.02)
+    table = dict(((r, t), v) for r, t, v in both.terms_table())
+    assert "the collector-off replays" in table[("controller", "held per training step")]
+    assert prediction.fit_modes("default") == ["default", "off"] and prediction.fit_modes("off") == ["off"]
+    assert prediction.fit_modes("default", "transferqueue") == ["default"]
+    modes: list[str] = []
+
+    def fake_replays(group, workload, gc, scales, workers, steps, **kw):  # the replays above, by collector mode
+        modes.append(gc)
+        return reps if gc == "default" else off
+
+    monkeypatch.setattr(fitting, "replays", fake_replays)
+    fitted = prediction.models(("numpy-legacy",), "flowgrpo", "default")["numpy-legacy"]
+    assert modes == ["default", "off"] and fitted.growth_fitted_on == model_mod.fit(off).fitted_on
+
+
+def test_the_answer_says_the_controllers_peak_is_an_estimate_where_its_releases_free_heap_sized_copies():
+    """A release gives back its copies' mapped leaves whole and of the heap-sized rest what glibc can, which the
+    fits show on average only (docs/predict.md, "The allocator"). The answer says so where a tenth or more of the
+    freed copies are heap-sized, and not where they are (nearly) all mapped or nothing is released."""
+    wl = load_workload("flowgrpo")
+    m = model_mod.fit(_counted(fit_set(release_every=3, gc="default"), heap.YOUNG_EVERY // 2 + 1))
+    pay = 200 * MiB
+
+    def answer(model):
+        out = prediction.play_node(model, wl, 64, pay, 4, 6, {}, None, 0.95, store_capacity=None)
+        return out, prediction.CodecPrediction(
+            "numpy-legacy", model.gc, pay, 64, 4, 6, None, 0.95, {}, out["node_peak"], out["peaks"], out["steps"],
+            out["killed"], None, out["releases"], model.terms_table(), model.fitted_on,
+            release_heap_share=out["release_heap_share"])
+
+    m.leaf_row_bytes = [40 * MiB / 16, 10 * MiB / 16]  # a 40 MiB leaf of each 50 MiB chunk is mapped: 0.2 is heap
+    out, p = answer(m)
+    assert out["releases"] and out["release_heap_share"] == pytest.approx(0.2)
+    assert "20% of the copies those collections free are heap-sized blocks" in p.summary()
+    assert "read the controller's peak as an estimate" in p.allocator_text()
+    assert p.to_json_dict()["release_heap_share"] == pytest.approx(0.2)
+    page = render_predictions([p], "flowgrpo", "picklescope predict")  # the report, under what it cannot know
+    assert html_escape(p.allocator_text()) in page.split("<h2>What the model cannot know</h2>", 1)[1]
+    m.leaf_row_bytes = [48 * MiB / 16, 2 * MiB / 16]  # 0.04 heap-sized: what glibc keeps moves the peak little
+    out, p = answer(m)
+    assert out["release_heap_share"] == pytest.approx(0.04) and p.allocator_text() is None
+    assert "heap-sized blocks" not in p.summary()
+    out, p = answer(model_mod.fit(fit_set()))  # the collector off: nothing released, nothing to say
+    assert out["releases"] == [] and out["release_heap_share"] is None and p.allocator_text() is None
+    assert p.to_json_dict()["release_heap_share"] is None
 
 
 def test_a_feature_the_fits_do_not_need_is_not_extrapolated():

@@ -467,6 +467,10 @@ def render_predictions(preds: Sequence[CodecPrediction], workload: str, command:
                  "weights, optimizer state, rollout engines: give them with --process-baseline), what the workers "
                  "compute, and when Python's collector runs in a process that does more than the replay: see "
                  "docs/predict.md.</p>")
+    estimates = [(p, p.allocator_text()) for p in preds]
+    if any(text for _, text in estimates):
+        parts.append("<ul>" + "".join(f"<li>{e(_column(p))}: {e(text)}</li>" for p, text in estimates if text)
+                     + "</ul>")
     parts.append("<h2>Reproduce</h2>")
     parts.append(f"<pre>{e(command)}</pre>")
     return _page(title, parts)

@@ -47,6 +47,9 @@ class Check:
         return doc
 
 
+# the heap-sized share of a release's copies from which the summary says the controller's peak is an estimate:
+# below it, what glibc keeps of them moves the peak by a few percent at most (docs/predict.md, "The allocator")
+HEAP_SHARE_NOTED = 0.1
 NO_BASELINES = ("these are the batch's own bytes: what each process held before it (model weights, optimizer "
                 "state, the rollout's own data) counts as nothing here; add it with --process-baseline "
                 "(e.g. controller=379GB, from your kill report) to compare with the node's memory")
@@ -92,6 +95,9 @@ class CodecPrediction:
     # that is more (workers that compute longer than the controller takes to send every chunk, as a training
     # step's do), and the training step at which that node would cross Ray's threshold (None: never)
     all_open_killed_step: int | None = None
+    # of the copies the controller's releases free, the share in heap-sized blocks (under glibc's mmap threshold),
+    # whose return the fits measure only on average (allocator_text); None where no release is predicted
+    release_heap_share: float | None = None
 
     def to_json_dict(self) -> dict[str, Any]:
         return {"codec": self.codec, "gc": self.gc, "payload_bytes": self.payload_bytes, "rows": self.rows,
@@ -112,6 +118,7 @@ class CodecPrediction:
                 "worker_compute_s": self.worker_compute_s, "calls_open": self.calls_open,
                 "node_peak_all_open_bytes": self.node_peak_all_open_bytes,
                 "all_open_killed_step": self.all_open_killed_step,
+                "release_heap_share": self.release_heap_share,
                 "kill_policy": KILL_POLICY if self.data_plane == "dataproto" else KILL_POLICY_TQ,
                 "check": self.check.to_json_dict() if self.check else None}
 
@@ -135,6 +142,9 @@ class CodecPrediction:
             shown = ", ".join(map(str, self.release_steps[:8])) + (", ..." if len(self.release_steps) > 8 else "")
             out.append(f"  controller memory falls back during steps {shown} "
                        "(a collection frees the copies held by then)")
+        allocator = self.allocator_text()
+        if allocator:
+            out.append("  " + allocator)
         if self.check:
             out.append("  " + self.check_text())
         return "\n".join(out)
@@ -156,6 +166,19 @@ class CodecPrediction:
             out += (f"; but with its object store full it would cross that in training step "
                     f"{self.store_full_killed_step}")
         return out
+
+    def allocator_text(self) -> str | None:
+        """Where the controller's peak is an estimate, why, in one sentence (the summary's line and the report's):
+        a release gives back its copies' mapped blocks whole, but of its heap-sized ones only what glibc can
+        return, which depends on where it placed them; the fit's replays show that share on average, not run
+        by run (docs/predict.md, "The allocator"). None where the released copies are almost all mapped."""
+        share = self.release_heap_share
+        if share is None or share < HEAP_SHARE_NOTED:
+            return None
+        return (f"{share:.0%} of the copies those collections free are heap-sized blocks (under glibc's mmap "
+                "threshold); how much of them glibc gives back depends on where it placed them, which the fit "
+                "shows on average only: read the controller's peak as an estimate (docs/predict.md, "
+                "\"The allocator\")")
 
     def check_text(self) -> str:
         """The check against a real replay in one line: predicted vs measured node and controller peaks with

@@ -26,7 +26,8 @@ CPython's collector counts: it runs each time they pass :data:`YOUNG_EVERY`), th
 which a run falls, counted from the full collection before the first step: hundreds of allocations a step
 are a far finer measurement than the one or two releases six steps show. Elsewhere the release rate per step
 is fitted as a linear function of the batch's non-tensor objects (rows x keys) and ``W``. What a release
-frees is its own term (:func:`freed_at_release`).
+gives back, and how the next steps reuse what it does not, is :mod:`.heap`'s (the controller's base and growth
+then come from the same codec's collector-off replays, where nothing is freed: :func:`fit`'s ``held``).
 
 The object store is a bounded high-water mark: its pages are never given back, so its level after a step is
 the highest its base plus the held steps' objects have been (a release frees objects, and the next steps
@@ -45,17 +46,16 @@ where the maximum over every step of every replay would be set by it and move be
 
 from __future__ import annotations
 
-import gc
 import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from picklescope.investigate.predict import heap
 from picklescope.investigate.predict.fit import TQ_ROLES, Replay, chunk_rows, chunk_sizes
+from picklescope.investigate.predict.heap import YOUNG_EVERY, calls_done
 
 ROLES = ("controller", "worker", "workers", "store", "node")
-# The container allocations (net of frees) after which CPython's collector runs: its first threshold passed
-YOUNG_EVERY = gc.get_threshold()[0] + 1
 PARTS = ("controller", "workers", "store")  # the node's total is their sum (the store counted once)
 TQ_PARTS = ("controller", "producer", "workers", "storage", "tq-controller", "store")  # the TransferQueue plane's
 # What each role's bytes can depend on: the controller serializes W chunks that add up to P and pays
@@ -178,6 +178,8 @@ class Model:
     # a call's chunk stays in the store until the call ends, so workers that compute keep every chunk there
     store_share: float | None = None
     fitted_on: list[str] = field(default_factory=list)
+    growth_fitted_on: list[str] = field(default_factory=list)  # the collector-off replays its controller's base and
+    # growth come from (fit's ``held``; empty: these replays)
     leaf_row_bytes: list[float] = field(default_factory=list)  # bytes per row of each tensor leaf
 
     @property
@@ -263,23 +265,23 @@ class Model:
         out: dict[str, list[tuple[float, float]]] = {}
         for role, rm in self.roles.items():
             base, growth, trans = rm.base(x), max(0.0, rm.growth(x)), max(0.0, rm.transient(x))
+            pooled = role == "controller" and self.data_plane == "dataproto"  # its copies, freed and reused
+            ctl = heap.play(base, growth, x["mshare"], releases, steps, self.release_share) if pooled else []
             if role == "worker":  # the mapped part of its chunk, resident during its call
                 trans += x["mapped"]
             elif role == "workers":  # those of the calls open at once (all W when the fits did not time them)
                 trans += x["M"]
             held, prev, rows_out = 0.0, 0.0, []
             for k in range(1, steps + 1):
-                level_held, held = held, held + growth  # what the steps before left held, and with this one's
-                if k in releases and role == "controller" and self.data_plane == "dataproto":
-                    # the copies of the steps before and of this step's calls done are garbage (the call in hand's
-                    # is referenced); just before the run the controller held them all, its highest in the step
-                    first, last = releases[k]
-                    held -= freed_at_release(level_held + growth * last, x["mshare"], self.release_share)
-                    before_run[k - 1] = max(0.0, level_held + growth * first - held)
-                elif k in releases and (self.data_plane == "dataproto" or role == "controller"):  # on the
-                    # TransferQueue plane a collection in the controller frees the controller's own objects only
-                    held -= self.release_share * level_held
-                level = base + held
+                if pooled:  # the step's highest may be just before its run, when it held all its garbage
+                    level, before = ctl[k - 1]
+                    before_run[k - 1] = max(0.0, before - level)
+                else:
+                    level_held, held = held, held + growth  # what the steps before left held, and this one's
+                    if k in releases and (self.data_plane == "dataproto" or role == "controller"):  # on the
+                        # TransferQueue plane a collection in the controller frees the controller's own objects only
+                        held -= self.release_share * level_held
+                    level = base + held
                 if role == "store":  # at least the chunks of the calls open at once; the high-water mark of what it
                     if self.store_share is not None:  # held (its pages are never given back: never under its
                         level = max(level, self.store_share * x["O"])  # baseline), within its capacity
@@ -318,7 +320,10 @@ class Model:
                 freed = "its pages kept at a release (a high-water mark, reused by the next steps)"
             elif role == "controller" and self.data_plane == "dataproto":
                 freed = (f"at each release the earlier steps' and the step's calls done: their leaves above glibc's "
-                         f"mmap threshold all, {self.release_share:.0%} of the rest")
+                         f"mmap threshold all, {self.release_share:.0%} of the rest, whose other blocks the next "
+                         "steps' copies reuse")
+            if role == "controller" and self.growth_fitted_on:
+                freed += f" (this and the level: the collector-off replays, {', '.join(self.growth_fitted_on)})"
             rows.append((role, "held per training step", rm.growth.describe(mib) + f", {freed}"))
             rows.append((role, "transient within a step", rm.transient.describe(mib)))
         if self.release_rate is not None and self.allocation_rate is None:  # else the allocations set them
@@ -404,28 +409,6 @@ def fit_supported(name: str, features: tuple[str, ...], xs: Sequence[dict[str, f
     return reduced if reduced.max_residual <= full.max_residual + tolerance * scale else full
 
 
-def calls_done(before: float, after: float, calls: int) -> tuple[float, float] | None:
-    """The shares of a step's ``calls`` done when the collector first and last runs in it (None: it does not run):
-    the step took the counted allocations from ``before`` to ``after``, a run falls where they pass a multiple of
-    :data:`YOUNG_EVERY`, and they fall evenly on the calls (flowgrpo: 53 a call, 21 a step). A call done has sent
-    its chunk, so its cycle-held copy is garbage for a run; the call in hand still holds its own."""
-    first, last = (math.floor(before / YOUNG_EVERY + 1e-9) + 1) * YOUNG_EVERY, \
-        math.floor(after / YOUNG_EVERY + 1e-9) * YOUNG_EVERY
-    if last < first or after <= before:
-        return None
-    n = max(1, calls)
-    return math.floor((first - before) / (after - before) * n + 1e-9) / n, \
-        math.floor((last - before) / (after - before) * n + 1e-9) / n
-
-
-def freed_at_release(garbage: float, mapped_share: float, heap_share: float) -> float:
-    """What a release gives back of ``garbage`` bytes of the controller's copies: their leaves above glibc's mmap
-    threshold (``mapped_share``) all; glibc's heap keeps a freed block resident unless it is at the heap's top, so
-    of the rest only ``heap_share`` (fitted at the fit sizes, whose copies are all heap-sized)."""
-    mapped = garbage * min(1.0, max(0.0, mapped_share))
-    return mapped + (garbage - mapped) * heap_share
-
-
 def released_at(rep: Replay) -> list[int]:
     """Steps at which the controller's memory fell back: its level dropped by more than half a chunk,
     or its count of full collections moved."""
@@ -438,6 +421,20 @@ def released_at(rep: Replay) -> list[int]:
             out.append(s.index)
         prev_level, prev_coll = level, coll
     return out
+
+
+def replay_releases(rep: Replay) -> dict[int, tuple[float, float]]:
+    """The training steps of ``rep`` with a release, each with the shares of its calls done at the collector's
+    first and last run in it: where the collector ran and the controller's allocations were counted, the steps
+    in which a run falls (:func:`calls_done`: a run that freed blocks the next copies reused shows no fall);
+    elsewhere the steps at which the controller's memory fell back (:func:`released_at`), no call done."""
+    counts = [s.allocations for s in rep.per_step]
+    if rep.gc == "off" or rep.data_plane != "dataproto" or not counts or None in counts:
+        return {k: (0.0, 0.0) for k in released_at(rep)}
+    calls = len(chunk_sizes(rep.rows, rep.workers))
+    runs = {s.index: calls_done(before or 0, s.allocations or 0, calls)
+            for before, s in zip([0, *counts], rep.per_step)}
+    return {k: done for k, done in runs.items() if done is not None}
 
 
 def growth_floor(rep: Replay, role: str, rises: Sequence[float]) -> float:
@@ -454,9 +451,8 @@ def growth_floor(rep: Replay, role: str, rises: Sequence[float]) -> float:
     return float(max(resolution, statistics.median(abs(r - mid) for r in rises)))
 
 
-def _role_terms(rep: Replay, role: str, releases: list[int], mapped_share: float = 0.0
-                ) -> tuple[float, float, float, float | None]:
-    """One replay's (base, growth, transient, share freed at a release) for ``role``.
+def _role_terms(rep: Replay, role: str, releases: list[int]) -> tuple[float, float, float]:
+    """One replay's (base, growth, transient) for ``role`` (what a release gives back: :func:`fit`).
 
     On the TransferQueue plane the first write fills the processes' heaps: the storage units (and the
     producer and the workers) keep what a cleared step freed and the next step's write reuses it
@@ -489,25 +485,13 @@ def _role_terms(rep: Replay, role: str, releases: list[int], mapped_share: float
     if growth <= growth_floor(rep, role, rises):  # the sampler's or the allocator's jitter, not a growth
         growth = 0.0
     held, ms = 0.0, []
-    shares = []
-    counts = [s.allocations for s in rep.per_step]
     for i, k in enumerate(idx):
-        held += 1
-        if k in releases and i > 0:
-            before = ends[i - 1] + growth
-            freed = before - ends[i]
-            done = 0.0  # the calls of this step done when the collector ran (counted: calls_done), garbage too
-            if role == "controller" and rep.data_plane == "dataproto" and None not in (counts[i - 1], counts[i]):
-                done = (calls_done(counts[i - 1], counts[i], len(chunk_sizes(rep.rows, rep.workers))) or (0, 0.0))[1]
-            garbage, mapped = growth * (held - 1 + done), growth * (held - 1 + done) * mapped_share
-            if growth > 0 and garbage - mapped > 0:
-                shares.append(max(0.0, min(1.0, (freed - mapped) / (garbage - mapped))))
-            held = 1
+        held = 1 if k in releases and i > 0 else held + 1
         ms.append(held)
     base = sum(e - growth * m for e, m in list(zip(ends, ms))[settle:]) / (len(ends) - settle)
     trans = [p - max(ends[i - 1] if i else 0.0, ends[i]) for i, p in enumerate(peaks)][settle:]
     transient = max(0.0, sum(trans) / len(trans))
-    return base, growth, transient, (sum(shares) / len(shares) if shares else None)
+    return base, growth, transient
 
 
 def _node_transient(rep: Replay, parts: Sequence[str] = PARTS) -> float:
@@ -539,10 +523,12 @@ def call_to_send(reps: Sequence[Replay]) -> float | None:
     return statistics.median_high(longest) if longest else None
 
 
-def fit(replays: Sequence[Replay], leaf_row_bytes: Sequence[float] = ()) -> Model:
+def fit(replays: Sequence[Replay], leaf_row_bytes: Sequence[float] = (), held: Model | None = None) -> Model:
     """The model of one codec under one collector mode from its replays (at least one, all ``ok``);
     ``leaf_row_bytes`` (bytes per row of each tensor leaf) places the chunk's leaves against glibc's
-    mmap threshold (without it the whole chunk counts as heap)."""
+    mmap threshold (without it the whole chunk counts as heap). ``held``: the same codec's model with the
+    collector off, whose controller's base and growth (what a step keeps where nothing frees it) the
+    controller takes on the DataProto plane; the replays here then set only what a release gives back."""
     reps = [r for r in replays if r.outcome == "ok" and r.per_step]
     if not reps:
         raise ValueError("no replay with measured steps to fit")
@@ -554,18 +540,23 @@ def fit(replays: Sequence[Replay], leaf_row_bytes: Sequence[float] = ()) -> Mode
               fitted_on=[f"x{r.scale:g} {r.workers}w" for r in reps], leaf_row_bytes=list(leaf_row_bytes))
     xs = [m.features(r.payload_bytes, r.rows, r.workers, r.non_tensor_objects / r.rows) for r in reps]
     rel = [released_at(r) for r in reps]
-    read: dict[str, list[tuple[float, float, float, float | None]]] = {}  # per role, each replay's readings
+    runs = [replay_releases(r) for r in reps]  # the collector's runs where they were counted, with their calls done
+    read: dict[str, list[tuple[float, float, float]]] = {}  # per role, each replay's readings
     for role in (ROLES if m.data_plane == "dataproto" else TQ_ROLES):
         if not all(role in s.end for r in reps for s in r.per_step):
             continue
-        per = [_role_terms(r, role, rl, x["mshare"]) for r, rl, x in zip(reps, rel, xs)]
+        per = [_role_terms(r, role, rl) for r, rl in zip(reps, rel)]
         if role == "node" and all(p in s.end for r in reps for s in r.per_step for p in m.parts):
-            per = [(0.0, 0.0, _node_transient(r, m.parts), None) for r in reps]
+            per = [(0.0, 0.0, _node_transient(r, m.parts)) for r in reps]
         feats = m.role_features(role)
         m.roles[role] = RoleModel(role, fit_term(f"{role} base", feats, xs, [p[0] for p in per]),
                                   fit_term(f"{role} growth", feats, xs, [p[1] for p in per]),
                                   fit_term(f"{role} transient", feats, xs, [p[2] for p in per]))
         read[role] = per
+    if held is not None and m.data_plane == "dataproto" and "controller" in m.roles and "controller" in held.roles:
+        m.roles["controller"].base, m.roles["controller"].growth = held.roles["controller"].base, \
+            held.roles["controller"].growth
+        m.growth_fitted_on = held.fitted_on
     m.call_to_send = call_to_send(reps)
     if m.data_plane == "dataproto" and "store" in read:  # less what the steps before kept: each replay's growth
         largest = max(r.payload_bytes for r in reps)  # where a fixed cost weighs least against the payload
@@ -582,10 +573,13 @@ def fit(replays: Sequence[Replay], leaf_row_bytes: Sequence[float] = ()) -> Mode
         m.collection_rate = fit_term("full collections", FEATURES["objects"],
                                      [x for x, r in zip(xs, reps) if r in counted],
                                      [r.per_step[-1].collections / len(r.per_step) for r in counted])
-    if any(rel):
+    if any(rel) or any(runs):
         m.release_rate = fit_supported("release rate", FEATURES["objects"], xs,
                                   [len(rl) / len(r.per_step) for r, rl in zip(reps, rel)])
-        shares = [p[3] for p in read.get("controller", []) if p[3] is not None]
+        ctl = m.roles.get("controller")
+        shares = [heap.fit_share([s.end["controller"] for s in r.per_step], max(0.0, ctl.growth(x)), x["mshare"], run)
+                  for r, x, run in zip(reps, xs, runs)] if ctl else []
+        shares = [v for v in shares if v is not None]
         m.release_share = sum(shares) / len(shares) if shares else 1.0
     if m.release_rate is not None and m.gc == "default" and all(r.per_step[-1].allocations for r in reps):
         n = min(len(r.per_step) for r in reps)

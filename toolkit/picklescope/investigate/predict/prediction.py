@@ -174,17 +174,30 @@ def models(codecs: Sequence[str], workload: str, gc: str, *, scales: Sequence[fl
     """One fitted model per codec, from cached replays where they exist (the rest replayed, see :mod:`.fit`).
 
     The replays are gathered group by group (:func:`~.fit.replay_groups`: a group's codecs share their fit
-    sizes), then each codec is fitted on its :func:`fit_set` of all of them."""
+    sizes), then each codec is fitted on its :func:`fit_set` of all of them. Under a collector that runs, on
+    the DataProto plane, the same sizes are also replayed with the collector off: there nothing frees the
+    controller's copies, so its rise per step is what a step keeps, which the collector's own replays blur
+    where the next steps reuse what a run freed (:mod:`.heap`)."""
     wl = load_workload(workload)
-    reps: list[fitting.Replay] = []
-    for group in fitting.replay_groups(codecs, data_plane, bool(ray_address)):
-        reps += fitting.replays(group, workload, gc, fit_scales(wl, group[0], scales, workers), workers, steps,
-                                refresh=refresh, ray_address=ray_address, data_plane=data_plane, log=log)
+    modes = fit_modes(gc, data_plane)
+    reps: dict[str, list[fitting.Replay]] = {mode: [] for mode in modes}
+    for mode in modes:
+        for group in fitting.replay_groups(codecs, data_plane, bool(ray_address)):
+            reps[mode] += fitting.replays(group, workload, mode, fit_scales(wl, group[0], scales, workers), workers,
+                                          steps, refresh=refresh, ray_address=ray_address, data_plane=data_plane,
+                                          log=log)
     out: dict[str, Model] = {}
     for codec in codecs:
-        out[codec] = fit_model(fit_set(reps, codec, data_plane), leaf_row_bytes(wl))
+        held = fit_model(fit_set(reps["off"], codec, data_plane), leaf_row_bytes(wl)) if len(modes) > 1 else None
+        out[codec] = fit_model(fit_set(reps[gc], codec, data_plane), leaf_row_bytes(wl), held)
         out[codec].codec = codec
     return out
+
+
+def fit_modes(gc: str, data_plane: str = "dataproto") -> list[str]:
+    """The collector modes a prediction under ``gc`` replays its fit sizes in (:func:`models`): ``gc``, and on
+    the DataProto plane under a collector that runs, ``off`` too (what a step keeps, with nothing freeing it)."""
+    return [gc] + (["off"] if gc != "off" and data_plane == "dataproto" else [])
 
 
 def fit_set(reps: Sequence[fitting.Replay], codec: str, data_plane: str = "dataproto") -> list[fitting.Replay]:
@@ -199,7 +212,9 @@ def fit_set(reps: Sequence[fitting.Replay], codec: str, data_plane: str = "datap
 def play_node(model: Model, wl: Workload, rows: int, payload: int, workers: int, steps: int,
               baselines: dict[str, int], node_memory: int | None, threshold: float, *,
               store_capacity: int | None, compute_s: float = 0.0) -> dict[str, Any]:
-    """The model at one size: per step node and controller bytes, per process peaks, Ray's kill. The object
+    """The model at one size: per step node and controller bytes, per process peaks, Ray's kill, the steps at
+    which the controller's memory falls back and the share of what those releases free in heap-sized blocks
+    (``release_heap_share``: their return is the model's least certain term, docs/predict.md). The object
     store is bounded by ``store_capacity`` as :func:`resolve_store_capacity` decided it (None: unbounded), less
     what the store holds before the batch (its baseline, if given); ``store_full_step`` is the first step it
     is at that bound. The capacity is an argument, not worked out here, so that the default is decided in one
@@ -235,6 +250,7 @@ def play_node(model: Model, wl: Workload, rows: int, payload: int, workers: int,
                       "node_bytes": int(node_peak), "limit_bytes": int(limit)}
             break
     x = model.features(payload, rows, workers, obj, compute_s)
+    releases = model.release_steps(x, steps)
     full_node, full_killed = None, None  # were the store at its capacity from the first step
     if store_capacity is not None and all(s["store_bytes"] is not None for s in steps_out):
         at_full = [s["node_bytes"] + max(0, store_capacity - s["store_bytes"]) for s in steps_out]
@@ -245,7 +261,8 @@ def play_node(model: Model, wl: Workload, rows: int, payload: int, workers: int,
                                            if lvl >= max(0, room)), None)
     return {"steps": steps_out, "killed": killed, "peaks": peaks, "store_full_step": full,
             "node_peak_store_full": full_node, "store_full_killed_step": full_killed,
-            "node_peak": max(s["node_bytes"] for s in steps_out), "releases": model.release_steps(x, steps),
+            "node_peak": max(s["node_bytes"] for s in steps_out), "releases": releases,
+            "release_heap_share": max(0.0, 1.0 - x["mshare"]) if releases else None,
             "calls_open": model.open_calls(x["c"], workers, compute_s)}
 
 
@@ -365,7 +382,8 @@ def predict(codecs: Sequence[str] = ("numpy-legacy", "numpy"), workload: str = "
                                    largest_surviving_payload_store_full_bytes=largest_full,
                                    largest_surviving_node_peak_bytes=largest_peak,
                                    worker_compute_s=worker_compute_s, calls_open=played["calls_open"],
-                                   node_peak_all_open_bytes=all_open, all_open_killed_step=all_open_kill))
+                                   node_peak_all_open_bytes=all_open, all_open_killed_step=all_open_kill,
+                                   release_heap_share=played["release_heap_share"]))
     if check:
         _check(out, fitted, workload, the_scale, gc, wl, timeout_s, ray_address, log, data_plane,
                worker_compute_s)
