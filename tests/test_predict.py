@@ -258,7 +258,7 @@ def test_the_answer_says_the_controllers_peak_is_an_estimate_where_its_releases_
     m.leaf_row_bytes = [40 * MiB / 16, 10 * MiB / 16]  # a 40 MiB leaf of each 50 MiB chunk is mapped: 0.2 is heap
     out, p = answer(m)
     assert out["releases"] and out["release_heap_share"] == pytest.approx(0.2)
-    assert "20% of the copies those collections free are heap-sized blocks" in p.summary()
+    assert "20% of the copies the controller's collections free are heap-sized blocks" in p.summary()
     assert "read the controller's peak as an estimate" in p.allocator_text()
     assert p.to_json_dict()["release_heap_share"] == pytest.approx(0.2)
     page = render_predictions([p], "flowgrpo", "picklescope predict")  # the report, under what it cannot know
@@ -996,6 +996,7 @@ def test_the_figure_is_drawn_from_the_plain_data():
     fig = figures.predict_figure([doc])
     names = [t.name for t in fig.data]
     assert "numpy-legacy: node" in names and "numpy-legacy: controller" in names
+    assert fig.layout.xaxis.dtick == 1  # ten training steps: a tick at each whole one, none between
     assert any(t.text and "Ray kills worker-7" in t.text[0] for t in fig.data)  # the kill's marker
     # the store per step, its baseline included, never above its capacity; the capacity is a line named by its source
     store = next(t for t in fig.data if t.name == "numpy-legacy: object store")

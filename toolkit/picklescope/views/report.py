@@ -22,6 +22,7 @@ from picklescope.core.result import RunResult
 from picklescope.core.units import fmt_bytes
 from picklescope.errors import PicklescopeError
 from picklescope.investigate.predict.answer import NO_BASELINES, CodecPrediction
+from picklescope.investigate.predict.prediction import fit_modes
 from picklescope.investigate.reproduce import (
     Investigation,
     budgeted_results,
@@ -406,6 +407,10 @@ def prediction_sentence(p: CodecPrediction) -> str:
     return text + "."
 
 
+# the fit's second set of replays under a collector that runs (fit_modes), in the report's header
+OFF_TOO = " (each size also with the collector off, for what a training step keeps)"
+
+
 def render_predictions(preds: Sequence[CodecPrediction], workload: str, command: str) -> str:
     """``picklescope predict --out``'s report: the answer per codec in words, the figure, every training step,
     each process's peak, the object store, the model's terms, the checks, and the command."""
@@ -418,7 +423,8 @@ def render_predictions(preds: Sequence[CodecPrediction], workload: str, command:
              f"<p class='note'>Payload {e(fmt_bytes(first.payload_bytes))} = {first.payload_bytes / 1e9:.2f} GB "
              f"(batch size {first.rows}), {first.workers} "
              f"workers, {first.steps} training steps, collector {e(first.gc)}; {e(node)}. Predicted by a model "
-             f"fitted on node replays at {e(', '.join(first.fitted_on))}, not measured; written "
+             f"fitted on node replays at {e(', '.join(first.fitted_on))}"
+             f"{OFF_TOO if len(fit_modes(first.gc, first.data_plane)) > 1 else ''}, not measured; written "
              f"{e(time.strftime('%Y-%m-%d %H:%M:%S'))}.</p>",
              "<p class='headline'>" + "<br>".join(e(prediction_sentence(p)) for p in preds) + "</p>",
              *([f"<p class='note'>{e(NO_BASELINES[:1].upper() + NO_BASELINES[1:])}.</p>"]

@@ -175,9 +175,9 @@ class CodecPrediction:
         share = self.release_heap_share
         if share is None or share < HEAP_SHARE_NOTED:
             return None
-        return (f"{share:.0%} of the copies those collections free are heap-sized blocks (under glibc's mmap "
-                "threshold); how much of them glibc gives back depends on where it placed them, which the fit "
-                "shows on average only: read the controller's peak as an estimate (docs/predict.md, "
+        return (f"{share:.0%} of the copies the controller's collections free are heap-sized blocks (under "
+                "glibc's mmap threshold); how much of them glibc gives back depends on where it placed them, which "
+                "the fit shows on average only: read the controller's peak as an estimate (docs/predict.md, "
                 "\"The allocator\")")
 
     def check_text(self) -> str:
