@@ -10,6 +10,7 @@ Checks are ratios to the payload measured in the same run, never times.
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -288,6 +289,41 @@ def test_the_session_keeps_the_folds_bookkeeping_beside_the_records():
         assert new.reading == "private" and new.steps == [] and session.processes["driver"] is new
     finally:
         session.stop()
+
+
+def test_a_sample_is_timed_after_its_reads_so_a_killed_process_teardown_is_trimmed():
+    """A budget kill times its SIGKILL just before sending it (``Kill.sigkill_t_s``) while the sampling thread
+    goes on; a tick timed before its reads could read the dying process's teardown (its level falling back to
+    its baseline, mapping by mapping) under a time before the SIGKILL, and the trim at the kill would keep it.
+    Timed after its reads, every sample's time is at or after the moment of each read it holds."""
+    read_at: list[float] = []
+
+    class Clocked:
+        def read(self) -> int:  # a read that takes 2 ms, as /proc under load can: timed when it is done
+            time.sleep(0.002)
+            read_at.append(time.monotonic())
+            return 100
+
+        def close(self) -> None:
+            pass
+
+    t0 = time.monotonic()
+    session = Session(t0)
+    session.processes["sender"] = Process("sender", 1, "sender")
+    session._readers["sender"] = Clocked()
+    session.set_store(Clocked(), "test")
+    try:
+        for _ in range(3):
+            session.tick()
+    finally:
+        session.stop()
+    times = session.processes["sender"].timeline.t_s
+    assert len(times) == 3 and session.store.t_s == times == session.node.t_s
+    for t, sender_read, store_read in zip(times, read_at[0::2], read_at[1::2]):
+        assert t >= round(max(sender_read, store_read) - t0, 6)
+    kill = Kill("sender", t_s=times[0], sigkill_t_s=(times[1] + times[0]) / 2)
+    verdicts._trim(session.processes["sender"], kill.sigkill_t_s)
+    assert session.processes["sender"].timeline.t_s == times[:1]  # what was read after the SIGKILL is gone
 
 
 def test_unknown_names_fail_before_any_process_starts():

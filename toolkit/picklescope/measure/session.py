@@ -246,21 +246,29 @@ class Session:
             time.sleep(self.interval_s)
 
     def tick(self) -> None:
-        """One sample of every process and the store, on one timestamp; then the budget check."""
+        """One sample of every process and the store, on one timestamp; then the budget check.
+
+        The timestamp is taken after the reads, not before: a kill's SIGKILL is timed just before it is sent
+        (``Kill.sigkill_t_s``), so a read of the dying process's teardown (its pages freed mapping by mapping,
+        its level falling to where it started) always lands after it and is trimmed from the curve."""
         with self._lock:
             readers = list(self._readers.items())
             store = self._store_reader
-        t = round(time.monotonic() - self.t0, 6)
-        total = 0
+        values = []
         gone = []
-        watchers = self.watchers
         for name, reader in readers:
             if self._readers.get(name) is not reader:  # handed over since the snapshot (hand_over)
                 continue
             value = reader.read()
             if value is None:
                 gone.append(name)
-                continue
+            else:
+                values.append((name, value))
+        s = store.read() if store is not None else None
+        t = round(time.monotonic() - self.t0, 6)
+        total = 0
+        watchers = self.watchers
+        for name, value in values:
             self._last[name] = value
             tl = self.processes[name].timeline
             tl.t_s.append(t)
@@ -268,13 +276,11 @@ class Session:
             total += value
             for w in watchers:  # at once, so a budget is enforced on this very sample
                 w(name, t, value)
-        if store is not None:
-            s = store.read()
-            if s is not None:
-                self._last_store = s
-                self.store.t_s.append(t)
-                self.store.bytes.append(s)
-                total += s
+        if s is not None:
+            self._last_store = s
+            self.store.t_s.append(t)
+            self.store.bytes.append(s)
+            total += s
         for name in gone:
             self._drop(name)
             self._last.pop(name, None)
