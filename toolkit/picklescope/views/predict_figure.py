@@ -71,8 +71,7 @@ def predict_figure(predictions: Sequence[Any]) -> go.Figure:
                            align="left", text="<br>".join(f"above this chart: {t}" for _, t, _ in off))
     last = max((s["index"] for d in docs for s in d["training_steps"]), default=1)
     # whole training steps only: plotly's own ticks would label 1.5 on a four-step prediction
-    fig.update_xaxes(tick0=0, dtick=next(t for t in (1, 2, 5, 10, 20, 50, 100, 200, 500) if last / t <= 12)
-                     if last <= 6000 else None)
+    fig.update_xaxes(tick0=0, dtick=next((t for t in (1, 2, 5, 10, 20, 50, 100, 200, 500) if last / t <= 12), None))
     fig.update_layout(title="Predicted node memory per training step", xaxis_title="training step",
                       yaxis_title="GiB (peak during the step)", template="plotly_white", height=440,
                       margin={"t": 60 + 18 * len(off)})

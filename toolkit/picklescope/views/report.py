@@ -411,6 +411,12 @@ def prediction_sentence(p: CodecPrediction) -> str:
 OFF_TOO = " (each size also with the collector off, for what a training step keeps)"
 
 
+def _per_codec(preds: Sequence[CodecPrediction], texts: Sequence[str | None]) -> list[str]:
+    """One list item per codec that has something to say (``texts``, by prediction), or nothing at all."""
+    items = "".join(f"<li>{e(_column(p))}: {e(t)}</li>" for p, t in zip(preds, texts) if t)
+    return [f"<ul>{items}</ul>"] if items else []
+
+
 def render_predictions(preds: Sequence[CodecPrediction], workload: str, command: str) -> str:
     """``picklescope predict --out``'s report: the answer per codec in words, the figure, every training step,
     each process's peak, the object store, the model's terms, the checks, and the command."""
@@ -441,13 +447,9 @@ def render_predictions(preds: Sequence[CodecPrediction], workload: str, command:
     parts.append("<ul>" + "".join(
         f"<li>{e(n)}: " + ", ".join(f"{e(_column(p))} {e(fmt_bytes(p.processes[n]))}" for p in preds
                                      if n in p.processes) + "</li>" for n in names) + "</ul>")
-    calls = [(p, p.calls_text()) for p in preds]
-    if any(text for _, text in calls):
-        parts.append("<ul>" + "".join(f"<li>{e(_column(p))}: {e(text)}</li>" for p, text in calls if text)
-                     + "</ul>")
+    parts += _per_codec(preds, [p.calls_text() for p in preds])
     parts.append("<h2>The object store</h2>")
-    parts.append("<ul>" + "".join(f"<li>{e(_column(p))}: {e(p.store_text().removeprefix('object store: '))}</li>"
-                                  for p in preds) + "</ul>")
+    parts += _per_codec(preds, [p.store_text().removeprefix("object store: ") for p in preds])
     parts.append("<h2>Every training step</h2><p class='note'>The node's total and the controller at each step's "
                  "peak; a step after Ray's kill is not predicted.</p>")
     steps = sorted({s["index"] for p in preds for s in p.training_steps})
@@ -473,10 +475,7 @@ def render_predictions(preds: Sequence[CodecPrediction], workload: str, command:
                  "weights, optimizer state, rollout engines: give them with --process-baseline), what the workers "
                  "compute, and when Python's collector runs in a process that does more than the replay: see "
                  "docs/predict.md.</p>")
-    estimates = [(p, p.allocator_text()) for p in preds]
-    if any(text for _, text in estimates):
-        parts.append("<ul>" + "".join(f"<li>{e(_column(p))}: {e(text)}</li>" for p, text in estimates if text)
-                     + "</ul>")
+    parts += _per_codec(preds, [p.allocator_text() for p in preds])
     parts.append("<h2>Reproduce</h2>")
     parts.append(f"<pre>{e(command)}</pre>")
     return _page(title, parts)

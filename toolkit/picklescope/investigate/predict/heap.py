@@ -60,8 +60,7 @@ def play(base: float, growth: float, mapped_share: float, releases: Mapping[int,
     held = free = 0.0  # the copies still referenced (or not yet collected), the kept free blocks
     out = []
     for k in range(1, steps + 1):
-        new = growth * (1 - ms) - min(free, growth * (1 - ms))  # heap-sized copies beyond the kept blocks
-        free -= growth * (1 - ms) - new
+        free -= min(free, growth * (1 - ms))  # the step's heap-sized copies take kept blocks first
         prev, held = held, held + growth
         before = base + held + free
         if k in releases:

@@ -49,7 +49,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from picklescope.investigate.predict import heap
 from picklescope.investigate.predict.fit import TQ_ROLES, Replay, chunk_rows, chunk_sizes
@@ -554,8 +554,8 @@ def fit(replays: Sequence[Replay], leaf_row_bytes: Sequence[float] = (), held: M
                                   fit_term(f"{role} transient", feats, xs, [p[2] for p in per]))
         read[role] = per
     if held is not None and m.data_plane == "dataproto" and "controller" in m.roles and "controller" in held.roles:
-        m.roles["controller"].base, m.roles["controller"].growth = held.roles["controller"].base, \
-            held.roles["controller"].growth
+        kept = held.roles["controller"]
+        m.roles["controller"] = replace(m.roles["controller"], base=kept.base, growth=kept.growth)
         m.growth_fitted_on = held.fitted_on
     m.call_to_send = call_to_send(reps)
     if m.data_plane == "dataproto" and "store" in read:  # less what the steps before kept: each replay's growth

@@ -187,9 +187,10 @@ def models(codecs: Sequence[str], workload: str, gc: str, *, scales: Sequence[fl
                                           steps, refresh=refresh, ray_address=ray_address, data_plane=data_plane,
                                           log=log)
     out: dict[str, Model] = {}
+    rows = leaf_row_bytes(wl)
     for codec in codecs:
-        held = fit_model(fit_set(reps["off"], codec, data_plane), leaf_row_bytes(wl)) if len(modes) > 1 else None
-        out[codec] = fit_model(fit_set(reps[gc], codec, data_plane), leaf_row_bytes(wl), held)
+        held = fit_model(fit_set(reps["off"], codec, data_plane), rows) if len(modes) > 1 else None
+        out[codec] = fit_model(fit_set(reps[gc], codec, data_plane), rows, held)
         out[codec].codec = codec
     return out
 
