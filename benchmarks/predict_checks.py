@@ -38,7 +38,8 @@ from pathlib import Path
 from picklescope.errors import PicklescopeError
 from picklescope.investigate.node import tq_plane
 from picklescope.investigate.predict import fit as fitting
-from picklescope.investigate.predict.model import Model, released_at
+from picklescope.investigate.predict.heap import released_at
+from picklescope.investigate.predict.model import Model
 from picklescope.investigate.predict.prediction import fit_scales, models, play_node
 from picklescope.workloads.spec import load_workload
 

@@ -28,7 +28,7 @@ def test_the_store_is_a_high_water_mark_within_its_capacity():
     reps = fit_set(release_every=3)
     for rep in reps:
         for s in rep.per_step:
-            s.end["store"] = s.peak["store"] = s.end["controller"] - rep.payload_bytes // 2
+            s.end["store"] = s.peak["store"] = s.end["controller"] - rep.chunk_bytes  # the held steps only
             s.end["node"] = s.peak["node"] = s.end["controller"] + s.end["workers"] + s.end["store"]
     m = model_mod.fit(reps)
     pay = 200 * MiB

@@ -15,31 +15,62 @@ by a fifth and more between draws of the fit (benchmarks/README.md, "The collect
 So what a step keeps is read where nothing frees it, in the collector-off replays of the same codec and
 sizes, and the share given back is the one number per collector replay that plays its levels closest
 (:func:`fit_share`).
+
+Where in a step the run falls comes from the controller's counted allocations, spread evenly over the step's
+calls (:func:`calls_done`). The count is net of frees, and a step's allocations need not fall evenly on its
+calls (it also cuts the batch into chunks before them and frees the chunks after them). So the count can reach
+the threshold a call earlier than the even spread says: flowgrpo's run at x0.5 with four workers fell in the
+third call's ``consolidate`` (two calls done, read from the collector's callback) where the spread puts it in
+the fourth; many-keys' fell in the fourth, as the spread says. How many calls earlier (``lag``) is fitted with
+the share, on the same levels (:func:`fit_release`).
 """
 
 from __future__ import annotations
 
 import gc
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+
+from picklescope.investigate.predict.fit import Replay, chunk_sizes
 
 # The container allocations (net of frees) after which CPython's collector runs: its first threshold passed
 YOUNG_EVERY = gc.get_threshold()[0] + 1
 SHARE_GRID = 20  # fit_share tries shares 0, 1/20, ..., 1: finer than what draws of one replay agree on
+# A later lag is taken only where it plays the fits' levels with at most this share of the misfit of the one
+# before (flowgrpo's 6-step fits: 0.82-0.87 of it for one call; many-keys': 0.99-1.07, so none). At most one call:
+# six steps' levels tell one call from two no better than their noise (two played three draws of flowgrpo's
+# fits closer, where the collector's callback at x0.5 counted one)
+LAG_EVIDENCE, MAX_LAG = 0.9, 1
+
+Releases = Mapping[int, tuple[float, float]]
 
 
-def calls_done(before: float, after: float, calls: int) -> tuple[float, float] | None:
+def calls_done(before: float, after: float, calls: int, lag: int = 0) -> tuple[float, float] | None:
     """The shares of a step's ``calls`` done when the collector first and last runs in it (None: it does not run):
     the step took the counted allocations from ``before`` to ``after``, a run falls where they pass a multiple of
-    :data:`YOUNG_EVERY`, and they fall evenly on the calls (flowgrpo: 53 a call, 21 a step). A call done has sent
-    its chunk, so its cycle-held copy is garbage for a run; the call in hand still holds its own."""
+    :data:`YOUNG_EVERY`, and they fall evenly on the calls (flowgrpo: 53 a call, 21 a step), less ``lag`` calls
+    (the module doc). A call done has sent its chunk, so its cycle-held copy is garbage for a run; the call in
+    hand still holds its own."""
     first, last = (math.floor(before / YOUNG_EVERY + 1e-9) + 1) * YOUNG_EVERY, \
         math.floor(after / YOUNG_EVERY + 1e-9) * YOUNG_EVERY
     if last < first or after <= before:
         return None
     n = max(1, calls)
-    return math.floor((first - before) / (after - before) * n + 1e-9) / n, \
-        math.floor((last - before) / (after - before) * n + 1e-9) / n
+    return max(0, math.floor((first - before) / (after - before) * n + 1e-9) - lag) / n, \
+        max(0, math.floor((last - before) / (after - before) * n + 1e-9) - lag) / n
+
+
+def counted_runs(rep: Replay, lag: int = 0) -> dict[int, tuple[float, float]] | None:
+    """The training steps of ``rep`` in which the collector ran, each with the shares of its calls done at the
+    first and last run in it (:func:`calls_done`, ``lag`` calls earlier); None where the runs were not counted
+    (the collector off, another data plane, a replay without the controller's allocations)."""
+    counts = [s.allocations for s in rep.per_step]
+    if rep.gc == "off" or rep.data_plane != "dataproto" or not counts or None in counts:
+        return None
+    calls = len(chunk_sizes(rep.rows, rep.workers))
+    runs = {s.index: calls_done(before or 0, s.allocations or 0, calls, lag)
+            for before, s in zip([0, *counts], rep.per_step)}
+    return {k: done for k, done in runs.items() if done is not None}
 
 
 def freed_at_release(garbage: float, mapped_share: float, heap_share: float) -> float:
@@ -73,18 +104,61 @@ def play(base: float, growth: float, mapped_share: float, releases: Mapping[int,
     return out
 
 
-def fit_share(ends: Sequence[float], growth: float, mapped_share: float,
-              releases: Mapping[int, tuple[float, float]]) -> float | None:
+def _misfit(ends: Sequence[float], growth: float, mapped_share: float, releases: Releases, share: float) -> float:
+    """How far one replay's levels after each step are from those played from its first step's level."""
+    played = play(ends[0] - growth, growth, mapped_share, releases, len(ends), share)
+    return sum((level - e) ** 2 for (level, _), e in zip(played, ends))
+
+
+def fit_share(ends: Sequence[float], growth: float, mapped_share: float, releases: Releases) -> float | None:
     """The share of heap-sized garbage a run gives back that plays one replay's levels after each step
     (``ends``) closest (least squares over :data:`SHARE_GRID`), played from its first step's level with its
     ``growth`` and ``releases``; None where no run falls before the replay's last step (no level after it
-    shows what the run kept)."""
-    if not ends or not any(k < len(ends) for k in releases):
+    shows what the run kept) or where every copy is mapped (a run gives all of it back, whatever the share)."""
+    if not ends or not any(k < len(ends) for k in releases) or mapped_share >= 1.0:
         return None
-    base = ends[0] - growth
+    return min(range(SHARE_GRID + 1),
+               key=lambda i: (_misfit(ends, growth, mapped_share, releases, i / SHARE_GRID), i)) / SHARE_GRID
 
-    def misfit(i: int) -> float:
-        played = play(base, growth, mapped_share, releases, len(ends), i / SHARE_GRID)
-        return sum((level - e) ** 2 for (level, _), e in zip(played, ends))
 
-    return min(range(SHARE_GRID + 1), key=lambda i: (misfit(i), i)) / SHARE_GRID
+def fit_release(replays: Sequence[tuple[Sequence[float], float, float, Callable[[int], Releases]]]
+                ) -> tuple[int, float]:
+    """(lag, share): how many calls earlier than the even spread the collector runs (up to :data:`MAX_LAG`) and the
+    mean of the replays' :func:`fit_share` at that lag, for the lag whose shares play the replays' levels
+    closest. Each replay is (levels after each step, growth, mapped share, its runs at a lag), levels and
+    growth as multiples of its payload so that every replay weighs alike. A later lag must cut the misfit to
+    :data:`LAG_EVIDENCE` of the best before it."""
+    best: tuple[float, int, float] | None = None
+    for lag in range(MAX_LAG + 1):
+        plays = [(ends, growth, ms, runs(lag)) for ends, growth, ms, runs in replays]
+        shares = [fit_share(*p) for p in plays]
+        known = [v for v in shares if v is not None]
+        share = sum(known) / len(known) if known else 1.0
+        miss = sum(_misfit(*p, share) for p, v in zip(plays, shares) if v is not None)
+        if best is None or miss < best[0] * LAG_EVIDENCE:
+            best = (miss, lag, share)
+    return (best[1], best[2]) if best is not None else (0, 1.0)
+
+
+def released_at(rep: Replay) -> list[int]:
+    """Steps at which the controller's memory fell back: its level dropped by more than half a chunk,
+    or its count of full collections moved."""
+    out, prev_level, prev_coll = [], 0.0, rep.per_step[0].collections if rep.per_step else None
+    for i, s in enumerate(rep.per_step):
+        level = s.end.get("controller", 0)
+        coll = s.collections
+        moved = i > 0 and coll is not None and prev_coll is not None and coll > prev_coll
+        if (i > 0 and level < prev_level - rep.chunk_bytes / 2) or moved:
+            out.append(s.index)
+        prev_level, prev_coll = level, coll
+    return out
+
+
+def replay_releases(rep: Replay, lag: int = 0) -> dict[int, tuple[float, float]]:
+    """The training steps of ``rep`` with a release, each with the shares of its calls done at the collector's
+    first and last run in it: where the collector ran and the controller's allocations were counted, the steps
+    in which a run falls (:func:`counted_runs`, ``lag`` calls earlier: a run that freed blocks the next
+    copies reused shows no fall); elsewhere the steps at which the controller's memory fell back
+    (:func:`released_at`), no call done."""
+    runs = counted_runs(rep, lag)
+    return {k: (0.0, 0.0) for k in released_at(rep)} if runs is None else runs

@@ -53,7 +53,7 @@ from dataclasses import dataclass, field, replace
 
 from picklescope.investigate.predict import heap
 from picklescope.investigate.predict.fit import TQ_ROLES, Replay, chunk_rows, chunk_sizes
-from picklescope.investigate.predict.heap import YOUNG_EVERY, calls_done
+from picklescope.investigate.predict.heap import YOUNG_EVERY, calls_done, released_at, replay_releases
 
 ROLES = ("controller", "worker", "workers", "store", "node")
 PARTS = ("controller", "workers", "store")  # the node's total is their sum (the store counted once)
@@ -86,6 +86,13 @@ FEATURES = {"controller": ("P", "W", "1"), "worker": ("h", "1"), "workers": ("H"
 # the whole batch (P), what stays in it between steps and its rise within a step are of the chunk in hand
 # (c: half the payload with 2 workers, a quarter with 4), not a cost per worker call.
 DATAPROTO_FEATURES = {"controller": ("P", "c", "1")}
+# Its level with nothing held is what glibc keeps of its per-call temporaries: a legacy codec's
+# ``consolidate`` clones every leaf of a chunk that does not start its storage (every chunk but the first)
+# and frees the clones when the copy is made. A freed heap-sized clone stays in the heap for the next call
+# to reuse; a mapped one goes back to the kernel. So the level follows the chunk's heap-sized leaves (h: at
+# the fit sizes every leaf is heap-sized, h = c), and the share of a chunk that is such a temporary
+# (:meth:`Model.temp_share`) is resident within a call only where a leaf is mapped.
+DATAPROTO_BASE = ("h", "1")
 
 
 def heap_sized(block: float) -> bool:
@@ -165,6 +172,7 @@ class Model:
     data_plane: str = "dataproto"
     release_rate: Term | None = None  # releases per training step (None: nothing ever released in the fits)
     release_share: float = 0.0  # share of the held growth a release frees
+    run_lag: int = 0  # calls by which the collector's run comes before the even spread of the allocations (.heap)
     collection_rate: Term | None = None  # the controller's full collections per training step
     allocations_at: list[Term] = field(default_factory=list)  # the controller's allocations so far at the end of
     # each of the fits' steps (the default collector, counted); past them, allocation_rate per step
@@ -205,7 +213,8 @@ class Model:
                  compute_s: float = 0.0) -> dict[str, float]:
         """What the terms are functions of, at one size (see :data:`FEATURES`); ``mapped``: the largest chunk's
         mapped part, ``M``: the mapped parts of the calls open at once (the largest chunks first), workers
-        computing ``compute_s`` seconds on their chunk (:meth:`open_calls`)."""
+        computing ``compute_s`` seconds on their chunk (:meth:`open_calls`); ``mshare``: the share of the
+        payload whose controller's copy glibc maps (``consolidate`` copies a chunk into one block)."""
         heaps, mapped, chunks = [], [], []
         for crows in chunk_sizes(rows, workers):
             c_i = payload * crows / rows
@@ -218,9 +227,17 @@ class Model:
         in_flight = self.open_calls(chunk, workers, compute_s)
         return {"P": float(payload), "c": chunk, "h": heaps[0], "H": sum(heaps),
                 "mapped": mapped[0], "M": sum(sorted(mapped, reverse=True)[:in_flight]),
-                "mshare": sum(mapped) / payload if payload > 0 else 0.0,
+                "mshare": sum(c_i for c_i in chunks if not heap_sized(c_i)) / payload if payload > 0 else 0.0,
                 "O": sum(sorted(chunks, reverse=True)[:in_flight]),
                 "W": float(workers), "objects": rows * objects_per_row, "calls": float(len(heaps)), "1": 1.0}
+
+    def temp_share(self) -> float:
+        """The share of a chunk the controller allocates and frees within each call (:data:`DATAPROTO_BASE`):
+        its level's slope on the chunk's heap-sized leaves, within 0 and 1 (none off the DataProto plane)."""
+        base = self.roles["controller"].base if "controller" in self.roles else None
+        if base is None or "h" not in base.features:
+            return 0.0
+        return min(1.0, max(0.0, base.coef[base.features.index("h")]))
 
     def role_features(self, role: str) -> tuple[str, ...]:
         """The features ``role``'s terms are fitted on, on this model's data plane."""
@@ -243,7 +260,8 @@ class Model:
             def so_far(k: int) -> float:  # the allocations from the full collection before step 1 to step k's end
                 return 0.0 if k == 0 else counted[k - 1] if k <= len(counted) else \
                     counted[-1] + rate * (k - len(counted))
-            points = {k: calls_done(so_far(k - 1), so_far(k), int(x["calls"])) for k in range(1, steps + 1)}
+            points = {k: calls_done(so_far(k - 1), so_far(k), int(x["calls"]), self.run_lag)
+                      for k in range(1, steps + 1)}
             return {k: done for k, done in points.items() if done is not None}
         rate = min(1.0, max(0.0, self.release_rate(x)))
         if rate <= 0:
@@ -267,6 +285,8 @@ class Model:
             base, growth, trans = rm.base(x), max(0.0, rm.growth(x)), max(0.0, rm.transient(x))
             pooled = role == "controller" and self.data_plane == "dataproto"  # its copies, freed and reused
             ctl = heap.play(base, growth, x["mshare"], releases, steps, self.release_share) if pooled else []
+            if pooled:  # its per-call temporary's mapped leaves, resident during the call
+                trans += self.temp_share() * x["mapped"]
             if role == "worker":  # the mapped part of its chunk, resident during its call
                 trans += x["mapped"]
             elif role == "workers":  # those of the calls open at once (all W when the fits did not time them)
@@ -287,9 +307,9 @@ class Model:
                         level = max(level, self.store_share * x["O"])  # baseline), within its capacity
                     level = min(cap, max(prev, level))
                     rows_out.append((level, min(cap, level + trans)))
-                else:  # the controller's highest in a step with a run may be just before the run
+                else:  # the controller's highest in a step with a run may be just before the run, in a call
                     extra = before_run[k - 1] if role == "controller" else 0.0
-                    rows_out.append((level, max(max(prev, level) + trans, level + extra)))
+                    rows_out.append((level, max(max(prev, level), level + extra) + trans))
                 prev = level
             out[role] = rows_out
         if "node" in self.roles and all(p in out for p in self.parts):  # the node: its parts' levels, plus its
@@ -319,19 +339,25 @@ class Model:
             elif role == "store":
                 freed = "its pages kept at a release (a high-water mark, reused by the next steps)"
             elif role == "controller" and self.data_plane == "dataproto":
-                freed = (f"at each release the earlier steps' and the step's calls done: their leaves above glibc's "
-                         f"mmap threshold all, {self.release_share:.0%} of the rest, whose other blocks the next "
-                         "steps' copies reuse")
+                freed = (f"at each release the earlier steps' and the step's calls done: the copies of chunks above "
+                         f"glibc's mmap threshold (one block each) all, {self.release_share:.0%} of the rest, whose "
+                         "other blocks the next steps' copies reuse")
             if role == "controller" and self.growth_fitted_on:
                 freed += f" (this and the level: the collector-off replays, {', '.join(self.growth_fitted_on)})"
             rows.append((role, "held per training step", rm.growth.describe(mib) + f", {freed}"))
-            rows.append((role, "transient within a step", rm.transient.describe(mib)))
+            temp = ""
+            if role == "controller" and self.data_plane == "dataproto" and self.temp_share() > 0:
+                temp = (f", plus {self.temp_share():.2f} x the chunk's leaves above glibc's mmap threshold (its "
+                        "per-call temporaries, which the level keeps where they are heap-sized)")
+            rows.append((role, "transient within a step", rm.transient.describe(mib) + temp))
         if self.release_rate is not None and self.allocation_rate is None:  # else the allocations set them
             rows.append(("controller", "releases per training step", self.release_rate.describe(1)))
         if self.allocation_rate is not None:
+            lag = (f", {self.run_lag} call{'' if self.run_lag == 1 else 's'} before where an even spread of the "
+                   "step's allocations puts it (fitted on the levels)") if self.run_lag else ""
             rows.append(("controller", "allocations per step", f"{self.allocations_at[0].describe(1, 1)} in the first, "
                          f"{self.allocation_rate.describe(1, 1)} in each later one; the collector runs every "
-                         f"{YOUNG_EVERY} and frees the held copies"))
+                         f"{YOUNG_EVERY} and frees the held copies{lag}"))
         if self.collection_rate is not None:
             none = all(abs(c) < 1e-9 for c in self.collection_rate.coef)
             rows.append(("controller", "full collections per step",
@@ -407,34 +433,6 @@ def fit_supported(name: str, features: tuple[str, ...], xs: Sequence[dict[str, f
     reduced = fit_term(name, tuple(f for f in features if f != optional), xs, ys)
     scale = sum(abs(y) for y in ys) / len(ys) if ys else 0.0
     return reduced if reduced.max_residual <= full.max_residual + tolerance * scale else full
-
-
-def released_at(rep: Replay) -> list[int]:
-    """Steps at which the controller's memory fell back: its level dropped by more than half a chunk,
-    or its count of full collections moved."""
-    out, prev_level, prev_coll = [], 0.0, rep.per_step[0].collections if rep.per_step else None
-    for i, s in enumerate(rep.per_step):
-        level = s.end.get("controller", 0)
-        coll = s.collections
-        moved = i > 0 and coll is not None and prev_coll is not None and coll > prev_coll
-        if (i > 0 and level < prev_level - rep.chunk_bytes / 2) or moved:
-            out.append(s.index)
-        prev_level, prev_coll = level, coll
-    return out
-
-
-def replay_releases(rep: Replay) -> dict[int, tuple[float, float]]:
-    """The training steps of ``rep`` with a release, each with the shares of its calls done at the collector's
-    first and last run in it: where the collector ran and the controller's allocations were counted, the steps
-    in which a run falls (:func:`calls_done`: a run that freed blocks the next copies reused shows no fall);
-    elsewhere the steps at which the controller's memory fell back (:func:`released_at`), no call done."""
-    counts = [s.allocations for s in rep.per_step]
-    if rep.gc == "off" or rep.data_plane != "dataproto" or not counts or None in counts:
-        return {k: (0.0, 0.0) for k in released_at(rep)}
-    calls = len(chunk_sizes(rep.rows, rep.workers))
-    runs = {s.index: calls_done(before or 0, s.allocations or 0, calls)
-            for before, s in zip([0, *counts], rep.per_step)}
-    return {k: done for k, done in runs.items() if done is not None}
 
 
 def growth_floor(rep: Replay, role: str, rises: Sequence[float]) -> float:
@@ -549,7 +547,8 @@ def fit(replays: Sequence[Replay], leaf_row_bytes: Sequence[float] = (), held: M
         if role == "node" and all(p in s.end for r in reps for s in r.per_step for p in m.parts):
             per = [(0.0, 0.0, _node_transient(r, m.parts)) for r in reps]
         feats = m.role_features(role)
-        m.roles[role] = RoleModel(role, fit_term(f"{role} base", feats, xs, [p[0] for p in per]),
+        base_feats = DATAPROTO_BASE if role == "controller" and m.data_plane == "dataproto" else feats
+        m.roles[role] = RoleModel(role, fit_term(f"{role} base", base_feats, xs, [p[0] for p in per]),
                                   fit_term(f"{role} growth", feats, xs, [p[1] for p in per]),
                                   fit_term(f"{role} transient", feats, xs, [p[2] for p in per]))
         read[role] = per
@@ -577,10 +576,13 @@ def fit(replays: Sequence[Replay], leaf_row_bytes: Sequence[float] = (), held: M
         m.release_rate = fit_supported("release rate", FEATURES["objects"], xs,
                                   [len(rl) / len(r.per_step) for r, rl in zip(reps, rel)])
         ctl = m.roles.get("controller")
-        shares = [heap.fit_share([s.end["controller"] for s in r.per_step], max(0.0, ctl.growth(x)), x["mshare"], run)
-                  for r, x, run in zip(reps, xs, runs)] if ctl else []
-        shares = [v for v in shares if v is not None]
-        m.release_share = sum(shares) / len(shares) if shares else 1.0
+        if ctl is not None:  # each replay's levels and growth as multiples of its payload
+            m.run_lag, m.release_share = heap.fit_release(
+                [([s.end["controller"] / r.payload_bytes for s in r.per_step],
+                  max(0.0, ctl.growth(x)) / r.payload_bytes, x["mshare"],
+                  lambda lag, r=r: replay_releases(r, lag)) for r, x in zip(reps, xs)])
+        else:
+            m.release_share = 1.0
     if m.release_rate is not None and m.gc == "default" and all(r.per_step[-1].allocations for r in reps):
         n = min(len(r.per_step) for r in reps)
         feats = FEATURES["allocations"]

@@ -31,7 +31,8 @@ from picklescope.errors import PicklescopeError
 from picklescope.investigate.node import GC_MODES, tq_plane
 from picklescope.investigate.predict import fit as fitting
 from picklescope.investigate.predict.answer import Check, CodecPrediction
-from picklescope.investigate.predict.model import Model, released_at
+from picklescope.investigate.predict.heap import released_at
+from picklescope.investigate.predict.model import Model
 from picklescope.investigate.predict.model import fit as fit_model
 from picklescope.workloads.spec import Workload, load_workload
 
