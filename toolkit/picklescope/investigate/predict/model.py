@@ -235,9 +235,7 @@ class Model:
         """The share of a chunk the controller allocates and frees within each call (:data:`DATAPROTO_BASE`):
         its level's slope on the chunk's heap-sized leaves, within 0 and 1 (none off the DataProto plane)."""
         base = self.roles["controller"].base if "controller" in self.roles else None
-        if base is None or "h" not in base.features:
-            return 0.0
-        return min(1.0, max(0.0, base.coef[base.features.index("h")]))
+        return min(1.0, max(0.0, base.coef[base.features.index("h")])) if base and "h" in base.features else 0.0
 
     def role_features(self, role: str) -> tuple[str, ...]:
         """The features ``role``'s terms are fitted on, on this model's data plane."""
@@ -411,11 +409,17 @@ def lstsq(xs: Sequence[Sequence[float]], ys: Sequence[float]) -> list[float]:
     return [(b[i] / a[i][i] if abs(a[i][i]) >= 1e-15 else 0.0) / scale[i] for i in range(n)]
 
 
-def fit_term(name: str, features: tuple[str, ...], xs: Sequence[dict[str, float]], ys: Sequence[float]) -> Term:
-    """``ys`` as a linear function of ``features``; fewer points than features drops the last features."""
+def fit_term(name: str, features: tuple[str, ...], xs: Sequence[dict[str, float]], ys: Sequence[float],
+             robust: bool = False) -> Term:
+    """``ys`` as a linear function of ``features``; fewer points than features drops the last features. ``robust``:
+    least absolute deviations (reweighted), so that one replay far off the others' line moves it little."""
     usable = features[:max(1, min(len(features), len(ys)))]
     rows = [[x[f] for f in usable] for x in xs]
     coef = lstsq(rows, ys)
+    floor = max(1.0, 1e-6 * max((abs(y) for y in ys), default=1.0))  # a byte, or a millionth of the largest
+    for _ in range(30 if robust and len(ys) > len(usable) else 0):  # each point weighs 1 / its residual
+        w = [1.0 / math.sqrt(max(abs(sum(c * v for c, v in zip(coef, r)) - y), floor)) for r, y in zip(rows, ys)]
+        coef = lstsq([[v * wi for v in r] for r, wi in zip(rows, w)], [y * wi for y, wi in zip(ys, w)])
     res = max((abs(sum(c * v for c, v in zip(coef, r)) - y) for r, y in zip(rows, ys)), default=0.0)
     return Term(name, usable, coef, res, len(ys))
 
@@ -549,7 +553,7 @@ def fit(replays: Sequence[Replay], leaf_row_bytes: Sequence[float] = (), held: M
         feats = m.role_features(role)
         base_feats = DATAPROTO_BASE if role == "controller" and m.data_plane == "dataproto" else feats
         m.roles[role] = RoleModel(role, fit_term(f"{role} base", base_feats, xs, [p[0] for p in per]),
-                                  fit_term(f"{role} growth", feats, xs, [p[1] for p in per]),
+                                  fit_term(f"{role} growth", feats, xs, [p[1] for p in per], robust=True),
                                   fit_term(f"{role} transient", feats, xs, [p[2] for p in per]))
         read[role] = per
     if held is not None and m.data_plane == "dataproto" and "controller" in m.roles and "controller" in held.roles:
