@@ -74,17 +74,18 @@ def counted_runs(rep: Replay, lag: int = 0) -> dict[int, tuple[float, float]] | 
 
 
 def freed_at_release(garbage: float, mapped_share: float, heap_share: float) -> float:
-    """What a release gives back of ``garbage`` bytes of the controller's copies: their leaves above glibc's mmap
-    threshold (``mapped_share``) all; of the heap-sized rest ``heap_share``, the rest kept as free blocks."""
+    """What a release gives back of ``garbage`` bytes of the controller's copies: the part glibc mapped
+    (``mapped_share``: copies of chunks above its mmap threshold) all; of the heap-sized rest ``heap_share``, the
+    rest kept as free blocks."""
     mapped = garbage * min(1.0, max(0.0, mapped_share))
     return mapped + (garbage - mapped) * heap_share
 
 
-def play(base: float, growth: float, mapped_share: float, releases: Mapping[int, tuple[float, float]], steps: int,
+def play(base: float, growth: float, mapped_share: float, releases: Releases, steps: int,
          share: float) -> list[tuple[float, float]]:
     """Per training step 1..``steps``, the controller's (level after the step, level just before the step's
     collector run, the same as the level where no run falls). ``growth``: the copies a step makes;
-    ``mapped_share``: their part above glibc's mmap threshold; ``releases``: training step -> the shares of its
+    ``mapped_share``: their part glibc maps; ``releases``: training step -> the shares of its
     calls done at its first and last run (:func:`calls_done`); ``share``: of the heap-sized garbage,
     what a run gives back."""
     ms = min(1.0, max(0.0, mapped_share))
@@ -128,16 +129,16 @@ def fit_release(replays: Sequence[tuple[Sequence[float], float, float, Callable[
     closest. Each replay is (levels after each step, growth, mapped share, its runs at a lag), levels and
     growth as multiples of its payload so that every replay weighs alike. A later lag must cut the misfit to
     :data:`LAG_EVIDENCE` of the best before it."""
-    best: tuple[float, int, float] | None = None
+    best: tuple[float, int, float] = (math.inf, 0, 1.0)
     for lag in range(MAX_LAG + 1):
         plays = [(ends, growth, ms, runs(lag)) for ends, growth, ms, runs in replays]
         shares = [fit_share(*p) for p in plays]
         known = [v for v in shares if v is not None]
         share = sum(known) / len(known) if known else 1.0
         miss = sum(_misfit(*p, share) for p, v in zip(plays, shares) if v is not None)
-        if best is None or miss < best[0] * LAG_EVIDENCE:
+        if lag == 0 or miss < best[0] * LAG_EVIDENCE:
             best = (miss, lag, share)
-    return (best[1], best[2]) if best is not None else (0, 1.0)
+    return best[1], best[2]
 
 
 def released_at(rep: Replay) -> list[int]:

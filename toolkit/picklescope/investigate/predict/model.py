@@ -282,8 +282,9 @@ class Model:
         for role, rm in self.roles.items():
             base, growth, trans = rm.base(x), max(0.0, rm.growth(x)), max(0.0, rm.transient(x))
             pooled = role == "controller" and self.data_plane == "dataproto"  # its copies, freed and reused
-            ctl = heap.play(base, growth, x["mshare"], releases, steps, self.release_share) if pooled else []
-            if pooled:  # its per-call temporary's mapped leaves, resident during the call
+            ctl: list[tuple[float, float]] = []
+            if pooled:  # its copies' levels, and its per-call temporary's mapped leaves, resident during the call
+                ctl = heap.play(base, growth, x["mshare"], releases, steps, self.release_share)
                 trans += self.temp_share() * x["mapped"]
             if role == "worker":  # the mapped part of its chunk, resident during its call
                 trans += x["mapped"]
