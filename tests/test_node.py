@@ -138,6 +138,11 @@ def test_legacy_driver_peak_is_at_least_a_payload_above_numpy(runs):
         assert all(n is not None and n > 0 for n in counted), (r.codec, counted)
         assert runs_so_far == sorted(runs_so_far), runs_so_far
         assert all(n // young >= runs for n, runs in zip(counted, runs_so_far)), (counted, runs_so_far)
+        # and each run's place in its step: how many of the step's worker calls the loop had made when it ran
+        # (which chunks' copies it found garbage), one record per collection counted
+        per_step = [s["driver_runs"] for s in doc]
+        assert [len(x) for x in per_step] == [b - a for a, b in zip([0, *runs_so_far], runs_so_far)], per_step
+        assert all(g in (0, 1, 2) and 0 <= c <= WORKERS for x in per_step for g, c in x), per_step
 
 
 def test_with_gc_off_legacy_driver_grows_a_payload_per_step_and_numpy_does_not(runs):
@@ -242,17 +247,17 @@ def test_node_budget_kills_legacy_at_the_highest_oom_score_and_numpy_completes(r
 def test_sampling_gaps_stay_under_20_ms_with_8_workers(runs, cluster):
     """With 9 processes to read per tick, no gap between two samples reaches 20 ms. On a loaded machine
     one replay's longest gap can miss by the time the kernel took to let the sampler run, so the best of
-    up to three replays is compared (docs/testing.md, "Steady under load")."""
+    up to three replays is compared (docs/testing.md, "Steady under load"); the two tries after the first
+    replay as one series on one set of workers (starting 8 worker actors is most of a replay's CPU)."""
     opts = {"workers": 8, "steps": 2, "scale": 0.125}
-    r = runs("numpy", **opts)
+    first = runs("numpy", **opts)
+    more = [] if (first.max_gap_s or 1.0) < 0.020 else node_series(("numpy",) * 2, ray_address=cluster.address,
+                                                                    **opts)
     gaps = []
-    for _ in range(3):
+    for r in [first, *more]:
         assert r.outcome == "ok", r.error
         assert len(r.processes) == 9
         gaps.append((r.max_gap_s, r.sampler_priority))
-        if r.max_gap_s < 0.020:
-            break
-        r = node("numpy", ray_address=cluster.address, **opts)
     assert min(g for g, _ in gaps) < 0.020, gaps
 
 

@@ -136,6 +136,11 @@ def test_the_collector_runs_once_per_young_every_allocations_of_this_interpreter
             gc.disable()
     assert runs == 5, runs
     assert abs(counted - len(keep)) <= 16, (counted, len(keep))  # the list itself and a few frames' objects
+    collector.count_collections()  # each run is recorded with the calls the controller's loop said it had made
+    gc.collect(0)
+    collector.at_call(3)
+    gc.collect(1)
+    assert collector.take_runs() == [[0, None], [1, 3]] and collector.take_runs() == []
 
 
 def _counted(reps: list[Replay], per_step: int) -> list[Replay]:
@@ -236,6 +241,52 @@ def test_a_run_that_comes_a_call_before_the_even_spread_of_the_allocations_is_fi
     assert level == pytest.approx(0.25 * 200 * MiB + 0.5 * 200 * MiB, rel=1e-6)
     assert model_mod.fit(made(0, 1.0), held=model_mod.fit(off)).run_lag == 0
     assert model_mod.fit(made(1, 0.3), held=model_mod.fit(off)).run_lag == 1  # kept blocks: seen in the reuse
+
+
+def _recorded(reps: list[Replay], lag: int, verl_loop: bool = False) -> list[Replay]:
+    """``reps`` with the controller's loop's record of each run (``StepObs.runs``): a young collection where the
+    even spread of the counted allocations puts it, ``lag`` calls earlier; ``verl_loop``: the calls not said."""
+    for r in reps:
+        runs = heap.counted_runs(r) or {}
+        n = len(fitting.chunk_sizes(r.rows, r.workers))
+        for s in r.per_step:
+            done = [max(0, round(runs[s.index][0] * n) - lag)] if s.index in runs else []
+            s.runs = [[0, None if verl_loop else c] for c in done]
+    return reps
+
+
+def test_where_the_loop_recorded_the_runs_sets_the_lag_and_the_releases_whatever_the_levels_say():
+    """The controller's loop records the calls it had made at each of its collector's runs (StepObs.runs, the
+    driver's ``driver_runs``). Where the fits have that record, the lag is the median of the spread's calls less
+    the recorded ones, and each replay's releases are the recorded ones: levels played with no lag but runs
+    recorded a call early give lag 1 (the levels alone give 0, as the test above shows), and the other way
+    round. A replay whose loop did not say (real verl's worker group) falls back on the levels."""
+    off = fit_set()
+
+    def made(lag: int) -> list[Replay]:
+        reps = []
+        for r in _counted(fit_set(gc="default"), heap.YOUNG_EVERY // 2 + 1):
+            p = r.payload_bytes
+            mapped = model_mod.fit(off).features(p, r.rows, r.workers, 2)["mshare"]
+            played = heap.play(0.5 * p, 1.0 * p, mapped, model_mod.replay_releases(r, lag), r.steps, 1.0)
+            for s, (level, _) in zip(r.per_step, played):
+                s.end["controller"] = s.peak["controller"] = int(level)
+            reps.append(r)
+        return reps
+
+    early = _recorded(made(0), 1)
+    assert heap.observed_lag(early) == 1
+    assert heap.recorded_runs(early[0]) == {k: (v[0] - 0.5, v[0] - 0.5) for k, v in heap.counted_runs(early[0]).items()}
+    m = model_mod.fit(early, held=model_mod.fit(off))
+    assert m.run_lag == 1 and m.run_lag_read
+    words = " ".join(v for _, term, v in m.terms_table() if term == "allocations per step")
+    assert "1 call before" in words and "where the fits' runs came" in words, words
+    even = model_mod.fit(_recorded(made(1), 0), held=model_mod.fit(off))
+    assert even.run_lag == 0 and even.run_lag_read
+    verl_loop = _recorded(made(1), 0, verl_loop=True)
+    assert heap.recorded_runs(verl_loop[0]) is None and heap.observed_lag(verl_loop) is None
+    fallback = model_mod.fit(verl_loop, held=model_mod.fit(off))
+    assert fallback.run_lag == 1 and not fallback.run_lag_read  # the levels', as without a record
 
 
 def test_a_chunks_temporaries_are_level_where_glibc_keeps_them_and_a_rise_within_the_call_where_it_maps_them():
@@ -621,11 +672,11 @@ def test_one_slow_step_does_not_set_the_calls_open_at_once():
     m, m_calm = model_mod.fit(slow, leaves), model_mod.fit(calm, leaves)
     assert m.call_to_send == pytest.approx(1.6) and m.calls_in_flight == 2 == m_calm.calls_in_flight
     assert m.play(256 * MiB, 64, 4, 3, 2)["workers"] == m_calm.play(256 * MiB, 64, 4, 3, 2)["workers"]
-    assert model_mod.call_to_send(_mapped_fit_set([0.9, 1.2, None])) is None  # a step not timed: the upper bound
+    assert fitting.call_to_send(_mapped_fit_set([0.9, 1.2, None])) is None  # a step not timed: the upper bound
     halves = _mapped_fit_set([0.5] * 6)
     for rep in halves[:3]:
         rep.per_step[0].call_to_send = 2.5
-    assert model_mod.call_to_send(halves) == pytest.approx(2.5)  # of an even count, the side of more calls
+    assert fitting.call_to_send(halves) == pytest.approx(2.5)  # of an even count, the side of more calls
 
 
 def test_a_growth_within_the_steps_noise_or_below_a_samples_resolution_is_none():

@@ -327,6 +327,7 @@ class TrainStepEnd(TypedDict):
     full_collections: NotRequired[int]  # the node's processes: full collections so far
     collections: NotRequired[list[int]]  # the driver's collections so far, of generation 0, 1 and 2
     allocations: NotRequired[int]  # the driver's container allocations so far, as its collector counts them
+    runs: NotRequired[list[list[int]]]  # the driver's collections in the step: [generation, worker calls made]
 
 
 class Error(TypedDict):

@@ -277,7 +277,10 @@ def _replay(conn: Any, cfg: NodeConfig, engine: ReplicaEngine | VerlEngine, whol
                 gc.collect()
         conn.send(TrainStepEnd(type="train_step_end", index=k, t_s=meter.now(), private_bytes=procmem.private_rss(),
                                private_baseline_bytes=private_base, full_collections=collector.full_collections(),
-                               collections=collector.collections(), allocations=collector.allocations()))
+                               collections=collector.collections(), allocations=collector.allocations(),
+                               runs=collector.take_runs()))
+        if isinstance(engine, ReplicaEngine):  # its loop says where each collection ran (real verl's does not)
+            collector.at_call(0)  # a collection before the next step's first call finds this one's copies garbage
 
     def at_end() -> int:
         engine.finish()  # the workers end their own measured phase

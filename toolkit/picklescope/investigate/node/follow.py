@@ -144,6 +144,8 @@ def on_driver(session: Session, result: NodeResult, conn: Any, ev: Event, tracki
                 result.driver_collections[ev["index"]] = list(ev["collections"])
             if ev.get("allocations") is not None:
                 result.driver_allocations[ev["index"]] = ev["allocations"]
+            if ev.get("runs") is not None:
+                result.driver_runs[ev["index"]] = [list(r) for r in ev["runs"]]
         session.fold("driver", ev)
     elif kind == "ready":
         set_phase(tracking, "the baseline")

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from picklescope.core import steps
+from picklescope.investigate.node import collector
 from picklescope.investigate.node.config import NodeConfig
 from picklescope.investigate.node.data import NodeData
 from picklescope.investigate.node.worker import NodeWorker
@@ -84,6 +85,7 @@ class ReplicaEngine:
         """One training step as verl's single controller runs it (DP_COMPUTE_PROTO: chunk, call, collect)."""
         ray, data, workers = self.ray, self.data, self.workers
         n = len(workers)
+        collector.at_call(0)  # a collection from here on is recorded with the step's calls made so far
         with steps.step("chunk"):
             pieces = data.chunk(whole, n) if self.cfg.dispatch == "chunk" else [whole] * n
         pending = []
@@ -103,6 +105,7 @@ class ReplicaEngine:
                         pending.append(w.compute.remote(piece))
                     finally:
                         hooks.end_store_write()
+            collector.at_call(len(pending))
         del pieces, piece
         with steps.step("ray.get"):
             outs = ray.get(pending)

@@ -56,6 +56,9 @@ class NodeResult(Measured):
     driver_full_collections: dict[int, int] = field(default_factory=dict)  # driver's count at each step's end
     driver_collections: dict[int, list[int]] = field(default_factory=dict)  # ... of generations 0, 1, 2 (all)
     driver_allocations: dict[int, int] = field(default_factory=dict)  # its container allocations so far
+    # its collections in each step: [generation, the step's worker calls made when it ran] (calls None where the
+    # engine's loop does not say, real verl's)
+    driver_runs: dict[int, list[list[int | None]]] = field(default_factory=dict)
     data_plane: str = "dataproto"  # how the batch reaches the workers: through the driver, or TransferQueue's storage
     step_gap_s: float = 0.0  # idle seconds at the end of each training step (the rest of a training step)
     worker_compute_s: float = 0.0  # seconds each worker's call held its chunk after reading it (its compute)
@@ -103,7 +106,8 @@ class NodeResult(Measured):
                                 "driver_bytes": s.driver_bytes, "per_process_bytes": s.per_process_bytes,
                                 "driver_full_collections": self.driver_full_collections.get(s.index),
                                 "driver_collections": self.driver_collections.get(s.index),
-                                "driver_allocations": self.driver_allocations.get(s.index)}
+                                "driver_allocations": self.driver_allocations.get(s.index),
+                                "driver_runs": self.driver_runs.get(s.index)}
                                for s in self.training_steps],
         }
 
@@ -142,6 +146,8 @@ class NodeResult(Measured):
                 r.driver_collections[s["index"]] = list(s["driver_collections"])
             if s.get("driver_allocations") is not None:
                 r.driver_allocations[s["index"]] = s["driver_allocations"]
+            if s.get("driver_runs") is not None:
+                r.driver_runs[s["index"]] = [list(x) for x in s["driver_runs"]]
         return r
 
     def trimmed(self, before_s: float = 0.25) -> NodeResult:

@@ -37,6 +37,7 @@ import hashlib
 import json
 import math
 import os
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -70,6 +71,9 @@ class StepObs:
     peak: dict[str, int] = field(default_factory=dict)
     collections: int | None = None  # the controller's full collections so far (cumulative)
     allocations: int | None = None  # its container allocations so far, as the collector counts them
+    # its collector's runs in the step, each [generation, the step's worker calls made when it ran] (the calls None
+    # where the loop did not say); None in a replay cached before they were recorded
+    runs: list[list[int | None]] | None = None
     # the most worker calls open at one moment in the step (each from its first named step to its last, on
     # the run's clock), and a call's mean span over the controller's mean time to send one chunk (the
     # calls open when the last chunk leaves: floor(ratio) + 1); None in a replay cached before calls were
@@ -144,7 +148,7 @@ def observe(result: NodeResult, wl: Workload) -> Replay:
         if s.end_s is None:
             continue
         obs = StepObs(s.index, collections=result.driver_full_collections.get(s.index),
-                      allocations=result.driver_allocations.get(s.index),
+                      allocations=result.driver_allocations.get(s.index), runs=result.driver_runs.get(s.index),
                       calls_in_flight=_calls_in_flight(result, s.index), call_to_send=_call_to_send(result, s.index),
                       send_s=_send_s(result, s.index))
         for role, (ts, vs) in series.items():
@@ -158,6 +162,22 @@ def observe(result: NodeResult, wl: Workload) -> Replay:
                 obs.end_jitter[role] = abs(after[1] - after[0])
         rep.per_step.append(obs)
     return rep
+
+
+def call_to_send(reps: Sequence[Replay]) -> float | None:
+    """The call-to-send ratio ``r`` the model counts calls open at once by (``floor(r) + 1`` when the last
+    chunk leaves): per replay its longest step, since a mapped leaf is fresh pages at every call (the
+    kernel faults them in, and takes them back at the free), as the fits' heaps are in their first step
+    only, and calls that fault in their pages last longer; then the median over the replays (the higher
+    middle one: the side of more calls open), so that one slow step, which lands in one replay, does not
+    set it. None when any step of any replay was not timed (the upper bound, all workers, then holds)."""
+    longest = []
+    for r in reps:
+        ratios = [s.call_to_send for s in r.per_step]
+        if not ratios or any(v is None for v in ratios):
+            return None
+        longest.append(max(v for v in ratios if v is not None))
+    return statistics.median_high(longest) if longest else None
 
 
 SEND_STEPS = ("argument serialization", "ray.put")  # the controller's named steps that send one chunk

@@ -21,14 +21,18 @@ calls (:func:`calls_done`). The count is net of frees, and a step's allocations 
 calls (it also cuts the batch into chunks before them and frees the chunks after them). So the count can reach
 the threshold a call earlier than the even spread says: flowgrpo's run at x0.5 with four workers fell in the
 third call's ``consolidate`` (two calls done, read from the collector's callback) where the spread puts it in
-the fourth; many-keys' fell in the fourth, as the spread says. How many calls earlier (``lag``) is fitted with
-the share, on the same levels (:func:`fit_release`).
+the fourth; many-keys' fell in the fourth, as the spread says. So the controller's loop records how many of
+the step's calls it had made at each of its collector's runs (``StepObs.runs``): a fit replay's releases are
+read from those records (:func:`recorded_runs`), and how many calls earlier than the spread the runs come
+(``lag``) is the median over the fits' runs of the spread's calls less the recorded ones (:func:`observed_lag`).
+Only for replays cached before the records is the lag fitted with the share, on the levels (:func:`fit_release`).
 """
 
 from __future__ import annotations
 
 import gc
 import math
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 
 from picklescope.investigate.predict.fit import Replay, chunk_sizes
@@ -71,6 +75,33 @@ def counted_runs(rep: Replay, lag: int = 0) -> dict[int, tuple[float, float]] | 
     runs = {s.index: calls_done(before or 0, s.allocations or 0, calls, lag)
             for before, s in zip([0, *counts], rep.per_step)}
     return {k: done for k, done in runs.items() if done is not None}
+
+
+def recorded_runs(rep: Replay) -> dict[int, tuple[float, float]] | None:
+    """The training steps of ``rep`` in which the controller's collector ran, each with the shares of its calls
+    made at the first and last run in it, as the controller's loop recorded them; None where they were not
+    recorded (the collector off, another data plane, a replay cached before the records, real verl's loop)."""
+    if rep.gc == "off" or rep.data_plane != "dataproto" or not rep.per_step:
+        return None
+    if any(s.runs is None or any(c is None for _, c in s.runs) for s in rep.per_step):
+        return None
+    n = max(1, len(chunk_sizes(rep.rows, rep.workers)))
+    return {s.index: (min(min(c, n) for _, c in s.runs) / n, max(min(c, n) for _, c in s.runs) / n)
+            for s in rep.per_step if s.runs}
+
+
+def observed_lag(replays: Sequence[Replay]) -> int | None:
+    """How many calls before the even spread of the counted allocations (:func:`calls_done`) the collector's first
+    run in a step came, the median over every step of ``replays`` with both the count and the loop's record
+    (never below 0); None where no step has both."""
+    gaps = []
+    for rep in replays:
+        recorded, spread = recorded_runs(rep), counted_runs(rep)
+        if recorded is None or spread is None:
+            continue
+        n = max(1, len(chunk_sizes(rep.rows, rep.workers)))
+        gaps += [round((spread[k][0] - recorded[k][0]) * n) for k in recorded if k in spread]
+    return max(0, round(statistics.median(gaps))) if gaps else None
 
 
 def freed_at_release(garbage: float, mapped_share: float, heap_share: float) -> float:
@@ -122,21 +153,21 @@ def fit_share(ends: Sequence[float], growth: float, mapped_share: float, release
                key=lambda i: (_misfit(ends, growth, mapped_share, releases, i / SHARE_GRID), i)) / SHARE_GRID
 
 
-def fit_release(replays: Sequence[tuple[Sequence[float], float, float, Callable[[int], Releases]]]
-                ) -> tuple[int, float]:
+def fit_release(replays: Sequence[tuple[Sequence[float], float, float, Callable[[int], Releases]]],
+                observed: int | None = None) -> tuple[int, float]:
     """(lag, share): how many calls earlier than the even spread the collector runs (up to :data:`MAX_LAG`) and the
     mean of the replays' :func:`fit_share` at that lag, for the lag whose shares play the replays' levels
     closest. Each replay is (levels after each step, growth, mapped share, its runs at a lag), levels and
     growth as multiples of its payload so that every replay weighs alike. A later lag must cut the misfit to
-    :data:`LAG_EVIDENCE` of the best before it."""
+    :data:`LAG_EVIDENCE` of the best before it. An ``observed`` lag (:func:`observed_lag`) is the only one tried."""
     best: tuple[float, int, float] = (math.inf, 0, 1.0)
-    for lag in range(MAX_LAG + 1):
+    for lag in range(MAX_LAG + 1) if observed is None else (observed,):
         plays = [(ends, growth, ms, runs(lag)) for ends, growth, ms, runs in replays]
         shares = [fit_share(*p) for p in plays]
         known = [v for v in shares if v is not None]
         share = sum(known) / len(known) if known else 1.0
         miss = sum(_misfit(*p, share) for p, v in zip(plays, shares) if v is not None)
-        if lag == 0 or miss < best[0] * LAG_EVIDENCE:
+        if best[0] == math.inf or miss < best[0] * LAG_EVIDENCE:
             best = (miss, lag, share)
     return best[1], best[2]
 
@@ -158,8 +189,9 @@ def released_at(rep: Replay) -> list[int]:
 def replay_releases(rep: Replay, lag: int = 0) -> dict[int, tuple[float, float]]:
     """The training steps of ``rep`` with a release, each with the shares of its calls done at the collector's
     first and last run in it: where the collector ran and the controller's allocations were counted, the steps
-    in which a run falls (:func:`counted_runs`, ``lag`` calls earlier: a run that freed blocks the next
-    copies reused shows no fall); elsewhere the steps at which the controller's memory fell back
-    (:func:`released_at`), no call done."""
-    runs = counted_runs(rep, lag)
+    in which a run falls: as the controller's loop recorded them (:func:`recorded_runs`), else from the count
+    (:func:`counted_runs`, ``lag`` calls earlier: a run that freed blocks the next copies reused shows no fall);
+    elsewhere the steps at which the controller's memory fell back (:func:`released_at`), no call done."""
+    runs = recorded_runs(rep)
+    runs = counted_runs(rep, lag) if runs is None else runs
     return {k: (0.0, 0.0) for k in released_at(rep)} if runs is None else runs

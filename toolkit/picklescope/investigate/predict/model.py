@@ -52,7 +52,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from picklescope.investigate.predict import heap
-from picklescope.investigate.predict.fit import TQ_ROLES, Replay, chunk_rows, chunk_sizes
+from picklescope.investigate.predict.fit import TQ_ROLES, Replay, call_to_send, chunk_rows, chunk_sizes
 from picklescope.investigate.predict.heap import YOUNG_EVERY, calls_done, released_at, replay_releases
 
 ROLES = ("controller", "worker", "workers", "store", "node")
@@ -173,6 +173,7 @@ class Model:
     release_rate: Term | None = None  # releases per training step (None: nothing ever released in the fits)
     release_share: float = 0.0  # share of the held growth a release frees
     run_lag: int = 0  # calls by which the collector's run comes before the even spread of the allocations (.heap)
+    run_lag_read: bool = False  # the lag read from where the fits' runs came (heap.observed_lag), not their levels
     collection_rate: Term | None = None  # the controller's full collections per training step
     allocations_at: list[Term] = field(default_factory=list)  # the controller's allocations so far at the end of
     # each of the fits' steps (the default collector, counted); past them, allocation_rate per step
@@ -352,8 +353,9 @@ class Model:
         if self.release_rate is not None and self.allocation_rate is None:  # else the allocations set them
             rows.append(("controller", "releases per training step", self.release_rate.describe(1)))
         if self.allocation_rate is not None:
+            how = "where the fits' runs came" if self.run_lag_read else "fitted on the levels"
             lag = (f", {self.run_lag} call{'' if self.run_lag == 1 else 's'} before where an even spread of the "
-                   "step's allocations puts it (fitted on the levels)") if self.run_lag else ""
+                   f"step's allocations puts it ({how})") if self.run_lag else ""
             rows.append(("controller", "allocations per step", f"{self.allocations_at[0].describe(1, 1)} in the first, "
                          f"{self.allocation_rate.describe(1, 1)} in each later one; the collector runs every "
                          f"{YOUNG_EVERY} and frees the held copies{lag}"))
@@ -510,22 +512,6 @@ def _node_transient(rep: Replay, parts: Sequence[str] = PARTS) -> float:
     return max(0.0, sum(out) / len(out)) if out else 0.0
 
 
-def call_to_send(reps: Sequence[Replay]) -> float | None:
-    """The call-to-send ratio ``r`` the model counts calls open at once by (``floor(r) + 1`` when the last
-    chunk leaves): per replay its longest step, since a mapped leaf is fresh pages at every call (the
-    kernel faults them in, and takes them back at the free), as the fits' heaps are in their first step
-    only, and calls that fault in their pages last longer; then the median over the replays (the higher
-    middle one: the side of more calls open), so that one slow step, which lands in one replay, does not
-    set it. None when any step of any replay was not timed (the upper bound, all workers, then holds)."""
-    longest = []
-    for r in reps:
-        ratios = [s.call_to_send for s in r.per_step]
-        if not ratios or any(v is None for v in ratios):
-            return None
-        longest.append(max(v for v in ratios if v is not None))
-    return statistics.median_high(longest) if longest else None
-
-
 def fit(replays: Sequence[Replay], leaf_row_bytes: Sequence[float] = (), held: Model | None = None) -> Model:
     """The model of one codec under one collector mode from its replays (at least one, all ``ok``);
     ``leaf_row_bytes`` (bytes per row of each tensor leaf) places the chunk's leaves against glibc's
@@ -582,10 +568,12 @@ def fit(replays: Sequence[Replay], leaf_row_bytes: Sequence[float] = (), held: M
                                   [len(rl) / len(r.per_step) for r, rl in zip(reps, rel)])
         ctl = m.roles.get("controller")
         if ctl is not None:  # each replay's levels and growth as multiples of its payload
+            lag = heap.observed_lag(reps)
             m.run_lag, m.release_share = heap.fit_release(
                 [([s.end["controller"] / r.payload_bytes for s in r.per_step],
                   max(0.0, ctl.growth(x)) / r.payload_bytes, x["mshare"],
-                  lambda lag, r=r: replay_releases(r, lag)) for r, x in zip(reps, xs)])
+                  lambda lag, r=r: replay_releases(r, lag)) for r, x in zip(reps, xs)], lag)
+            m.run_lag_read = lag is not None
         else:
             m.release_share = 1.0
     if m.release_rate is not None and m.gc == "default" and all(r.per_step[-1].allocations for r in reps):
