@@ -120,7 +120,9 @@ def _table(rows: list[dict[str, Any]], columns: Iterable[str] | None = None) -> 
         for c in cols:
             v = r.get(c, "")
             s = "" if v is None else str(v)
-            cls = " class='num'" if s[:1].isdigit() or (s[:1] in "+-" and s[1:2].isdigit()) else ""
+            # a figure is right-aligned; a sentence that starts with one ("1.000 x payload ...") reads from the left
+            figure = len(s) <= 24 and (s[:1].isdigit() or (s[:1] in "+-" and s[1:2].isdigit()))
+            cls = " class='num'" if figure else ""
             cells.append(f"<td{cls}>{e(s)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
@@ -465,7 +467,8 @@ def render_predictions(preds: Sequence[CodecPrediction], workload: str, command:
     parts.append("<h2>The model's terms</h2>")
     for p in preds:
         parts.append(f"<h3>{e(_column(p))}</h3>")
-        parts.append("<pre>" + "\n".join(f"{e(r):<13} {e(t):<26} {e(v)}" for r, t, v in p.terms) + "</pre>")
+        # a table, not preformatted text: a term's value is a sentence, which wraps within the page's width
+        parts.append(_table([{"process": r, "term": t, "value": v} for r, t, v in p.terms]))
     checked = [p for p in preds if p.check is not None]
     if checked:
         parts.append("<h2>Checked against a real replay</h2>")
