@@ -483,6 +483,35 @@ def test_one_replay_whose_allocator_jumped_at_most_steps_does_not_set_the_growth
     assert abs(squares(x) - 200 * MiB) > 0.03 * 200 * MiB
 
 
+def test_a_replay_whose_allocator_kept_a_chunk_at_three_of_five_steps_weighs_as_those_three_rises():
+    """The pattern of that many-keys replay (x0.2 with 2 workers: rises of 1.49, 1.00, 1.50, 1.49, 0.99x of the
+    payload), among five replays whose levels scatter by a percent: the growth's line goes through every rise of
+    every replay, so those three rises are three of thirty (the growth 1.00x within 1.5%), where the line
+    through each replay's median rise took the replay as 1.49x and read 1.05x or more. The kept chunks stay in
+    that replay's level with nothing held."""
+    reps = fit_set()
+    odd = reps[2]  # 80 MiB with 2 workers
+    for r in reps:
+        kept = 0.0
+        for s in r.per_step:
+            if r is odd and s.index in (2, 4, 5):
+                kept += 0.5 * r.payload_bytes
+            scatter = ((3 * s.index + r.workers + r.payload_bytes // MiB) % 5 - 2) * 0.005 * r.payload_bytes
+            s.end["controller"] += int(kept + scatter)
+            s.peak["controller"] = s.end["controller"]
+    m = model_mod.fit(reps)
+    x = m.features(200 * MiB, 64, 4, 2)
+    assert m.roles["controller"].growth(x) == pytest.approx(200 * MiB, rel=0.015)
+    xs = [m.features(r.payload_bytes, r.rows, r.workers, 2) for r in reps]
+    medians = [model_mod._role_terms(r, "controller", [])[1] for r in reps]
+    assert medians[2] == pytest.approx(1.5 * odd.payload_bytes, rel=0.02)
+    per_replay = model_mod.fit_term("growth", ("P", "c", "1"), xs, medians, robust=True)
+    assert per_replay(x) > 1.05 * 200 * MiB
+    held = model_mod._role_terms(odd, "controller", [], growth=m.roles["controller"].growth(xs[2]))[0]
+    alone = model_mod._role_terms(odd, "controller", [])[0]
+    assert held - alone > odd.payload_bytes  # what the jumps kept is level, not growth
+
+
 def test_the_store_never_falls_below_its_baseline():
     """The object store's pages are never given back: a line fitted through small sizes whose store rose a
     little less at each larger size (8, 6 and 0 MiB) goes below nothing at a large one; the store's level

@@ -456,7 +456,8 @@ def growth_floor(rep: Replay, role: str, rises: Sequence[float]) -> float:
     return float(max(resolution, statistics.median(abs(r - mid) for r in rises)))
 
 
-def _role_terms(rep: Replay, role: str, releases: list[int]) -> tuple[float, float, float]:
+def _role_terms(rep: Replay, role: str, releases: list[int], growth: float | None = None
+                ) -> tuple[float, float, float, list[float]]:
     """One replay's (base, growth, transient) for ``role`` (what a release gives back: :func:`fit`).
 
     On the TransferQueue plane the first write fills the processes' heaps: the storage units (and the
@@ -473,7 +474,9 @@ def _role_terms(rep: Replay, role: str, releases: list[int]) -> tuple[float, flo
     same-sized leaves come from its heap and stay (0.81-0.97x). The level a long run keeps is the second
     step's; averaged with the first, a worker's level was a sixth too low.
 
-    On both planes the growth is the median rise between steps, not the mean: besides what a step keeps,
+    On both planes a replay's own growth is its median rise between steps, not the mean (:func:`fit` puts the
+    role's line through every rise of every replay; ``growth`` given, the level with nothing held is what the
+    steps keep beyond it, and the rises are returned for that line): besides what a step keeps,
     the allocators move a role's level by whole blocks at a few steps (a leaf-sized temporary left in the
     heap below a held block, or reused by the next step's same-sized one; the object store placing a chunk
     on pages it had never touched, which it keeps). Such a jump does not recur at every step, so it is no
@@ -486,9 +489,10 @@ def _role_terms(rep: Replay, role: str, releases: list[int]) -> tuple[float, flo
     settle = 1 if (rep.data_plane != "dataproto" or role in SETTLING_ROLES) and len(ends) >= 3 else 0
     # growth: median rise over steps with no release in them (the first step carries the base, so from step 2)
     rises = [ends[i] - ends[i - 1] for i in range(1 + settle, len(ends)) if idx[i] not in releases]
-    growth = max(0.0, statistics.median(rises)) if rises else 0.0
-    if growth <= growth_floor(rep, role, rises):  # the sampler's or the allocator's jitter, not a growth
-        growth = 0.0
+    own = max(0.0, statistics.median(rises)) if rises else 0.0
+    if own <= growth_floor(rep, role, rises):  # the sampler's or the allocator's jitter, not a growth
+        own, rises = 0.0, [0.0] * len(rises)
+    growth = own if growth is None else growth
     held, ms = 0.0, []
     for i, k in enumerate(idx):
         held = 1 if k in releases and i > 0 else held + 1
@@ -496,7 +500,7 @@ def _role_terms(rep: Replay, role: str, releases: list[int]) -> tuple[float, flo
     base = sum(e - growth * m for e, m in list(zip(ends, ms))[settle:]) / (len(ends) - settle)
     trans = [p - max(ends[i - 1] if i else 0.0, ends[i]) for i, p in enumerate(peaks)][settle:]
     transient = max(0.0, sum(trans) / len(trans))
-    return base, growth, transient
+    return base, growth, transient, rises
 
 
 def _node_transient(rep: Replay, parts: Sequence[str] = PARTS) -> float:
@@ -535,12 +539,18 @@ def fit(replays: Sequence[Replay], leaf_row_bytes: Sequence[float] = (), held: M
         if not all(role in s.end for r in reps for s in r.per_step):
             continue
         per = [_role_terms(r, role, rl) for r, rl in zip(reps, rel)]
+        feats = m.role_features(role)
+        # the growth through every rise of every replay (least absolute deviations), so that a replay whose
+        # allocator kept a block at most of its steps weighs as those few rises, not as a whole replay; each
+        # replay's level with nothing held then is what its steps keep beyond that growth
+        pts = [(x, v) for x, p in zip(xs, per) for v in (p[3] or [p[1]])]
+        growth = fit_term(f"{role} growth", feats, [x for x, _ in pts], [v for _, v in pts], robust=True)
+        per = [_role_terms(r, role, rl, max(0.0, growth(x)))[:3] for r, rl, x in zip(reps, rel, xs)]
         if role == "node" and all(p in s.end for r in reps for s in r.per_step for p in m.parts):
             per = [(0.0, 0.0, _node_transient(r, m.parts)) for r in reps]
-        feats = m.role_features(role)
+            growth = fit_term(f"{role} growth", feats, xs, [0.0 for _ in reps])
         base_feats = DATAPROTO_BASE if role == "controller" and m.data_plane == "dataproto" else feats
-        m.roles[role] = RoleModel(role, fit_term(f"{role} base", base_feats, xs, [p[0] for p in per]),
-                                  fit_term(f"{role} growth", feats, xs, [p[1] for p in per], robust=True),
+        m.roles[role] = RoleModel(role, fit_term(f"{role} base", base_feats, xs, [p[0] for p in per]), growth,
                                   fit_term(f"{role} transient", feats, xs, [p[2] for p in per]))
         read[role] = per
     if held is not None and m.data_plane == "dataproto" and "controller" in m.roles and "controller" in held.roles:
