@@ -243,24 +243,25 @@ def test_a_run_that_comes_a_call_before_the_even_spread_of_the_allocations_is_fi
     assert model_mod.fit(made(1, 0.3), held=model_mod.fit(off)).run_lag == 1  # kept blocks: seen in the reuse
 
 
-def _recorded(reps: list[Replay], lag: int, verl_loop: bool = False) -> list[Replay]:
-    """``reps`` with the controller's loop's record of each run (``StepObs.runs``): a young collection where the
-    even spread of the counted allocations puts it, ``lag`` calls earlier; ``verl_loop``: the calls not said."""
+def _recorded(reps: list[Replay], lead: float, verl_loop: bool = False) -> list[Replay]:
+    """``reps`` with the controller's loop's record of each run (``StepObs.runs``): a young collection in each step
+    the count puts one, where the count ``lead`` allocations ahead of its even spread passes the collector's
+    threshold (lead 0: where the spread says); ``verl_loop``: the calls not said."""
     for r in reps:
-        runs = heap.counted_runs(r) or {}
-        n = len(fitting.chunk_sizes(r.rows, r.workers))
-        for s in r.per_step:
-            done = [max(0, round(runs[s.index][0] * n) - lag)] if s.index in runs else []
-            s.runs = [[0, None if verl_loop else c] for c in done]
+        n, counts = len(fitting.chunk_sizes(r.rows, r.workers)), [s.allocations or 0 for s in r.per_step]
+        for before, s in zip([0, *counts], r.per_step):
+            done = heap.calls_done(before, s.allocations or 0, n, lead=lead)
+            s.runs = [] if done is None else [[0, None if verl_loop else round(done[0] * n)]]
     return reps
 
 
-def test_where_the_loop_recorded_the_runs_sets_the_lag_and_the_releases_whatever_the_levels_say():
+def test_where_the_loop_recorded_the_runs_sets_the_lead_and_the_releases_whatever_the_levels_say():
     """The controller's loop records the calls it had made at each of its collector's runs (StepObs.runs, the
-    driver's ``driver_runs``). Where the fits have that record, the lag is the median of the spread's calls less
-    the recorded ones, and each replay's releases are the recorded ones: levels played with no lag but runs
-    recorded a call early give lag 1 (the levels alone give 0, as the test above shows), and the other way
-    round. A replay whose loop did not say (real verl's worker group) falls back on the levels."""
+    driver's ``driver_runs``). Where the fits have that record, each replay's releases are the recorded ones, and
+    the count's lead over the even spread of a step's allocations (in allocations, so that it plays alike at every
+    worker count) is one that puts every recorded run where it came: levels played with no lag but runs recorded
+    a call early are read as the records say (the levels alone give no lag, as the test above shows), and the
+    other way round. A replay whose loop did not say (real verl's worker group) falls back on the levels."""
     off = fit_set()
 
     def made(lag: int) -> list[Replay]:
@@ -274,19 +275,34 @@ def test_where_the_loop_recorded_the_runs_sets_the_lag_and_the_releases_whatever
             reps.append(r)
         return reps
 
-    early = _recorded(made(0), 1)
-    assert heap.observed_lag(early) == 1
+    def plays_the_records(reps: list[Replay], lead: float) -> bool:
+        for r in reps:
+            n, counts = len(fitting.chunk_sizes(r.rows, r.workers)), [s.allocations for s in r.per_step]
+            played = {s.index: heap.calls_done(b, s.allocations, n, lead=lead)
+                      for b, s in zip([0, *counts], r.per_step)}
+            if {k: v for k, v in played.items() if v is not None} != heap.recorded_runs(r):
+                return False
+        return True
+
+    early = _recorded(made(0), 180.0)  # at 2 workers a call before the spread (351 a step), at 4 workers two
     assert heap.recorded_runs(early[0]) == {k: (v[0] - 0.5, v[0] - 0.5) for k, v in heap.counted_runs(early[0]).items()}
+    assert heap.recorded_runs(early[3]) == {k: (v[0] - 0.5, v[0] - 0.5) for k, v in heap.counted_runs(early[3]).items()}
+    lead = heap.observed_lead(early)
+    assert lead is not None and lead > 0 and plays_the_records(early, lead)
     m = model_mod.fit(early, held=model_mod.fit(off))
-    assert m.run_lag == 1 and m.run_lag_read
+    assert m.run_lead == lead and m.run_lag == 0
+    x = m.features(200 * MiB, 64, 4, 2)
+    assert m.release_points(x, 2) == {2: heap.calls_done(heap.YOUNG_EVERY // 2 + 1, 2 * (heap.YOUNG_EVERY // 2 + 1), 4,
+                                                         lead=lead)}
     words = " ".join(v for _, term, v in m.terms_table() if term == "allocations per step")
-    assert "1 call before" in words and "where the fits' runs came" in words, words
-    even = model_mod.fit(_recorded(made(1), 0), held=model_mod.fit(off))
-    assert even.run_lag == 0 and even.run_lag_read
-    verl_loop = _recorded(made(1), 0, verl_loop=True)
-    assert heap.recorded_runs(verl_loop[0]) is None and heap.observed_lag(verl_loop) is None
+    assert f"{lead:.0f} ahead of an even spread" in words and "where the fits' runs came" in words, words
+    even = _recorded(made(1), 0.0)
+    assert plays_the_records(even, heap.observed_lead(even))
+    assert model_mod.fit(even, held=model_mod.fit(off)).release_points(x, 2) == {2: (0.75, 0.75)}  # as the spread
+    verl_loop = _recorded(made(1), 0.0, verl_loop=True)
+    assert heap.recorded_runs(verl_loop[0]) is None and heap.observed_lead(verl_loop) is None
     fallback = model_mod.fit(verl_loop, held=model_mod.fit(off))
-    assert fallback.run_lag == 1 and not fallback.run_lag_read  # the levels', as without a record
+    assert fallback.run_lag == 1 and fallback.run_lead is None  # the levels', as without a record
 
 
 def test_a_chunks_temporaries_are_level_where_glibc_keeps_them_and_a_rise_within_the_call_where_it_maps_them():

@@ -180,6 +180,20 @@ def call_to_send(reps: Sequence[Replay]) -> float | None:
     return statistics.median_high(longest) if longest else None
 
 
+def growth_floor(rep: Replay, role: str, rises: Sequence[float]) -> float:
+    """The smallest rise per step of ``role`` that ``rep`` can tell from nothing: the larger of what one
+    sample interval resolves of its level (the median over the steps of how far it moved between the first
+    two samples after a step's end) and the noise of its rises between steps (their median absolute
+    deviation from their median). A consistent rise has no deviation and always counts; a median rise
+    among rises that scatter more than it does is noise."""
+    jitter = [s.end_jitter[role] for s in rep.per_step if role in s.end_jitter]
+    resolution = statistics.median(jitter) if jitter else 0.0
+    if len(rises) < 2:
+        return float(resolution)
+    mid = statistics.median(rises)
+    return float(max(resolution, statistics.median(abs(r - mid) for r in rises)))
+
+
 SEND_STEPS = ("argument serialization", "ray.put")  # the controller's named steps that send one chunk
 
 

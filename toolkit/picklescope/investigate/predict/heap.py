@@ -23,9 +23,10 @@ the threshold a call earlier than the even spread says: flowgrpo's run at x0.5 w
 third call's ``consolidate`` (two calls done, read from the collector's callback) where the spread puts it in
 the fourth; many-keys' fell in the fourth, as the spread says. So the controller's loop records how many of
 the step's calls it had made at each of its collector's runs (``StepObs.runs``): a fit replay's releases are
-read from those records (:func:`recorded_runs`), and how many calls earlier than the spread the runs come
-(``lag``) is the median over the fits' runs of the spread's calls less the recorded ones (:func:`observed_lag`).
-Only for replays cached before the records is the lag fitted with the share, on the levels (:func:`fit_release`).
+read from those records (:func:`recorded_runs`), and how far the count runs ahead of the spread within a step
+(``lead``, in allocations: the step cuts its chunks before its calls) is the one that puts the most of the fits'
+recorded runs where they came (:func:`observed_lead`). Only where no fit replay has the records is a lag in calls
+fitted with the share, on the levels (:func:`fit_release`).
 """
 
 from __future__ import annotations
@@ -49,17 +50,25 @@ LAG_EVIDENCE, MAX_LAG = 0.9, 1
 Releases = Mapping[int, tuple[float, float]]
 
 
-def calls_done(before: float, after: float, calls: int, lag: int = 0) -> tuple[float, float] | None:
+def calls_done(before: float, after: float, calls: int, lag: int = 0,
+               lead: float | None = None) -> tuple[float, float] | None:
     """The shares of a step's ``calls`` done when the collector first and last runs in it (None: it does not run):
     the step took the counted allocations from ``before`` to ``after``, a run falls where they pass a multiple of
     :data:`YOUNG_EVERY`, and they fall evenly on the calls (flowgrpo: 53 a call, 21 a step), less ``lag`` calls
-    (the module doc). A call done has sent its chunk, so its cycle-held copy is garbage for a run; the call in
+    (the module doc); or, with a ``lead`` (:func:`observed_lead`), where the count runs that many allocations
+    ahead of the spread. A call done has sent its chunk, so its cycle-held copy is garbage for a run; the call in
     hand still holds its own."""
     first, last = (math.floor(before / YOUNG_EVERY + 1e-9) + 1) * YOUNG_EVERY, \
         math.floor(after / YOUNG_EVERY + 1e-9) * YOUNG_EVERY
     if last < first or after <= before:
         return None
     n = max(1, calls)
+    if lead is not None:
+        a = (after - before) / n
+
+        def made(m: float) -> float:  # the calls made when the count, lead ahead, passes m
+            return min(n, max(0, math.ceil((m - before - lead) / a - 1e-9) - 1)) / n
+        return made(first), made(last)
     return max(0, math.floor((first - before) / (after - before) * n + 1e-9) - lag) / n, \
         max(0, math.floor((last - before) / (after - before) * n + 1e-9) - lag) / n
 
@@ -90,18 +99,39 @@ def recorded_runs(rep: Replay) -> dict[int, tuple[float, float]] | None:
             for s in rep.per_step if s.runs}
 
 
-def observed_lag(replays: Sequence[Replay]) -> int | None:
-    """How many calls before the even spread of the counted allocations (:func:`calls_done`) the collector's first
-    run in a step came, the median over every step of ``replays`` with both the count and the loop's record
-    (never below 0); None where no step has both."""
-    gaps = []
-    for rep in replays:
-        recorded, spread = recorded_runs(rep), counted_runs(rep)
-        if recorded is None or spread is None:
+def lead_bounds(rep: Replay) -> list[tuple[float, float]]:
+    """For each step of ``rep`` with a recorded run, the leads ``L`` that put the run where it was recorded: the
+    count at the start of call ``j + 1`` (``j`` calls made) taken as ``before + L + j x a``, ``a`` the step's
+    allocations per call, a run with ``k`` calls made passed the threshold ``M`` within call ``k + 1`` (or, at
+    none, while the step cut its chunks), so ``M - before - (k + 1) a <= L < M - before - k a``."""
+    recorded, counts = recorded_runs(rep), [s.allocations for s in rep.per_step]
+    if not recorded or None in counts:
+        return []
+    n = max(1, len(chunk_sizes(rep.rows, rep.workers)))
+    out = []
+    for before, s in zip([0, *counts], rep.per_step):
+        after = s.allocations or 0
+        if s.index not in recorded or after <= before:
             continue
-        n = max(1, len(chunk_sizes(rep.rows, rep.workers)))
-        gaps += [round((spread[k][0] - recorded[k][0]) * n) for k in recorded if k in spread]
-    return max(0, round(statistics.median(gaps))) if gaps else None
+        a, m = (after - before) / n, (math.floor(before / YOUNG_EVERY + 1e-9) + 1) * YOUNG_EVERY
+        k = round(recorded[s.index][0] * n)
+        out.append((m - before - (k + 1) * a if k < n else -math.inf, m - before - k * a if k > 0 else math.inf))
+    return out
+
+
+def observed_lead(replays: Sequence[Replay]) -> float | None:
+    """How many allocations ahead of the even spread of a step's count the collector's runs came (the step cuts
+    its chunks before its calls and frees them after): the lead within the most of the fits' steps' bounds
+    (:func:`lead_bounds`), the middle of those where several do as well; None where no step was recorded. A lead
+    in allocations, not in calls, so that it plays the same at every worker count (a call is fewer
+    allocations where there are more workers)."""
+    bounds = [b for rep in replays for b in lead_bounds(rep)]
+    ends = sorted({v for b in bounds for v in b if math.isfinite(v)})
+    if not ends:
+        return None
+    cands = [ends[0] - 1.0, *((p + q) / 2 for p, q in zip(ends, ends[1:])), ends[-1] + 1.0]
+    held = [sum(lo <= c < hi for lo, hi in bounds) for c in cands]
+    return statistics.median_low([c for c, h in zip(cands, held) if h == max(held)])
 
 
 def freed_at_release(garbage: float, mapped_share: float, heap_share: float) -> float:
@@ -159,7 +189,8 @@ def fit_release(replays: Sequence[tuple[Sequence[float], float, float, Callable[
     mean of the replays' :func:`fit_share` at that lag, for the lag whose shares play the replays' levels
     closest. Each replay is (levels after each step, growth, mapped share, its runs at a lag), levels and
     growth as multiples of its payload so that every replay weighs alike. A later lag must cut the misfit to
-    :data:`LAG_EVIDENCE` of the best before it. An ``observed`` lag (:func:`observed_lag`) is the only one tried."""
+    :data:`LAG_EVIDENCE` of the best before it. An ``observed`` lag is the only one tried (0 where the runs were
+    recorded: the replays' releases are then the records, whatever the lag)."""
     best: tuple[float, int, float] = (math.inf, 0, 1.0)
     for lag in range(MAX_LAG + 1) if observed is None else (observed,):
         plays = [(ends, growth, ms, runs(lag)) for ends, growth, ms, runs in replays]

@@ -33,7 +33,7 @@ The object store is a bounded high-water mark: its pages are never given back, s
 the highest its base plus the held steps' objects have been (a release frees objects, and the next steps
 reuse their pages without a new rise), never below its baseline and never above the store's capacity (Ray
 spills what does not fit to disk, where it is no memory of the node's).
-A growth the replays cannot tell from nothing (:func:`growth_floor`) counts as none: it is the sampler's or
+A growth the replays cannot tell from nothing (:func:`~.fit.growth_floor`) counts as none: it is the sampler's or
 the allocator's jitter, and played over 120 steps it would be a rise no step makes.
 
 How many workers' calls are open at once (the chunks whose leaves above glibc's mmap threshold the
@@ -52,7 +52,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from picklescope.investigate.predict import heap
-from picklescope.investigate.predict.fit import TQ_ROLES, Replay, call_to_send, chunk_rows, chunk_sizes
+from picklescope.investigate.predict.fit import TQ_ROLES, Replay, call_to_send, chunk_rows, chunk_sizes, growth_floor
 from picklescope.investigate.predict.heap import YOUNG_EVERY, calls_done, released_at, replay_releases
 
 ROLES = ("controller", "worker", "workers", "store", "node")
@@ -173,7 +173,9 @@ class Model:
     release_rate: Term | None = None  # releases per training step (None: nothing ever released in the fits)
     release_share: float = 0.0  # share of the held growth a release frees
     run_lag: int = 0  # calls by which the collector's run comes before the even spread of the allocations (.heap)
-    run_lag_read: bool = False  # the lag read from where the fits' runs came (heap.observed_lag), not their levels
+    # allocations by which the count runs ahead of its even spread within a step, read from where the fits' runs
+    # came (heap.observed_lead); None where no fit replay recorded them (run_lag, fitted on the levels, then)
+    run_lead: float | None = None
     collection_rate: Term | None = None  # the controller's full collections per training step
     allocations_at: list[Term] = field(default_factory=list)  # the controller's allocations so far at the end of
     # each of the fits' steps (the default collector, counted); past them, allocation_rate per step
@@ -259,7 +261,7 @@ class Model:
             def so_far(k: int) -> float:  # the allocations from the full collection before step 1 to step k's end
                 return 0.0 if k == 0 else counted[k - 1] if k <= len(counted) else \
                     counted[-1] + rate * (k - len(counted))
-            points = {k: calls_done(so_far(k - 1), so_far(k), int(x["calls"]), self.run_lag)
+            points = {k: calls_done(so_far(k - 1), so_far(k), int(x["calls"]), self.run_lag, self.run_lead)
                       for k in range(1, steps + 1)}
             return {k: done for k, done in points.items() if done is not None}
         rate = min(1.0, max(0.0, self.release_rate(x)))
@@ -353,9 +355,11 @@ class Model:
         if self.release_rate is not None and self.allocation_rate is None:  # else the allocations set them
             rows.append(("controller", "releases per training step", self.release_rate.describe(1)))
         if self.allocation_rate is not None:
-            how = "where the fits' runs came" if self.run_lag_read else "fitted on the levels"
             lag = (f", {self.run_lag} call{'' if self.run_lag == 1 else 's'} before where an even spread of the "
-                   f"step's allocations puts it ({how})") if self.run_lag else ""
+                   "step's allocations puts it (fitted on the levels)") if self.run_lag else ""
+            if self.run_lead is not None:
+                lag = (f", in the call where the count, {self.run_lead:.0f} ahead of an even spread of the step's "
+                       "allocations (it cuts the chunks before its calls), passes it (where the fits' runs came)")
             rows.append(("controller", "allocations per step", f"{self.allocations_at[0].describe(1, 1)} in the first, "
                          f"{self.allocation_rate.describe(1, 1)} in each later one; the collector runs every "
                          f"{YOUNG_EVERY} and frees the held copies{lag}"))
@@ -440,20 +444,6 @@ def fit_supported(name: str, features: tuple[str, ...], xs: Sequence[dict[str, f
     reduced = fit_term(name, tuple(f for f in features if f != optional), xs, ys)
     scale = sum(abs(y) for y in ys) / len(ys) if ys else 0.0
     return reduced if reduced.max_residual <= full.max_residual + tolerance * scale else full
-
-
-def growth_floor(rep: Replay, role: str, rises: Sequence[float]) -> float:
-    """The smallest rise per step of ``role`` that ``rep`` can tell from nothing: the larger of what one
-    sample interval resolves of its level (the median over the steps of how far it moved between the first
-    two samples after a step's end) and the noise of its rises between steps (their median absolute
-    deviation from their median). A consistent rise has no deviation and always counts; a median rise
-    among rises that scatter more than it does is noise."""
-    jitter = [s.end_jitter[role] for s in rep.per_step if role in s.end_jitter]
-    resolution = statistics.median(jitter) if jitter else 0.0
-    if len(rises) < 2:
-        return float(resolution)
-    mid = statistics.median(rises)
-    return float(max(resolution, statistics.median(abs(r - mid) for r in rises)))
 
 
 def _role_terms(rep: Replay, role: str, releases: list[int], growth: float | None = None
@@ -578,12 +568,12 @@ def fit(replays: Sequence[Replay], leaf_row_bytes: Sequence[float] = (), held: M
                                   [len(rl) / len(r.per_step) for r, rl in zip(reps, rel)])
         ctl = m.roles.get("controller")
         if ctl is not None:  # each replay's levels and growth as multiples of its payload
-            lag = heap.observed_lag(reps)
+            m.run_lead = heap.observed_lead(reps)
             m.run_lag, m.release_share = heap.fit_release(
                 [([s.end["controller"] / r.payload_bytes for s in r.per_step],
                   max(0.0, ctl.growth(x)) / r.payload_bytes, x["mshare"],
-                  lambda lag, r=r: replay_releases(r, lag)) for r, x in zip(reps, xs)], lag)
-            m.run_lag_read = lag is not None
+                  lambda lag, r=r: replay_releases(r, lag)) for r, x in zip(reps, xs)],
+                None if m.run_lead is None else 0)
         else:
             m.release_share = 1.0
     if m.release_rate is not None and m.gc == "default" and all(r.per_step[-1].allocations for r in reps):
