@@ -1244,7 +1244,7 @@ def test_out_writes_a_report_that_answers_in_words_and_the_json_beside_it(tmp_pa
         assert f"<h2>{heading}</h2>" in html, heading
     terms = html.split("<h2>The model's terms</h2>", 1)[1].split("<h2>", 1)[0]
     for role, term, value in preds[0].terms:  # a table whose values wrap, not preformatted lines cut at the edge
-        assert f"<td>{html_escape(term)}</td><td>{html_escape(value)}</td>" in terms, (role, term)
+        assert f"<td>{html_escape(f'{role}: {term}')}</td><td>{html_escape(value)}</td>" in terms, (role, term)
     assert "<pre>" not in terms
     assert "https://" not in html.split("<script>", 1)[0]  # nothing fetched: plotly.js is inline
     assert json.loads((out / "results.json").read_text()) == [p.to_json_dict() for p in preds]

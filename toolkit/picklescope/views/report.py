@@ -468,7 +468,7 @@ def render_predictions(preds: Sequence[CodecPrediction], workload: str, command:
     for p in preds:
         parts.append(f"<h3>{e(_column(p))}</h3>")
         # a table, not preformatted text: a term's value is a sentence, which wraps within the page's width
-        parts.append(_table([{"process": r, "term": t, "value": v} for r, t, v in p.terms]))
+        parts.append(_table([{"fitted term": f"{r}: {t}", "fitted as": v} for r, t, v in p.terms]))
     checked = [p for p in preds if p.check is not None]
     if checked:
         parts.append("<h2>Checked against a real replay</h2>")
