@@ -50,6 +50,12 @@ LAG_EVIDENCE, MAX_LAG = 0.9, 1
 Releases = Mapping[int, tuple[float, float]]
 
 
+def _next_run(before: float) -> float:
+    """The count of allocations at which the collector runs next after ``before``: the next multiple of
+    :data:`YOUNG_EVERY` above it."""
+    return (math.floor(before / YOUNG_EVERY + 1e-9) + 1) * YOUNG_EVERY
+
+
 def calls_done(before: float, after: float, calls: int, lag: int = 0,
                lead: float | None = None) -> tuple[float, float] | None:
     """The shares of a step's ``calls`` done when the collector first and last runs in it (None: it does not run):
@@ -58,8 +64,7 @@ def calls_done(before: float, after: float, calls: int, lag: int = 0,
     (the module doc); or, with a ``lead`` (:func:`observed_lead`), where the count runs that many allocations
     ahead of the spread. A call done has sent its chunk, so its cycle-held copy is garbage for a run; the call in
     hand still holds its own."""
-    first, last = (math.floor(before / YOUNG_EVERY + 1e-9) + 1) * YOUNG_EVERY, \
-        math.floor(after / YOUNG_EVERY + 1e-9) * YOUNG_EVERY
+    first, last = _next_run(before), math.floor(after / YOUNG_EVERY + 1e-9) * YOUNG_EVERY
     if last < first or after <= before:
         return None
     n = max(1, calls)
@@ -113,7 +118,7 @@ def lead_bounds(rep: Replay) -> list[tuple[float, float]]:
         after = s.allocations or 0
         if s.index not in recorded or after <= before:
             continue
-        a, m = (after - before) / n, (math.floor(before / YOUNG_EVERY + 1e-9) + 1) * YOUNG_EVERY
+        a, m = (after - before) / n, _next_run(before)
         k = round(recorded[s.index][0] * n)
         out.append((m - before - (k + 1) * a if k < n else -math.inf, m - before - k * a if k > 0 else math.inf))
     return out

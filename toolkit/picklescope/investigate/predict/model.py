@@ -528,17 +528,17 @@ def fit(replays: Sequence[Replay], leaf_row_bytes: Sequence[float] = (), held: M
     for role in (ROLES if m.data_plane == "dataproto" else TQ_ROLES):
         if not all(role in s.end for r in reps for s in r.per_step):
             continue
-        per = [_role_terms(r, role, rl) for r, rl in zip(reps, rel)]
         feats = m.role_features(role)
-        # the growth through every rise of every replay (least absolute deviations), so that a replay whose
-        # allocator kept a block at most of its steps weighs as those few rises, not as a whole replay; each
-        # replay's level with nothing held then is what its steps keep beyond that growth
-        pts = [(x, v) for x, p in zip(xs, per) for v in (p[3] or [p[1]])]
-        growth = fit_term(f"{role} growth", feats, [x for x, _ in pts], [v for _, v in pts], robust=True)
-        per = [_role_terms(r, role, rl, max(0.0, growth(x)))[:3] for r, rl, x in zip(reps, rel, xs)]
         if role == "node" and all(p in s.end for r in reps for s in r.per_step for p in m.parts):
             per = [(0.0, 0.0, _node_transient(r, m.parts)) for r in reps]
             growth = fit_term(f"{role} growth", feats, xs, [0.0 for _ in reps])
+        else:  # the growth through every rise of every replay (least absolute deviations), so that a replay whose
+            # allocator kept a block at most of its steps weighs as those few rises, not as a whole replay; each
+            # replay's level with nothing held then is what its steps keep beyond that growth
+            own = [_role_terms(r, role, rl) for r, rl in zip(reps, rel)]
+            pts = [(x, v) for x, p in zip(xs, own) for v in (p[3] or [p[1]])]
+            growth = fit_term(f"{role} growth", feats, [x for x, _ in pts], [v for _, v in pts], robust=True)
+            per = [_role_terms(r, role, rl, max(0.0, growth(x)))[:3] for r, rl, x in zip(reps, rel, xs)]
         base_feats = DATAPROTO_BASE if role == "controller" and m.data_plane == "dataproto" else feats
         m.roles[role] = RoleModel(role, fit_term(f"{role} base", base_feats, xs, [p[0] for p in per]), growth,
                                   fit_term(f"{role} transient", feats, xs, [p[2] for p in per]))
