@@ -262,6 +262,9 @@ def _replay(conn: Any, cfg: NodeConfig, engine: ReplicaEngine | VerlEngine, whol
     procmem.trim_heap()
     collector.apply_mode(cfg.gc)
     collector.count_collections()
+    says_calls = isinstance(engine, ReplicaEngine)  # its loop says where each collection ran (real verl's does not)
+    if says_calls:  # a collection before step 1's first call (the baseline, the go) has no call of it made
+        collector.at_call(0)
     meter = begin_measure(steps.Meter(channel.with_shared(conn.send), cfg.t0, "driver"))
     private_base = procmem.private_rss()  # VmRSS - RssShmem: the session's per-process accounting
     conn.send(Ready(type="ready", side="driver"))
@@ -279,8 +282,8 @@ def _replay(conn: Any, cfg: NodeConfig, engine: ReplicaEngine | VerlEngine, whol
                                private_baseline_bytes=private_base, full_collections=collector.full_collections(),
                                collections=collector.collections(), allocations=collector.allocations(),
                                runs=collector.take_runs()))
-        if isinstance(engine, ReplicaEngine):  # its loop says where each collection ran (real verl's does not)
-            collector.at_call(0)  # a collection before the next step's first call finds this one's copies garbage
+        if says_calls:  # a collection before the next step's first call finds this one's copies garbage
+            collector.at_call(0)
 
     def at_end() -> int:
         engine.finish()  # the workers end their own measured phase
