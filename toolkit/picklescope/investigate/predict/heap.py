@@ -16,6 +16,16 @@ So what a step keeps is read where nothing frees it, in the collector-off replay
 sizes, and the share given back is the one number per collector replay that plays its levels closest
 (:func:`fit_share`).
 
+A run collects the young generation only, and what survives it moves into generation 1: the copy of the call in
+hand, still referenced when the run came, is garbage once its call ends, but only a run of generation 1 frees it,
+and CPython makes every twelfth run one (its second threshold counts young runs, ten of them, and it collects
+generation 1 at the first run that finds the count past ten); what survives that run moves into generation 2, which
+only a full collection frees. So each run with a call in hand leaves a chunk's copy behind for up to eleven runs,
+and each run of generation 1 one for good: over 40 steps at 8 workers the controller's level after a run climbed
+by a chunk at every run with a call in hand and fell back at the twelfth (benchmarks/README.md, "Copies that
+outlive a run of the collector"). Which run collects what follows from the count (:func:`generations`) or the
+loop's record.
+
 Where in a step the run falls comes from the controller's counted allocations, spread evenly over the step's
 calls (:func:`calls_done`). The count is net of frees, and a step's allocations need not fall evenly on its
 calls (it also cuts the batch into chunks before them and frees the chunks after them). So the count can reach
@@ -47,7 +57,14 @@ SHARE_GRID = 20  # fit_share tries shares 0, 1/20, ..., 1: finer than what draws
 # fits closer, where the collector's callback at x0.5 counted one)
 LAG_EVIDENCE, MAX_LAG = 0.9, 1
 
+# CPython's collector (up to 3.13): a run set off by allocating collects the young generation and moves what
+# survives it into generation 1; a run that finds generation 1's count of such runs past its threshold collects
+# generation 1 too (every OLDER_EVERY-th run from a full collection) and moves its survivors into generation 2
+OLDER_EVERY = gc.get_threshold()[1] + 2
+
 Releases = Mapping[int, tuple[float, float]]
+# training step -> (the oldest generation its collector's runs collected, how many runs it held)
+Generations = Mapping[int, tuple[int, int]]
 
 
 def _next_run(before: float) -> float:
@@ -76,6 +93,34 @@ def calls_done(before: float, after: float, calls: int, lag: int = 0,
         return made(first), made(last)
     return max(0, math.floor((first - before) / (after - before) * n + 1e-9) - lag) / n, \
         max(0, math.floor((last - before) / (after - before) * n + 1e-9) - lag) / n
+
+
+def generations(counts: Sequence[float]) -> dict[int, tuple[int, int]]:
+    """Per training step in which the collector runs, the oldest generation its runs collect and their number, from
+    the counted allocations at the end of each step (``counts[0]``: the full collection before step 1, which
+    zeroed every generation's count): 1 where a step holds a run whose number since then is a multiple of
+    :data:`OLDER_EVERY`, else 0. Never 2: CPython holds a full collection back until the objects moved into
+    generation 2 since the last one are a quarter of all it holds, and a controller that imported torch and Ray
+    holds hundreds of thousands (docs/predict.md, "share freed at a release")."""
+    out = {}
+    for k in range(1, len(counts)):
+        first = math.floor(counts[k - 1] / YOUNG_EVERY + 1e-9) + 1  # the numbers of the step's runs
+        last = math.floor(counts[k] / YOUNG_EVERY + 1e-9)
+        if last >= first:
+            out[k] = (1 if last // OLDER_EVERY >= -(-first // OLDER_EVERY) else 0, last - first + 1)
+    return out
+
+
+def replay_generations(rep: Replay) -> dict[int, tuple[int, int]] | None:
+    """Per training step of ``rep`` with a run of the controller's collector, the oldest generation its runs
+    collected and their number: as its loop recorded them (``StepObs.runs``), else from its counted allocations
+    (:func:`generations`); None where neither was kept."""
+    if rep.gc == "off" or rep.data_plane != "dataproto" or not rep.per_step:
+        return None
+    if all(s.runs is not None for s in rep.per_step):
+        return {s.index: (max(g or 0 for g, _ in s.runs), len(s.runs)) for s in rep.per_step if s.runs}
+    counts = [s.allocations for s in rep.per_step]
+    return None if None in counts else generations([0.0, *(float(c or 0) for c in counts)])
 
 
 def counted_runs(rep: Replay, lag: int = 0) -> dict[int, tuple[float, float]] | None:
@@ -148,61 +193,84 @@ def freed_at_release(garbage: float, mapped_share: float, heap_share: float) -> 
 
 
 def play(base: float, growth: float, mapped_share: float, releases: Releases, steps: int,
-         share: float) -> list[tuple[float, float]]:
+         share: float, calls: int = 1, gens: Generations | None = None) -> list[tuple[float, float]]:
     """Per training step 1..``steps``, the controller's (level after the step, level just before the step's
     collector run, the same as the level where no run falls). ``growth``: the copies a step makes;
     ``mapped_share``: their part glibc maps; ``releases``: training step -> the shares of its
     calls done at its first and last run (:func:`calls_done`); ``share``: of the heap-sized garbage,
-    what a run gives back."""
+    what a run gives back. ``gens``: per step with a run, the oldest generation it collects (:func:`generations`):
+    the copy of the call in hand (one of ``calls``, still referenced) survives a run and moves into the next
+    generation, which only a run of that generation frees (None: every run frees every copy not in hand)."""
     ms = min(1.0, max(0.0, mapped_share))
-    held = free = 0.0  # the copies still referenced (or not yet collected), the kept free blocks
+    # the copies in the young generation, those that survived a young run (generation 1) and a run of generation 1
+    # (generation 2, which no run played here collects), and the kept free blocks
+    young = old = kept = free = 0.0
     out = []
     for k in range(1, steps + 1):
         free -= min(free, growth * (1 - ms))  # the step's heap-sized copies take kept blocks first
-        prev, held = held, held + growth
-        before = base + held + free
+        prev = young + old + kept
+        young += growth
+        before = base + prev + growth + free
         if k in releases:
             first, last = releases[k]
             before = base + prev + growth * first + free  # the step's highest: just before its first run
-            garbage = prev + growth * last
-            held -= garbage
+            gen, runs = (2, 1) if gens is None else gens.get(k, (0, 1))
+            # each run with a call in hand (j of n calls made, 0 < j < n: none before the first call is made or after
+            # the last): that call's copy survives into the next generation, once per call however many runs find it;
+            # the last run's is of the calls not done, the earlier runs' of those done by the last
+            n, j1, j2 = max(1, calls), round(first * max(1, calls)), round(last * max(1, calls))
+            hand = 0 if gens is None else max(0, min(runs, min(j2, n - 1) - max(j1, 1) + 1))
+            late = growth / n if hand and 0 < j2 < n else 0.0
+            early = min(max(0, hand - (late > 0)) * growth / n, growth * last)
+            garbage = young - growth * (1 - last) - early + (old if gen >= 1 else 0.0) + (kept if gen >= 2 else 0.0)
+            young = growth * (1 - last) - late
+            old, kept = (0.0 if gen >= 1 else old), (0.0 if gen >= 2 else kept)
+            if gen >= 1:
+                kept += late + early
+            else:
+                old += late + early
             free += garbage - freed_at_release(garbage, ms, share)
-        out.append((base + held + free, before))
+        out.append((base + young + old + kept + free, before))
     return out
 
 
-def _misfit(ends: Sequence[float], growth: float, mapped_share: float, releases: Releases, share: float) -> float:
+def _misfit(ends: Sequence[float], growth: float, mapped_share: float, releases: Releases, share: float,
+            calls: int = 1, gens: Generations | None = None) -> float:
     """How far one replay's levels after each step are from those played from its first step's level."""
-    played = play(ends[0] - growth, growth, mapped_share, releases, len(ends), share)
+    played = play(ends[0] - growth, growth, mapped_share, releases, len(ends), share, calls, gens)
     return sum((level - e) ** 2 for (level, _), e in zip(played, ends))
 
 
-def fit_share(ends: Sequence[float], growth: float, mapped_share: float, releases: Releases) -> float | None:
+def fit_share(ends: Sequence[float], growth: float, mapped_share: float, releases: Releases, calls: int = 1,
+              gens: Generations | None = None) -> float | None:
     """The share of heap-sized garbage a run gives back that plays one replay's levels after each step
     (``ends``) closest (least squares over :data:`SHARE_GRID`), played from its first step's level with its
-    ``growth`` and ``releases``; None where no run falls before the replay's last step (no level after it
-    shows what the run kept) or where every copy is mapped (a run gives all of it back, whatever the share)."""
+    ``growth``, ``releases`` and their generations (:func:`play`); None where no run falls before the replay's
+    last step (no level after it shows what the run kept) or where every copy is mapped (a run gives all of it
+    back, whatever the share)."""
     if not ends or not any(k < len(ends) for k in releases) or mapped_share >= 1.0:
         return None
-    return min(range(SHARE_GRID + 1),
-               key=lambda i: (_misfit(ends, growth, mapped_share, releases, i / SHARE_GRID), i)) / SHARE_GRID
+    return min(range(SHARE_GRID + 1), key=lambda i: (_misfit(ends, growth, mapped_share, releases, i / SHARE_GRID,
+                                                             calls, gens), i)) / SHARE_GRID
 
 
-def fit_release(replays: Sequence[tuple[Sequence[float], float, float, Callable[[int], Releases]]],
+def fit_release(replays: Sequence[tuple[Sequence[float], float, float, Callable[[int], Releases], int,
+                                       Generations | None]],
                 observed: int | None = None) -> tuple[int, float]:
     """(lag, share): how many calls earlier than the even spread the collector runs (up to :data:`MAX_LAG`) and the
     mean of the replays' :func:`fit_share` at that lag, for the lag whose shares play the replays' levels
-    closest. Each replay is (levels after each step, growth, mapped share, its runs at a lag), levels and
+    closest. Each replay is (levels after each step, growth, mapped share, its runs at a lag, its calls per step,
+    the generations its runs collected: :func:`replay_generations`), levels and
     growth as multiples of its payload so that every replay weighs alike. A later lag must cut the misfit to
     :data:`LAG_EVIDENCE` of the best before it. An ``observed`` lag is the only one tried (0 where the runs were
     recorded: the replays' releases are then the records, whatever the lag)."""
     best: tuple[float, int, float] = (math.inf, 0, 1.0)
     for lag in range(MAX_LAG + 1) if observed is None else (observed,):
-        plays = [(ends, growth, ms, runs(lag)) for ends, growth, ms, runs in replays]
+        plays = [(ends, growth, ms, runs(lag), calls, gens) for ends, growth, ms, runs, calls, gens in replays]
         shares = [fit_share(*p) for p in plays]
         known = [v for v in shares if v is not None]
         share = sum(known) / len(known) if known else 1.0
-        miss = sum(_misfit(*p, share) for p, v in zip(plays, shares) if v is not None)
+        miss = sum(_misfit(*p[:4], share, *p[4:]) for p, v in zip(plays, shares) if v is not None)
         if best[0] == math.inf or miss < best[0] * LAG_EVIDENCE:
             best = (miss, lag, share)
     return best[1], best[2]

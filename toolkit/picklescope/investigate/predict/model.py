@@ -240,6 +240,14 @@ class Model:
         base = self.roles["controller"].base if "controller" in self.roles else None
         return min(1.0, max(0.0, base.coef[base.features.index("h")])) if base and "h" in base.features else 0.0
 
+    def mapped_rise(self, role: str, x: dict[str, float], temp: float | None = None) -> float:
+        """What ``role`` holds during a step beyond its fitted transient, which has it taken out (a fit size may map
+        leaves too): leaves above glibc's mmap threshold, resident during their call only (a worker's chunk's, the
+        open calls' for the workers and the node, the controller's temporaries' share ``temp``: :meth:`temp_share`)."""
+        if role == "controller":
+            return (self.temp_share() if temp is None else temp) * x["mapped"] * (self.data_plane == "dataproto")
+        return {"worker": x["mapped"], "workers": x["M"], "node": x["M"]}.get(role, 0.0)
+
     def role_features(self, role: str) -> tuple[str, ...]:
         """The features ``role``'s terms are fitted on, on this model's data plane."""
         if self.data_plane == "dataproto":
@@ -254,21 +262,23 @@ class Model:
         and last run (:func:`calls_done`) if the allocations were counted (module doc), else every 1/rate steps."""
         if self.release_rate is None:
             return {}
-        if self.allocation_rate is not None:  # set with allocations_at, from the same counts
-            counted = [max(0.0, t(x)) for t in self.allocations_at]
-            rate = max(0.0, self.allocation_rate(x))
-
-            def so_far(k: int) -> float:  # the allocations from the full collection before step 1 to step k's end
-                return 0.0 if k == 0 else counted[k - 1] if k <= len(counted) else \
-                    counted[-1] + rate * (k - len(counted))
-            points = {k: calls_done(so_far(k - 1), so_far(k), int(x["calls"]), self.run_lag, self.run_lead)
-                      for k in range(1, steps + 1)}
-            return {k: done for k, done in points.items() if done is not None}
+        if (so_far := self.counts(x, steps)) is not None:
+            done = [calls_done(so_far[k - 1], so_far[k], int(x["calls"]), self.run_lag, self.run_lead) for k in
+                    range(1, steps + 1)]
+            return {k: d for k, d in enumerate(done, 1) if d is not None}
         rate = min(1.0, max(0.0, self.release_rate(x)))
         if rate <= 0:
             return {}
         return {k: (0.0, 0.0) for k in range(1, steps + 1)
                 if math.floor(rate * k + 1e-9) > math.floor(rate * (k - 1) + 1e-9)}
+
+    def counts(self, x: dict[str, float], steps: int) -> list[float] | None:
+        """The controller's allocations counted from the full collection before step 1 to each step's end (0..steps)."""
+        if self.release_rate is None or self.allocation_rate is None:  # allocation_rate is set with allocations_at
+            return None  # (the fits did not count)
+        counted, rate = [max(0.0, t(x)) for t in self.allocations_at], max(0.0, self.allocation_rate(x))
+        return [0.0] + [counted[k - 1] if k <= len(counted) else counted[-1] + rate * (k - len(counted))
+                        for k in range(1, steps + 1)]
 
     def play(self, payload: float, rows: int, workers: int, steps: int, objects_per_row: float,
              store_capacity: float | None = None, compute_s: float = 0.0) -> dict[str, list[tuple[float, float]]]:
@@ -279,20 +289,17 @@ class Model:
         (:meth:`open_calls`)."""
         x = self.features(payload, rows, workers, objects_per_row, compute_s)
         cap = math.inf if store_capacity is None else max(0.0, store_capacity)
-        releases = self.release_points(x, steps)
+        releases, so_far = self.release_points(x, steps), self.counts(x, steps)  # which generation a run collects:
+        gens = None if so_far is None else heap.generations(so_far)  # from the count
         before_run = [0.0] * steps  # per step, how far above its level after the step the controller stood at a run
         out: dict[str, list[tuple[float, float]]] = {}
         for role, rm in self.roles.items():
             base, growth, trans = rm.base(x), max(0.0, rm.growth(x)), max(0.0, rm.transient(x))
             pooled = role == "controller" and self.data_plane == "dataproto"  # its copies, freed and reused
             ctl: list[tuple[float, float]] = []
-            if pooled:  # its copies' levels, and its per-call temporary's mapped leaves, resident during the call
-                ctl = heap.play(base, growth, x["mshare"], releases, steps, self.release_share)
-                trans += self.temp_share() * x["mapped"]
-            if role == "worker":  # the mapped part of its chunk, resident during its call
-                trans += x["mapped"]
-            elif role == "workers":  # those of the calls open at once (all W when the fits did not time them)
-                trans += x["M"]
+            if pooled:  # its copies' levels
+                ctl = heap.play(base, growth, x["mshare"], releases, steps, self.release_share, int(x["calls"]), gens)
+            trans += self.mapped_rise(role, x)
             held, prev, rows_out = 0.0, 0.0, []
             for k in range(1, steps + 1):
                 if pooled:  # the step's highest may be just before its run, when it held all its garbage
@@ -343,7 +350,9 @@ class Model:
             elif role == "controller" and self.data_plane == "dataproto":
                 freed = (f"at each release the earlier steps' and the step's calls done: the copies of chunks above "
                          f"glibc's mmap threshold (one block each) all, {self.release_share:.0%} of the rest, whose "
-                         "other blocks the next steps' copies reuse")
+                         "other blocks the next steps' copies reuse; the call in hand's copy outlives the run in an "
+                         f"older generation, freed only by a run of it (every {heap.OLDER_EVERY}th run for generation "
+                         "1, none for 2)")
             if role == "controller" and self.growth_fitted_on:
                 freed += f" (this and the level: the collector-off replays, {', '.join(self.growth_fitted_on)})"
             rows.append((role, "held per training step", rm.growth.describe(mib) + f", {freed}"))
@@ -521,6 +530,8 @@ def fit(replays: Sequence[Replay], leaf_row_bytes: Sequence[float] = (), held: M
         raise ValueError(f"replays of different data planes cannot make one model: {sorted(planes)}")
     m = Model(first.codec, first.gc, first.workload, data_plane=first.data_plane,
               fitted_on=[f"x{r.scale:g} {r.workers}w" for r in reps], leaf_row_bytes=list(leaf_row_bytes))
+    m.call_to_send = call_to_send(reps)  # first: the calls open at once set what a fit's mapped leaves add (M)
+    m.calls_in_flight = None if m.call_to_send is None else math.floor(m.call_to_send) + 1
     xs = [m.features(r.payload_bytes, r.rows, r.workers, r.non_tensor_objects / r.rows) for r in reps]
     rel = [released_at(r) for r in reps]
     runs = [replay_releases(r) for r in reps]  # the collector's runs where they were counted, with their calls done
@@ -539,21 +550,20 @@ def fit(replays: Sequence[Replay], leaf_row_bytes: Sequence[float] = (), held: M
             pts = [(x, v) for x, p in zip(xs, own) for v in (p[3] or [p[1]])]
             growth = fit_term(f"{role} growth", feats, [x for x, _ in pts], [v for _, v in pts], robust=True)
             per = [_role_terms(r, role, rl, max(0.0, growth(x)))[:3] for r, rl, x in zip(reps, rel, xs)]
-        base_feats = DATAPROTO_BASE if role == "controller" and m.data_plane == "dataproto" else feats
-        m.roles[role] = RoleModel(role, fit_term(f"{role} base", base_feats, xs, [p[0] for p in per]), growth,
-                                  fit_term(f"{role} transient", feats, xs, [p[2] for p in per]))
+        base = fit_term(f"{role} base", DATAPROTO_BASE if role == "controller" and m.data_plane == "dataproto"
+                        else feats, xs, [p[0] for p in per])
+        temp = min(1.0, max(0.0, base.coef[base.features.index("h")])) if "h" in base.features else 0.0
+        m.roles[role] = RoleModel(role, base, growth, fit_term(f"{role} transient", feats, xs, [
+            max(0.0, p[2] - m.mapped_rise(role, x, temp)) for p, x in zip(per, xs)]))
         read[role] = per
     if held is not None and m.data_plane == "dataproto" and "controller" in m.roles and "controller" in held.roles:
         kept = held.roles["controller"]
         m.roles["controller"] = replace(m.roles["controller"], base=kept.base, growth=kept.growth)
         m.growth_fitted_on = held.fitted_on
-    m.call_to_send = call_to_send(reps)
     if m.data_plane == "dataproto" and "store" in read:  # less what the steps before kept: each replay's growth
         largest = max(r.payload_bytes for r in reps)  # where a fixed cost weighs least against the payload
         m.store_share = max((s.end["store"] - p[1] * k) / r.payload_bytes for r, p in zip(reps, read["store"])
                             if r.payload_bytes == largest for k, s in enumerate(r.per_step))
-    if m.call_to_send is not None:
-        m.calls_in_flight = math.floor(m.call_to_send) + 1
     sends = [statistics.median(s.send_s for s in r.per_step) for r in reps
              if r.per_step and all(s.send_s is not None for s in r.per_step)]
     if m.call_to_send is not None and len(sends) == len(reps):  # every replay timed its sends
@@ -572,7 +582,8 @@ def fit(replays: Sequence[Replay], leaf_row_bytes: Sequence[float] = (), held: M
             m.run_lag, m.release_share = heap.fit_release(
                 [([s.end["controller"] / r.payload_bytes for s in r.per_step],
                   max(0.0, ctl.growth(x)) / r.payload_bytes, x["mshare"],
-                  lambda lag, r=r: replay_releases(r, lag)) for r, x in zip(reps, xs)],
+                  lambda lag, r=r: replay_releases(r, lag), int(x["calls"]), heap.replay_generations(r))
+                 for r, x in zip(reps, xs)],
                 None if m.run_lead is None else 0)
         else:
             m.release_share = 1.0
