@@ -350,9 +350,9 @@ class Model:
             elif role == "controller" and self.data_plane == "dataproto":
                 freed = (f"at each release the earlier steps' and the step's calls done: the copies of chunks above "
                          f"glibc's mmap threshold (one block each) all, {self.release_share:.0%} of the rest, whose "
-                         "other blocks the next steps' copies reuse; the call in hand's copy outlives the run in an "
-                         f"older generation, freed only by a run of it (every {heap.OLDER_EVERY}th run for generation "
-                         "1, none for 2)")
+                         "other blocks the next steps' copies reuse; the copy of the call a run interrupts survives "
+                         f"it and only every {heap.OLDER_EVERY}th run frees such copies (Python's older generation), "
+                         "which leaves its own for good (no full collection is played)")
             if role == "controller" and self.growth_fitted_on:
                 freed += f" (this and the level: the collector-off replays, {', '.join(self.growth_fitted_on)})"
             rows.append((role, "held per training step", rm.growth.describe(mib) + f", {freed}"))
