@@ -205,7 +205,7 @@ def play(base: float, growth: float, mapped_share: float, releases: Releases, st
     # the copies in the young generation, those that survived a young run (generation 1) and a run of generation 1
     # (generation 2, which no run played here collects), and the kept free blocks
     young = old = kept = free = 0.0
-    out = []
+    out, n = [], max(1, calls)
     for k in range(1, steps + 1):
         free -= min(free, growth * (1 - ms))  # the step's heap-sized copies take kept blocks first
         prev = young + old + kept
@@ -218,7 +218,7 @@ def play(base: float, growth: float, mapped_share: float, releases: Releases, st
             # each run with a call in hand (j of n calls made, 0 < j < n: none before the first call is made or after
             # the last): that call's copy survives into the next generation, once per call however many runs find it;
             # the last run's is of the calls not done, the earlier runs' of those done by the last
-            n, j1, j2 = max(1, calls), round(first * max(1, calls)), round(last * max(1, calls))
+            j1, j2 = round(first * n), round(last * n)
             hand = 0 if gens is None else max(0, min(runs, min(j2, n - 1) - max(j1, 1) + 1))
             late = growth / n if hand and 0 < j2 < n else 0.0
             early = min(max(0, hand - (late > 0)) * growth / n, growth * last)

@@ -136,6 +136,11 @@ class Term:
         return " ".join(parts).lstrip("+")
 
 
+def _temp_share(base: Term) -> float:
+    """The controller's level's slope on the chunk's heap-sized leaves, within 0 and 1 (:meth:`Model.temp_share`)."""
+    return min(1.0, max(0.0, base.coef[base.features.index("h")])) if "h" in base.features else 0.0
+
+
 def _share(c: float) -> str:
     """A multiple of a payload with the digits that matter: a coefficient under 0.0005 would print as
     0.000, yet times a production payload over a hundred steps it can still be gigabytes."""
@@ -237,15 +242,14 @@ class Model:
     def temp_share(self) -> float:
         """The share of a chunk the controller allocates and frees within each call (:data:`DATAPROTO_BASE`):
         its level's slope on the chunk's heap-sized leaves, within 0 and 1 (none off the DataProto plane)."""
-        base = self.roles["controller"].base if "controller" in self.roles else None
-        return min(1.0, max(0.0, base.coef[base.features.index("h")])) if base and "h" in base.features else 0.0
+        return _temp_share(self.roles["controller"].base) if "controller" in self.roles else 0.0
 
     def mapped_rise(self, role: str, x: dict[str, float], temp: float | None = None) -> float:
         """What ``role`` holds during a step beyond its fitted transient, which has it taken out (a fit size may map
         leaves too): leaves above glibc's mmap threshold, resident during their call only (a worker's chunk's, the
         open calls' for the workers and the node, the controller's temporaries' share ``temp``: :meth:`temp_share`)."""
-        if role == "controller":
-            return (self.temp_share() if temp is None else temp) * x["mapped"] * (self.data_plane == "dataproto")
+        if role == "controller":  # (no level on h, so no temporaries, off the DataProto plane)
+            return (self.temp_share() if temp is None else temp) * x["mapped"]
         return {"worker": x["mapped"], "workers": x["M"], "node": x["M"]}.get(role, 0.0)
 
     def role_features(self, role: str) -> tuple[str, ...]:
@@ -552,9 +556,8 @@ def fit(replays: Sequence[Replay], leaf_row_bytes: Sequence[float] = (), held: M
             per = [_role_terms(r, role, rl, max(0.0, growth(x)))[:3] for r, rl, x in zip(reps, rel, xs)]
         base = fit_term(f"{role} base", DATAPROTO_BASE if role == "controller" and m.data_plane == "dataproto"
                         else feats, xs, [p[0] for p in per])
-        temp = min(1.0, max(0.0, base.coef[base.features.index("h")])) if "h" in base.features else 0.0
         m.roles[role] = RoleModel(role, base, growth, fit_term(f"{role} transient", feats, xs, [
-            max(0.0, p[2] - m.mapped_rise(role, x, temp)) for p, x in zip(per, xs)]))
+            max(0.0, p[2] - m.mapped_rise(role, x, _temp_share(base))) for p, x in zip(per, xs)]))
         read[role] = per
     if held is not None and m.data_plane == "dataproto" and "controller" in m.roles and "controller" in held.roles:
         kept = held.roles["controller"]
