@@ -500,3 +500,39 @@ def test_fault_matrix_leaves_nothing(tmp_path, point, signame):
             p.communicate()
         kill_all(descendants(p.pid) if psutil.pid_exists(p.pid) else [])
         kill_all(_marked(marker, p.pid))  # a failed case must not leave its cluster to the next one
+
+
+DRIVER_END = textwrap.dedent('''
+    import os, subprocess, sys, tempfile, types
+    from picklescope.ray.cluster import ParentWatch
+    from picklescope.ray.driver import end_session
+
+    os.setsid()  # the watch ends this process's session: only this process is in it
+    parent = subprocess.Popen(["sleep", "600"], start_new_session=True)  # the run's parent, still alive
+    files = [tempfile.mkdtemp(dir=sys.argv[1]), tempfile.mkdtemp(dir=sys.argv[1])]
+    watch = ParentWatch(parent.pid, files).start()
+
+    def shutdown():  # the parent ends while the driver stops its Ray session
+        parent.kill()
+        parent.wait()
+
+    sys.modules["ray"] = types.SimpleNamespace(shutdown=shutdown)
+    end_session(watch)
+    print("ended as if the parent lived")
+''')
+
+
+def test_a_driver_whose_parent_dies_as_its_run_ends_still_removes_the_run_files(tmp_path):
+    """A parent SIGKILLed closes its end of the run's channels before the kernel shows it gone, so a driver
+    whose run ended on the closed channel can find its parent still there (a SIGKILLed ``node --enforcement
+    ray --controller actor`` run does, tests/test_node_ray_faults.py). Its end (``end_session``) must still
+    see the parent go, here during the Ray shutdown, and remove the files and end the driver as for a
+    parent already gone."""
+    script = tmp_path / "driver_end.py"
+    script.write_text(DRIVER_END)
+    files = tmp_path / "files"
+    files.mkdir()
+    done = subprocess.run([sys.executable, str(script), str(files)], capture_output=True, text=True, timeout=120)
+    assert "ended as if the parent lived" not in done.stdout, done.stdout
+    assert done.returncode == 1, (done.returncode, done.stderr[-2000:])  # the watch's exit: the parent is gone
+    assert list(files.iterdir()) == []

@@ -239,7 +239,6 @@ class ParentWatch:
         self.temporaries = [t for t in temporaries if t]
         self.temp_dir = temp_dir
         self.exit_code = exit_code
-        self.stop_event = threading.Event()
         self.lock = threading.Lock()
         self.report: dict[str, object] = {}
         self.thread = threading.Thread(target=self._watch, name="picklescope-parent-watch", daemon=True)
@@ -248,17 +247,12 @@ class ParentWatch:
         self.thread.start()
         return self
 
-    def stop(self) -> None:
-        """Stop watching (a run that ended normally: the parent reaps the cluster and the files)."""
-        self.stop_event.set()
-
     def parent_alive(self) -> bool:
         return running(self.parent, self.ticks)
 
     def _watch(self) -> None:
-        wait_gone(self.parent, self.ticks, self.stop_event)
-        if not self.stop_event.is_set():
-            self.end_orphaned()
+        wait_gone(self.parent, self.ticks)  # for the driver's life: see driver.end_session
+        self.end_orphaned()
 
     def remove_temporaries(self) -> None:
         for path in self.temporaries:

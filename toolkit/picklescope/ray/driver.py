@@ -227,16 +227,22 @@ def pair_driver_main(conn: Any, cfg: RayPairConfig) -> None:
 def end_session(watch: ParentWatch) -> None:
     """How a Ray driver of ours ends (a pair's and a node's): with its parent gone, nobody reads the run
     any more, so the cluster and the temporaries go at once (no graceful shutdown); else ``ray.shutdown``,
-    and the parent kills whatever is left."""
+    and the parent kills whatever is left.
+
+    The watch is not stopped: a parent SIGKILLed closes its end of the run's channels before the kernel
+    shows it gone, so a run that ended on its closed channel often finds its parent still there (for tens
+    of milliseconds on a loaded machine). The watch sees the parent go during the shutdown, and the parent
+    is looked at again after it, so the files and the cluster go as if it had been seen gone at once."""
     if not watch.parent_alive():
         watch.end_orphaned()
-    watch.stop()
     ray = sys.modules.get("ray")
     if ray is not None:
         try:
             ray.shutdown()
         except BaseException:  # noqa: BLE001 - a Ray error (or the SIGTERM's exit) while stopping: the kill follows
             pass
+    if not watch.parent_alive():
+        watch.end_orphaned()
 
 
 def run_parent(cfg: RayConfig) -> int:
