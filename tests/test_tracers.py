@@ -25,19 +25,21 @@ def legacy_traced():
     memray takes its heap snapshots from a thread of the measured process, every 1 ms; on a loaded 2-core
     machine that thread can go unscheduled for the whole consolidate step (tens of ms), and its series then
     says nothing of the copy (the product gives no figure for the step and says it did not look, see
-    ``tracers.per_step``). Such a run did not look, so it is made again (up to three
-    runs in all) until memray's series has a snapshot within 5 ms of that step's end: the best of a few tries,
-    chosen by the sampling, not by the figure the tests assert."""
+    ``tracers.per_step``). The sampler, a process of its own, can miss the step's end too: in a fresh-clone run
+    it took no reading within 5 ms of the end of a 98 ms consolidate. Such a run did
+    not look, so it is made again (up to three runs in all) until both sampled series have a reading within
+    5 ms of that step's end: the best of a few tries, chosen by the sampling, not by the figure the tests
+    assert."""
     for _ in range(3):
         r = ps.run("numpy-legacy", "pickle5-oob", "flowgrpo", 0.25, tracer="memray,tracemalloc,torch-profiler")
-        if r.outcome != "ok" or _memray_looked_at_the_end_of(r, "consolidate"):
+        if r.outcome != "ok" or all(_looked_at_the_end_of(r, t, "consolidate") for t in ("memray", "sampler")):
             return r
     return r
 
 
-def _memray_looked_at_the_end_of(r, name: str) -> bool:
+def _looked_at_the_end_of(r, tracer: str, name: str) -> bool:
     st = r.sender.step(name)
-    series = (r.tracers.get("memray", {}).get("sides", {}).get("sender") or {}).get("series") or {}
+    series = (r.tracers.get(tracer, {}).get("sides", {}).get("sender") or {}).get("series") or {}
     return st is not None and st.end_s is not None and \
         any(abs(t - st.end_s) <= 0.005 for t in series.get("t_s") or [])
 
@@ -109,7 +111,7 @@ def test_memray_names_the_consolidate_copy_with_its_stack(legacy_traced):
     memray = r.tracers["memray"]
     seen = memray["sides"]["sender"]["per_step"]["consolidate"]
     assert memray["available"]
-    if _memray_looked_at_the_end_of(r, "consolidate"):
+    if _looked_at_the_end_of(r, "memray", "consolidate"):
         assert abs(ratio(seen, r) - 1.0) < 0.05
     else:  # three runs in a row on a busy machine: the product says it did not look, with no figure
         assert seen is None and any("did not look" in n and "'consolidate'" in n for n in memray["notes"])
@@ -135,9 +137,13 @@ def test_sampler_and_exact_peaks_see_the_full_copy(legacy_traced):
     near = [(round(t - st.start_s, 4), v) for t, v in zip(sampler["series"]["t_s"], sampler["series"]["bytes"])
             if st.start_s - 0.02 <= t <= st.end_s + 0.02]
     seen = sampler["per_step"]["consolidate"]
-    assert seen is not None and ratio(seen, r) > 0.95, (st, r.sampler_priority, near[:5], near[-5:])
+    notes = r.tracers["sampler"]["notes"]
+    if _looked_at_the_end_of(r, "sampler", "consolidate"):
+        assert seen is not None and ratio(seen, r) > 0.95, (st, r.sampler_priority, near[:5], near[-5:])
+        assert any("sampler" in n and "'consolidate'" in n and "it saw it" in n for n in notes)
+    else:  # three runs in a row on a busy machine: the product says it did not look, with no figure
+        assert seen is None and any("sampler" in n and "did not look" in n and "'consolidate'" in n for n in notes)
     assert sampler["exact_per_step"]["consolidate"] == exact
-    assert any("sampler" in n and "'consolidate'" in n and "it saw it" in n for n in r.tracers["sampler"]["notes"])
 
 
 def test_torch_profiler_sees_the_tensor_copy_but_not_the_bytearrays(legacy_traced):
