@@ -193,26 +193,22 @@ def parent_of(pid: int) -> int | None:
     return None if st is None else st[0]
 
 
-def wait_gone(pid: int, ticks: int | None, stop: threading.Event | None = None, poll_s: float = 0.1) -> None:
-    """Block until ``pid`` (started at ``ticks``) has ended, or ``stop`` is set.
+def wait_gone(pid: int, ticks: int | None, poll_s: float = 0.1) -> None:
+    """Block until ``pid`` (started at ``ticks``) has ended.
 
     A pidfd becomes readable the moment the process ends (a zombie included), so the wait costs no
     CPU; where pidfds are missing (an old kernel) the start time is polled instead.
     """
-    fd = None
     try:
-        fd = os.pidfd_open(pid)
+        fd: int | None = os.pidfd_open(pid)
     except (AttributeError, OSError):
         fd = None
     try:
-        while not (stop is not None and stop.is_set()):
-            if not running(pid, ticks):  # also covers a pid already gone or reused before pidfd_open
-                return
-            if fd is not None:
-                if select.select([fd], [], [], 1.0)[0]:
-                    return
-            else:
+        while running(pid, ticks):  # also covers a pid already gone or reused before pidfd_open
+            if fd is None:
                 time.sleep(poll_s)
+            else:
+                select.select([fd], [], [], 1.0)
     finally:
         if fd is not None:
             os.close(fd)
