@@ -1,6 +1,5 @@
-"""The warm forkserver's preload (see :data:`picklescope.measure.launcher.PRELOAD`): it imports torch and
-tensordict (:func:`~picklescope.measure.launcher.import_warm`), adopts orphans, and removes its starter's
-multiprocessing folder when the starter was killed.
+"""Imported last by the warm forkserver (see :data:`picklescope.measure.launcher.PRELOAD`): it adopts orphans,
+and it removes its starter's multiprocessing folder when the starter was killed.
 
 A side's descendant that starts its own session and outlives the side would otherwise be re-parented
 to init and escape the run. As a subreaper, the forkserver adopts it instead, so the parent can still
@@ -18,7 +17,7 @@ import sys
 import warnings
 
 from picklescope.core.leftovers import become_subreaper
-from picklescope.measure.launcher import MP_TEMP_PREFIX, import_warm
+from picklescope.measure.launcher import MP_TEMP_PREFIX
 
 
 def _in_forkserver() -> bool:
@@ -75,11 +74,8 @@ if _in_forkserver():
     _owned = _own_folder()
     if _owned is not None:
         atexit.register(_remove_starters_folder, *_owned)
-    import_warm()
     # Every object the preload made (torch, tensordict, numpy: a few hundred thousand) moves to the
     # permanent generation, so a child's gc.collect() (its set-up, its held-memory measurement) scans
     # only what the child itself made: about 0.35 s less per collection on two loaded cores, and the
     # collector no longer writes to the inherited pages (no copy-on-write copies of them in a child).
-    # The imports ran with the collector paused, so one collection first frees what their cycles left.
-    gc.collect()
     gc.freeze()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
-import importlib
 import os
 import signal
 import sys
@@ -29,10 +28,7 @@ from picklescope.core.events import Release
 from picklescope.core.leftovers import become_subreaper, temp_name
 from picklescope.core.paths import torch_cache_env
 
-# What a measured process imports before its baseline: the forkserver once (its only preload module,
-# ``forkserver_setup``, imports these through :func:`import_warm`), a Ray actor of ours in its set-up.
-WARM = ("torch", "tensordict", "numpy", "picklescope.measure.child")
-PRELOAD = ["picklescope.measure.forkserver_setup"]
+PRELOAD = ["torch", "tensordict", "numpy", "picklescope.measure.child", "picklescope.measure.forkserver_setup"]
 _lock = threading.Lock()
 _preload_set = False
 _started: dict[int, ChildProcess] = {}  # pid -> every child this process had the forkserver start, while it lives
@@ -134,26 +130,6 @@ def ensure_preload() -> None:
     if not _preload_set:
         forkserver.set_forkserver_preload(PRELOAD)
         _preload_set = True
-
-
-def import_warm() -> None:
-    """Import :data:`WARM` with Python's collector paused, then turn it back on if it was on.
-
-    Importing torch and tensordict makes a few hundred thousand objects, and the collector, counting
-    them, runs a full collection over everything loaded so far several times during the import: about
-    0.4 s of CPU in each process that does it (measured in a fresh interpreter: 3.1 s to import Ray,
-    torch, tensordict and this package with it, 2.7 s without). Nothing is measured yet: every
-    process that imports these collects everything before its baseline (the forkserver before it
-    freezes its heap, an actor when it arms), so what a cycle made during the import holds is freed
-    there, as the runs of the import would have freed it."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        for module in WARM:
-            importlib.import_module(module)
-    finally:
-        if was:
-            gc.enable()
 
 
 def collect_like_a_fresh_process() -> None:

@@ -28,7 +28,7 @@ from picklescope.core import steps
 from picklescope.core.events import Done, Error, Received
 from picklescope.core.plugins import load_plugins
 from picklescope.measure.child import arm_stack_dump, begin_measure, end_measure, error_event
-from picklescope.measure.launcher import import_warm
+from picklescope.measure.launcher import PRELOAD
 from picklescope.ray import channel, hooks, received
 from picklescope.ray import transferqueue as tq
 from picklescope.ray.config import RayPairConfig
@@ -47,7 +47,11 @@ class ReceiverActor:
             self._stack_file = arm_stack_dump(cfg, SIDE)
         for key, value in cfg.env.get(SIDE, {}).items():
             os.environ[key] = value
-        import_warm()  # what the forkserver gives our own children: no first-import cost measured
+        import importlib
+
+
+        for module in PRELOAD:  # what the forkserver gives our own children: no first-import cost measured
+            importlib.import_module(module)
 
         load_plugins(cfg.plugins)
         codec = cfg.receiver_codec or cfg.codec

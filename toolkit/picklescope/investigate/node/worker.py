@@ -10,6 +10,7 @@ clock. With ``--engine verl`` the worker class is built at run time on real verl
 from __future__ import annotations
 
 import gc
+import importlib
 import os
 import time
 from dataclasses import replace
@@ -40,8 +41,9 @@ class NodeWorker:
                              node_id=ray.get_runtime_context().get_node_id(), role=self.node_role))
         if os.path.isdir(cfg.run_dir):  # the budget check's SIGUSR1 writes our stack there before a kill
             self._stack = arm_stack_dump(cfg, name)
-        launcher.import_warm()  # what the forkserver gives our own children; arm() collects before the baseline
-        import torch  # deferred: heavy, imported by import_warm above already
+        for module in launcher.PRELOAD:
+            importlib.import_module(module)
+        import torch  # deferred: heavy, imported by the preload above already
 
         self.data = NodeData(cfg.codec)
         self.width, self.dtype = width, getattr(torch, dtype)
