@@ -100,12 +100,12 @@ def install_lab_settings() -> None:
 def compile_sources(py: Path, env: dict[str, str]) -> None:
     """Write the bytecode of the project's own sources once, before anything imports them.
 
-    A machine may set ``PYTHONDONTWRITEBYTECODE`` (this one does), and an editable install has no
+    A machine may set ``PYTHONDONTWRITEBYTECODE`` (the project's CI machine does), and an editable install has no
     bytecode that pip wrote, so every fresh process would compile each picklescope module it imports:
     every measured-run child compiles what the forkserver did not preload, every Ray worker and CLI run
     what it needs. Python reads bytecode whatever that setting says and checks it against each source's
     time and size, so an edited file is compiled again. ``__pycache__`` is in .gitignore. Measured: a
-    tiny measured run's processes took 0.30 s of CPU without it, 0.25 s with it (docs/testing.md)."""
+    tiny measured run's processes took 0.30 s of CPU without it, 0.25-0.26 s with it (docs/testing.md)."""
     folders = [str(ROOT / p) for p in ("toolkit", "tests", "benchmarks") if (ROOT / p).is_dir()]
     subprocess.run([str(py), "-m", "compileall", "-q", "-j", "0", *folders], env=env, cwd=ROOT,
                    stdout=subprocess.DEVNULL, check=False)
