@@ -30,6 +30,7 @@ from picklescope.investigate.node import collector
 from picklescope.investigate.predict import fit as fitting
 from picklescope.investigate.predict import heap, prediction
 from picklescope.investigate.predict import model as model_mod
+from picklescope.investigate.predict import terms as terms_mod
 from picklescope.investigate.predict.fit import Replay, StepObs
 from picklescope.ray.transferqueue import missing
 from picklescope.views import figures
@@ -442,10 +443,10 @@ def test_a_feature_the_fits_do_not_need_is_not_extrapolated():
     Counts that do move with the objects keep it."""
     pts = [(2, 12, 452), (3, 12, 590), (2, 26, 452), (4, 26, 707), (2, 52, 452), (4, 52, 707)]
     xs = [{"objects": o, "calls": c, "1": 1.0} for c, o, _ in pts]
-    flat = model_mod.fit_supported("allocations", ("objects", "calls", "1"), xs, [a for *_, a in pts])
+    flat = terms_mod.fit_supported("allocations", ("objects", "calls", "1"), xs, [a for *_, a in pts])
     assert flat.features == ("calls", "1"), flat
     assert flat({"calls": 8, "1": 1.0}) > 1000
-    moving = model_mod.fit_supported("allocations", ("objects", "calls", "1"), xs,
+    moving = terms_mod.fit_supported("allocations", ("objects", "calls", "1"), xs,
                                      [a + 3 * o for c, o, a in pts])
     assert moving.features == ("objects", "calls", "1") and moving.coef[0] == pytest.approx(3, rel=0.1), moving
 
@@ -468,7 +469,7 @@ def test_a_default_collector_replay_cached_without_its_counted_collections_is_me
 def test_lstsq_separates_payload_chunk_and_constant_terms():
     xs = [[p, p / w, 1.0] for w in (2, 4) for p in (1e7, 2e7, 4e7)]
     ys = [0.25 * a + 1.0 * b + 5e6 for a, b, _ in xs]
-    coef = model_mod.lstsq(xs, ys)
+    coef = terms_mod.lstsq(xs, ys)
     assert coef == pytest.approx([0.25, 1.0, 5e6], rel=1e-6)
 
 
@@ -534,7 +535,7 @@ def test_one_replay_whose_allocator_jumped_at_most_steps_does_not_set_the_growth
     x = m.features(200 * MiB, 64, 4, 2)
     assert m.roles["controller"].growth(x) == pytest.approx(200 * MiB, rel=1e-3)
     xs = [m.features(r.payload_bytes, r.rows, r.workers, 2) for r in reps]
-    squares = model_mod.fit_term("growth", ("P", "c", "1"), xs,
+    squares = terms_mod.fit_term("growth", ("P", "c", "1"), xs,
                                  [model_mod._role_terms(r, "controller", [])[1] for r in reps])
     assert abs(squares(x) - 200 * MiB) > 0.03 * 200 * MiB
 
@@ -561,7 +562,7 @@ def test_a_replay_whose_allocator_kept_a_chunk_at_three_of_five_steps_weighs_as_
     xs = [m.features(r.payload_bytes, r.rows, r.workers, 2) for r in reps]
     medians = [model_mod._role_terms(r, "controller", [])[1] for r in reps]
     assert medians[2] == pytest.approx(1.5 * odd.payload_bytes, rel=0.02)
-    per_replay = model_mod.fit_term("growth", ("P", "c", "1"), xs, medians, robust=True)
+    per_replay = terms_mod.fit_term("growth", ("P", "c", "1"), xs, medians, robust=True)
     assert per_replay(x) > 1.05 * 200 * MiB
     held = model_mod._role_terms(odd, "controller", [], growth=m.roles["controller"].growth(xs[2]))[0]
     alone = model_mod._role_terms(odd, "controller", [])[0]
@@ -1239,10 +1240,10 @@ def test_a_tiny_coefficient_is_printed_with_the_digits_that_matter():
     """A growth of 3.6e-4 x payload per step prints as 0.000 with three decimals, yet over 120 steps of a
     44 GB payload it is 1.9 GB: the terms table must not show it as nothing."""
     mib = 2**20
-    growth = model_mod.Term("controller growth", ("P", "W", "1"), [3.6e-4, 2048.0, 0.0])
+    growth = terms_mod.Term("controller growth", ("P", "W", "1"), [3.6e-4, 2048.0, 0.0])
     assert growth.describe(mib) == "3.6e-04 x payload +2.0 KiB x workers +0.00 MiB"
-    assert model_mod.Term("t", ("P", "1"), [0.25, 3 * mib]).describe(mib) == "0.250 x payload +3.00 MiB"
-    zeros = model_mod.Term("t", ("P", "1"), [1e-13, -1e-3])  # what least squares leaves of a zero
+    assert terms_mod.Term("t", ("P", "1"), [0.25, 3 * mib]).describe(mib) == "0.250 x payload +3.00 MiB"
+    zeros = terms_mod.Term("t", ("P", "1"), [1e-13, -1e-3])  # what least squares leaves of a zero
     assert zeros.describe(mib) == "0.000 x payload +0.00 MiB"
 
 
