@@ -50,3 +50,8 @@ def test_each_replay_runs_under_its_own_collector_on_the_same_processes(ray_clus
     rises = [[b - a for a, b in zip(e, e[1:])] for e in ends]
     assert min(rises[3]) < 0.75 * min(rises[0] + rises[2]), ends
     assert any(st.name == "gc" for st in results[3].driver.steps), [st.name for st in results[3].driver.steps]
+    # the driver records each run of its collector with the calls made and where the call in hand stood against
+    # its copy (collector.PHASES): the gc step's full collection comes after the step's two calls, whose copies are
+    # both made and thrown away, and before any next call's copy ('before-copy')
+    for s in results[3].training_steps:
+        assert [2, 2, "before-copy"] in results[3].driver_runs[s.index], results[3].driver_runs

@@ -23,6 +23,7 @@ import pytest
 from picklescope.cli import main
 from picklescope.cli.commands import predict as predict_cmd
 from picklescope.cli.commands.common import idle_seconds
+from picklescope.core import steps
 from picklescope.core.result import Step
 from picklescope.core.units import fmt_bytes, seconds
 from picklescope.errors import PicklescopeError
@@ -141,7 +142,42 @@ def test_the_collector_runs_once_per_young_every_allocations_of_this_interpreter
     gc.collect(0)
     collector.at_call(3)
     gc.collect(1)
-    assert collector.take_runs() == [[0, None], [1, 3]] and collector.take_runs() == []
+    assert collector.take_runs() == [[0, None, None], [1, 3, None]] and collector.take_runs() == []
+
+
+def test_each_run_is_recorded_with_where_the_call_in_hand_stood_against_its_copy():
+    """A legacy codec's copy is referenced only inside its ``consolidate`` step (codecs.numpy_codec throws it
+    away as the step returns): the controller's record of each run says whether the call in hand had not made its
+    copy yet, was making it, or had thrown it away (collector.PHASES), read from the step machinery."""
+    enabled = gc.isenabled()
+    meter = steps.Meter(lambda ev: None, 0.0, "driver")
+    collector.count_collections()
+    try:
+        steps.install(meter)
+        collector.at_call(0)  # a training step begins
+        gc.collect(0)  # before the first call's copy
+        with steps.step("argument serialization"):
+            with steps.step(collector.COPY_STEP):
+                gc.collect(0)  # the copy being made
+            gc.collect(0)  # the copy thrown away, the call still sending its chunk
+        collector.at_call(1)
+        gc.collect(0)  # the second call has not made its copy yet
+        runs = collector.take_runs()
+        collector.at_call(0)  # the next training step counts its own copies
+        with steps.step(collector.COPY_STEP):
+            pass
+        gc.collect(0)
+        again = collector.take_runs()
+        steps.install(None)
+        gc.collect(0)
+        unknown = collector.take_runs()
+    finally:
+        steps.install(None)
+        if not enabled:
+            gc.disable()
+    assert runs == [[0, 0, "before-copy"], [0, 0, "in-copy"], [0, 0, "after-copy"], [0, 1, "before-copy"]]
+    assert again == [[0, 0, "after-copy"]]
+    assert unknown == [[0, 0, None]]  # no meter keeps the codec's steps: not known
 
 
 def _counted(reps: list[Replay], per_step: int) -> list[Replay]:
@@ -166,6 +202,47 @@ def test_under_the_default_collector_releases_fall_where_the_counted_allocations
     assert uncounted.allocation_rate is None and uncounted.release_steps(x, 6) == [3, 6]
     off = model_mod.fit(_counted(fit_set(release_every=3, gc="off"), 400))
     assert off.allocation_rate is None  # only the default collector runs on its own schedule
+
+
+def _phased(runs: list[tuple[int, int, str]], workers: int = 4) -> Replay:
+    """A collector-default replay whose steps end at the given allocation counts, each with one recorded run:
+    (allocations at the step's end, calls made at the run, where the call in hand stood)."""
+    rep = Replay("numpy-legacy", "default", "t", 0.1, workers, len(runs), 64 * MiB, 64, 16 * MiB, 0, "ok",
+                 None, None, None)
+    rep.per_step = [StepObs(k, allocations=a, runs=[[0, made, phase]]) for k, (a, made, phase) in enumerate(runs, 1)]
+    return rep
+
+
+def test_a_run_late_in_a_call_finds_its_copy_thrown_away_where_the_fits_found_it():
+    """The legacy copy is referenced only while its call's ``consolidate`` runs (heap's module doc), so a run
+    that comes after it in the call finds it garbage and one before it finds none. Where the fits recorded runs
+    after their call's copy, the share of a call past which its copy is garbage is read from where those runs and
+    the others stood, and a run past it counts its call as done and keeps no copy in hand. The counts are
+    many-keys' x0.5 replay's with 4 workers (437 to 704, 63.75 ahead of an even spread: the run at 3.0 calls'
+    worth, the end of the third call) and flowgrpo's (429 to 705: 2.55, halfway through its third)."""
+    assert heap.calls_done(437, 704, 4, lead=63.75) == (0.5, 0.5)  # no share known: the call in hand keeps its copy
+    assert heap.calls_done(437, 704, 4, lead=63.75, released=0.6) == (0.75, 0.75, False)
+    assert heap.calls_done(429, 705, 4, lead=95.875, released=0.6) == (0.5, 0.5)  # inside consolidate
+    # played: the copy of the call in hand survives a young run into generation 1 (one chunk more after step 2);
+    # thrown away, the run frees it with the others
+    gens = {2: (0, 1)}
+    kept = heap.play(0.0, 1.0, 1.0, {2: (0.5, 0.5)}, 2, 1.0, 4, gens)
+    freed = heap.play(0.0, 1.0, 1.0, {2: (0.75, 0.75, False)}, 2, 1.0, 4, gens)
+    assert [round(v, 3) for v, _ in kept] == [1.0, 0.5] and [round(v, 3) for v, _ in freed] == [1.0, 0.25]
+    assert freed[1][1] == pytest.approx(1.75)  # just before the run: step 1's copies and three of step 2's
+    # a run before its call's copy is made keeps none in hand either; the copy made after it stays young
+    before = heap.play(0.0, 1.0, 1.0, {2: (0.5, 0.5, False)}, 3, 1.0, 4, {2: (0, 1), 3: (0, 1)})
+    assert [round(v, 3) for v, _ in before] == [1.0, 0.5, 1.5]
+    # the fits' records: steps of 200 allocations a call put a run at 0.505 of its call (after the copy) and at
+    # 0.44 of another (inside it), so the share lies between them
+    rep = _phased([(800, 3, "after-copy"), (1500, 3, "in-copy")])
+    assert heap.recorded_runs(rep) == {1: (1.0, 1.0, False), 2: (0.75, 0.75)}
+    assert heap.recorded_runs(rep, copies=False) == {1: (0.75, 0.75), 2: (0.75, 0.75)}
+    assert heap.observed_release([rep], 0.0) == pytest.approx((0.44 + 0.505) / 2, abs=0.001)
+    assert heap.observed_release([rep], None) is None  # no lead, no place in a call
+    assert heap.observed_release([_phased([(800, 3, "in-copy"), (1500, 3, "before-copy")])], 0.0) is None
+    # a last run before its call's copy finds none in hand
+    assert heap.recorded_runs(_phased([(800, 2, "before-copy")])) == {1: (0.5, 0.5, False)}
 
 
 def test_a_release_frees_the_calls_done_in_its_step_and_every_mapped_leaf_of_the_garbage():

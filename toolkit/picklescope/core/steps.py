@@ -33,7 +33,13 @@ class _Open:
 
 
 class Meter:
-    """Exact per-step peaks for the current process, relative to a baseline taken after setup."""
+    """Exact per-step peaks for the current process, relative to a baseline taken after setup.
+
+    It also keeps, per step name, how many such steps have ended (:attr:`ended`), and names the innermost open
+    step (:meth:`innermost`): a collector's callback reads both to say where in a codec's work a collection
+    came, without allocating (investigate.node.collector)."""
+
+    tracks_steps = True  # every begin and end is kept (ProbeMeter keeps only its target's)
 
     def __init__(self, sink: Callable[[Event], None], t0: float, side: str) -> None:
         self.sink = sink
@@ -43,6 +49,11 @@ class Meter:
         self.peak = 0  # absolute VmHWM over the measured phase
         self._open: list[_Open] = []
         self.steps: list[StepEnd] = []
+        self.ended: dict[str, int] = {}  # per step name, the steps of that name that have ended
+
+    def innermost(self) -> str | None:
+        """The name of the innermost open step (None: none is open)."""
+        return self._open[-1].name if self._open else None
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -87,6 +98,7 @@ class Meter:
         )
         ev.update(o.info)  # type: ignore[typeddict-item] - step(name, **info): declared in StepEnd
         self.steps.append(ev)
+        self.ended[o.name] = self.ended.get(o.name, 0) + 1
         self.sink(ev)
         return ev
 
@@ -105,6 +117,8 @@ class ProbeMeter(Meter):
     independent single reading of the kernel's high-water mark, taken in a separate run. With no
     target step, the single reading spans the whole measured phase (the side's peak).
     """
+
+    tracks_steps = False
 
     def __init__(self, sink: Callable[[Event], None], t0: float, side: str, target: str | None) -> None:
         super().__init__(sink, t0, side)

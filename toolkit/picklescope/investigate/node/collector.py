@@ -10,6 +10,10 @@ predict`` extrapolates the collector's schedule from (its thresholds count objec
 Where in a training step each collection ran is recorded too: the controller's loop says how many of the
 step's worker calls it has made (:func:`at_call`), and each collection is kept with that count
 (:func:`take_runs`), so ``predict`` reads which chunks' copies a run found garbage instead of inferring it.
+With it goes where the call in hand stood (:data:`PHASES`): a legacy codec's copy is referenced only while its
+``consolidate`` step runs (the result is thrown away as it returns), so a run that comes later in the same call
+(while the call pickles and sends its chunk) finds that copy garbage too, and one that comes before finds none
+made yet. The step machinery says which (:meth:`picklescope.core.steps.Meter.innermost`, ``Meter.ended``).
 The driver and every worker use this module in their own process.
 """
 
@@ -18,6 +22,8 @@ from __future__ import annotations
 import gc
 from typing import Any
 
+from picklescope.core import steps
+
 _collections = [0, 0, 0]  # per generation, since count_collections()
 # the worker calls of the training step in hand that the controller has made (at_call); -1: not said (an engine
 # whose loop is not the toolkit's own, such as real verl's worker group)
@@ -25,6 +31,13 @@ _calls_done = [-1]
 # each collection since take_runs(), as one int (generation + 3 x (calls done + 1)): an int is no container, so the
 # record adds nothing to the count of container allocations that sets when the collector runs next
 _runs: list[int] = []
+# the step in which a legacy codec makes its copy (codecs.numpy_codec, codecs.torch_codec mark it so)
+COPY_STEP = "consolidate"
+# where the call in hand stood at a run, kept beside each run (an index into PHASES, -1: not known): its copy not
+# made yet, being made (referenced), or made and thrown away (garbage for the run)
+PHASES = ("before-copy", "in-copy", "after-copy")
+_phases: list[int] = []
+_copies_at_step_start = [-1]  # the copy steps that had ended when the training step began (-1: no meter then)
 
 
 def apply_mode(mode: str) -> None:
@@ -38,6 +51,7 @@ def count_collections() -> None:
     _collections[:] = [0, 0, 0]
     _calls_done[0] = -1
     _runs.clear()
+    _phases.clear()
     if _on_collection not in gc.callbacks:
         gc.callbacks.append(_on_collection)
 
@@ -63,15 +77,37 @@ def allocations() -> int:
 def at_call(done: int) -> None:
     """The controller has made ``done`` of the training step's worker calls (0 when a step begins): a
     collection from now on is recorded with that count. A call made has sent its chunk, so the copy a legacy
-    codec made for it is garbage for a collection; the call in hand still references its own."""
+    codec made for it is garbage for a collection; the call in hand references its own only while making it
+    (:data:`PHASES`)."""
     _calls_done[0] = done
+    if done == 0:
+        _copies_at_step_start[0] = _copies_ended()
 
 
-def take_runs() -> list[list[int]]:
+def _copies_ended() -> int:
+    """The copy steps ended so far in this process's measured phase (-1: no meter keeps them)."""
+    meter = steps.current()
+    return meter.ended.get(COPY_STEP, 0) if meter is not None and meter.tracks_steps else -1
+
+
+def _phase() -> int:
+    """Where the call in hand stands (an index into :data:`PHASES`, -1: not known). Reads without allocating a
+    container, as the run's record must (see ``_runs``)."""
+    meter = steps.current()
+    if meter is None or not meter.tracks_steps or _calls_done[0] < 0 or _copies_at_step_start[0] < 0:
+        return -1
+    if meter.innermost() == COPY_STEP:
+        return 1
+    return 2 if meter.ended.get(COPY_STEP, 0) - _copies_at_step_start[0] > _calls_done[0] else 0
+
+
+def take_runs() -> list[list[Any]]:
     """Each collection since the last call (or since :func:`count_collections`), in order, as [generation,
-    calls done when it ran] (calls None where the loop never said: :func:`at_call`); and start the next list."""
-    out = [[r % 3, r // 3 - 1 if r >= 3 else None] for r in _runs]
+    calls done when it ran, where the call in hand stood (:data:`PHASES`)] (calls and phase None where the loop
+    never said: :func:`at_call`, or no meter kept the codec's steps); and start the next list."""
+    out = [[r % 3, r // 3 - 1 if r >= 3 else None, PHASES[p] if p >= 0 else None] for r, p in zip(_runs, _phases)]
     _runs.clear()
+    _phases.clear()
     return out
 
 
@@ -80,3 +116,4 @@ def _on_collection(phase: str, info: dict[str, Any]) -> None:
     if phase == "stop" and generation in (0, 1, 2):
         _collections[generation] += 1
         _runs.append(generation + 3 * (_calls_done[0] + 1))
+        _phases.append(_phase())

@@ -37,6 +37,18 @@ read from those records (:func:`recorded_runs`), and how far the count runs ahea
 (``lead``, in allocations: the step cuts its chunks before its calls) is the one that puts the most of the fits'
 recorded runs where they came (:func:`observed_lead`). Only where no fit replay has the records is a lag in calls
 fitted with the share, on the levels (:func:`fit_release`).
+
+The call in hand references its copy only while its ``consolidate`` runs: the legacy codec throws the copy away
+as it returns, and the call then spends the rest of its allocations pickling and sending its chunk. So a run that
+comes later in a call finds that call's copy garbage too, and one that comes before it finds none made yet. The
+controller's loop records where the call in hand stood at each run (``StepObs.runs``' third field: before its
+copy, making it, after it), and how far into a call the copy is thrown away (``released``, a share of the call's
+allocations) is the one that sorts the most of the fits' recorded runs as they came (:func:`observed_release`); a
+run at least that far into its call counts the call as done and finds no copy in hand. None where no fit recorded
+a run after a copy: every run then finds its call's copy in hand. That is an upper bound: in flowgrpo's and
+many-keys' replays every recorded run came inside ``consolidate``, and glibc's count of mapped bytes showed the
+copy either not made yet (flowgrpo) or given back before the call returned (many-keys; benchmarks/README.md,
+"Where in a call the collector runs").
 """
 
 from __future__ import annotations
@@ -62,7 +74,9 @@ LAG_EVIDENCE, MAX_LAG = 0.9, 1
 # generation 1 too (every OLDER_EVERY-th run from a full collection) and moves its survivors into generation 2
 OLDER_EVERY = gc.get_threshold()[1] + 2
 
-Releases = Mapping[int, tuple[float, float]]
+# training step -> (the shares of its calls done at its first and last run[, whether the last run found the copy of
+# the call in hand referenced: True where not given])
+Releases = Mapping[int, tuple[float, ...]]
 # training step -> (the oldest generation its collector's runs collected, how many runs it held)
 Generations = Mapping[int, tuple[int, int]]
 
@@ -73,14 +87,16 @@ def _next_run(before: float) -> float:
     return (math.floor(before / YOUNG_EVERY + 1e-9) + 1) * YOUNG_EVERY
 
 
-def calls_done(before: float, after: float, calls: int, lag: int = 0,
-               lead: float | None = None) -> tuple[float, float] | None:
+def calls_done(before: float, after: float, calls: int, lag: int = 0, lead: float | None = None,
+               released: float | None = None) -> tuple[float, ...] | None:
     """The shares of a step's ``calls`` done when the collector first and last runs in it (None: it does not run):
     the step took the counted allocations from ``before`` to ``after``, a run falls where they pass a multiple of
     :data:`YOUNG_EVERY`, and they fall evenly on the calls (flowgrpo: 53 a call, 21 a step), less ``lag`` calls
     (the module doc); or, with a ``lead`` (:func:`observed_lead`), where the count runs that many allocations
     ahead of the spread. A call done has sent its chunk, so its cycle-held copy is garbage for a run; the call in
-    hand still holds its own."""
+    hand still holds its own, unless the run comes at least ``released`` of the way through the call's allocations
+    (:func:`observed_release`): its copy is then garbage too, the call counts as done, and a third field False says
+    that the last run found no copy in hand."""
     first, last = _next_run(before), math.floor(after / YOUNG_EVERY + 1e-9) * YOUNG_EVERY
     if last < first or after <= before:
         return None
@@ -88,9 +104,14 @@ def calls_done(before: float, after: float, calls: int, lag: int = 0,
     if lead is not None:
         a = (after - before) / n
 
-        def made(m: float) -> float:  # the calls made when the count, lead ahead, passes m
-            return min(n, max(0, math.ceil((m - before - lead) / a - 1e-9) - 1)) / n
-        return made(first), made(last)
+        def made(m: float) -> tuple[float, bool]:  # the calls made when the count, lead ahead, passes m; in hand
+            pos = (m - before - lead) / a
+            j = min(n, max(0, math.ceil(pos - 1e-9) - 1))
+            if released is not None and j < n and pos - j >= released:
+                return (j + 1) / n, False
+            return j / n, True
+        (done1, _), (done2, hand) = made(first), made(last)
+        return (done1, done2) if hand else (done1, done2, False)
     return max(0, math.floor((first - before) / (after - before) * n + 1e-9) - lag) / n, \
         max(0, math.floor((last - before) / (after - before) * n + 1e-9) - lag) / n
 
@@ -118,7 +139,7 @@ def replay_generations(rep: Replay) -> dict[int, tuple[int, int]] | None:
     if rep.gc == "off" or rep.data_plane != "dataproto" or not rep.per_step:
         return None
     if all(s.runs is not None for s in rep.per_step):
-        return {s.index: (max(g or 0 for g, _ in s.runs), len(s.runs)) for s in rep.per_step if s.runs}
+        return {s.index: (max(r[0] or 0 for r in s.runs), len(s.runs)) for s in rep.per_step if s.runs}
     counts = [s.allocations for s in rep.per_step]
     return None if None in counts else generations([0.0, *(float(c or 0) for c in counts)])
 
@@ -136,17 +157,27 @@ def counted_runs(rep: Replay, lag: int = 0) -> dict[int, tuple[float, float]] | 
     return {k: done for k, done in runs.items() if done is not None}
 
 
-def recorded_runs(rep: Replay) -> dict[int, tuple[float, float]] | None:
+def recorded_runs(rep: Replay, copies: bool = True) -> dict[int, tuple[float, ...]] | None:
     """The training steps of ``rep`` in which the controller's collector ran, each with the shares of its calls
     made at the first and last run in it, as the controller's loop recorded them; None where they were not
-    recorded (the collector off, another data plane, a replay cached before the records, real verl's loop)."""
+    recorded (the collector off, another data plane, a replay cached before the records, real verl's loop).
+    ``copies``: where the loop also recorded where the call in hand stood (the module doc), a run after its copy
+    counts that call as done, and a last run that did not find the copy being made says so (a third field
+    False); without, the calls made as recorded."""
     if rep.gc == "off" or rep.data_plane != "dataproto" or not rep.per_step:
         return None
-    if any(s.runs is None or any(c is None for _, c in s.runs) for s in rep.per_step):
+    if any(s.runs is None or any(r[1] is None for r in s.runs) for s in rep.per_step):
         return None
     n = max(1, len(chunk_sizes(rep.rows, rep.workers)))
-    return {s.index: (min(min(c, n) for _, c in s.runs) / n, max(min(c, n) for _, c in s.runs) / n)
-            for s in rep.per_step if s.runs}
+    out: dict[int, tuple[float, ...]] = {}
+    for s in rep.per_step:
+        if not s.runs:
+            continue
+        phases = [r[2] if copies and len(r) > 2 else None for r in s.runs]
+        done = [min(r[1], n) + (1 if p == "after-copy" and r[1] < n else 0) for r, p in zip(s.runs, phases)]
+        hand = phases[-1] in (None, "in-copy")
+        out[s.index] = (min(done) / n, max(done) / n) if hand else (min(done) / n, max(done) / n, False)
+    return out
 
 
 def lead_bounds(rep: Replay) -> list[tuple[float, float]]:
@@ -154,7 +185,7 @@ def lead_bounds(rep: Replay) -> list[tuple[float, float]]:
     count at the start of call ``j + 1`` (``j`` calls made) taken as ``before + L + j x a``, ``a`` the step's
     allocations per call, a run with ``k`` calls made passed the threshold ``M`` within call ``k + 1`` (or, at
     none, while the step cut its chunks), so ``M - before - (k + 1) a <= L < M - before - k a``."""
-    recorded, counts = recorded_runs(rep), [s.allocations for s in rep.per_step]
+    recorded, counts = recorded_runs(rep, copies=False), [s.allocations for s in rep.per_step]
     if not recorded or None in counts:
         return []
     n = max(1, len(chunk_sizes(rep.rows, rep.workers)))
@@ -184,6 +215,36 @@ def observed_lead(replays: Sequence[Replay]) -> float | None:
     return statistics.median_low([c for c, h in zip(cands, held) if h == max(held)])
 
 
+def observed_release(replays: Sequence[Replay], lead: float | None) -> float | None:
+    """How far into a call's allocations its copy is garbage (the module doc): for each step of the fits with a
+    recorded run and where its call in hand stood, the run's place in that call (the count at the run, ``lead``
+    ahead of the even spread, as :func:`lead_bounds` reads it); the share that puts the most of those runs on their
+    recorded side (after the copy at or past it, before or inside it short of it), the middle of those where
+    several do as well. None without a lead, or where no fit recorded a run after its call's copy."""
+    if lead is None:
+        return None
+    seen: list[tuple[float, bool]] = []  # (place in the call, after the copy)
+    for rep in replays:
+        counts = [s.allocations for s in rep.per_step]
+        if recorded_runs(rep, copies=False) is None or None in counts:
+            continue
+        n = max(1, len(chunk_sizes(rep.rows, rep.workers)))
+        for before, s in zip([0, *counts], rep.per_step):
+            after = s.allocations or 0
+            if not s.runs or after <= before or len(s.runs[0]) < 3 or s.runs[0][2] is None:
+                continue
+            place = (_next_run(before) - before - lead) / ((after - before) / n) - min(s.runs[0][1], n)
+            if 0.0 <= place < 1.0:  # the lead puts the run in its recorded call
+                seen.append((place, s.runs[0][2] == "after-copy"))
+    if not any(after for _, after in seen):
+        return None
+    ends = sorted({p for p, _ in seen})
+    cands = [*((p + q) / 2 for p, q in zip(ends, ends[1:])), ends[-1]] if len(ends) > 1 else ends
+    cands = [ends[0], *cands]
+    right = [sum((p >= c) == after for p, after in seen) for c in cands]
+    return statistics.median_low([c for c, r in zip(cands, right) if r == max(right)])
+
+
 def freed_at_release(garbage: float, mapped_share: float, heap_share: float) -> float:
     """What a release gives back of ``garbage`` bytes of the controller's copies: the part glibc mapped
     (``mapped_share``: copies of chunks above its mmap threshold) all; of the heap-sized rest ``heap_share``, the
@@ -196,11 +257,12 @@ def play(base: float, growth: float, mapped_share: float, releases: Releases, st
          share: float, calls: int = 1, gens: Generations | None = None) -> list[tuple[float, float]]:
     """Per training step 1..``steps``, the controller's (level after the step, level just before the step's
     collector run, the same as the level where no run falls). ``growth``: the copies a step makes;
-    ``mapped_share``: their part glibc maps; ``releases``: training step -> the shares of its
-    calls done at its first and last run (:func:`calls_done`); ``share``: of the heap-sized garbage,
-    what a run gives back. ``gens``: per step with a run, the oldest generation it collects (:func:`generations`):
-    the copy of the call in hand (one of ``calls``, still referenced) survives a run and moves into the next
-    generation, which only a run of that generation frees (None: every run frees every copy not in hand)."""
+    ``mapped_share``: their part glibc maps; ``releases``: training step -> the shares of its calls done at its
+    first and last run and whether the last found a copy in hand (:func:`calls_done`); ``share``: of the
+    heap-sized garbage, what a run gives back. ``gens``: per step with a run, the oldest generation it collects
+    (:func:`generations`): the copy of the call in hand (one of ``calls``, still referenced) survives a run and
+    moves into the next generation, which only a run of that generation frees (None: every run frees every copy
+    not in hand)."""
     ms = min(1.0, max(0.0, mapped_share))
     # the copies in the young generation, those that survived a young run (generation 1) and a run of generation 1
     # (generation 2, which no run played here collects), and the kept free blocks
@@ -212,15 +274,18 @@ def play(base: float, growth: float, mapped_share: float, releases: Releases, st
         young += growth
         before = base + prev + growth + free
         if k in releases:
-            first, last = releases[k]
+            first, last = releases[k][:2]
+            in_hand = len(releases[k]) < 3 or bool(releases[k][2])
             before = base + prev + growth * first + free  # the step's highest: just before its first run
             gen, runs = (2, 1) if gens is None else gens.get(k, (0, 1))
             # each run with a call in hand (j of n calls made, 0 < j < n: none before the first call is made or after
             # the last): that call's copy survives into the next generation, once per call however many runs find it;
             # the last run's is of the calls not done, the earlier runs' of those done by the last
             j1, j2 = round(first * n), round(last * n)
-            hand = 0 if gens is None else max(0, min(runs, min(j2, n - 1) - max(j1, 1) + 1))
-            late = growth / n if hand and 0 < j2 < n else 0.0
+            # (a last run that found no copy in hand, its call's copy not made yet or already thrown away, keeps none)
+            hand = 0 if gens is None else max(0, min(runs, min(j2, n - 1) - max(j1, 1) + 1)
+                                               - (0 if in_hand or j2 >= n else 1))
+            late = growth / n if hand and in_hand and 0 < j2 < n else 0.0
             early = min(max(0, hand - (late > 0)) * growth / n, growth * last)
             garbage = young - growth * (1 - last) - early + (old if gen >= 1 else 0.0) + (kept if gen >= 2 else 0.0)
             young = growth * (1 - last) - late

@@ -132,6 +132,9 @@ class Model:
     # allocations by which the count runs ahead of its even spread within a step, read from where the fits' runs
     # came (heap.observed_lead); None where no fit replay recorded them (run_lag, fitted on the levels, then)
     run_lead: float | None = None
+    # how far into a call's allocations the call's copy is thrown away, so that a run past it finds none in hand
+    # (heap.observed_release); None where no fit recorded a run after its call's copy (every run finds it in hand)
+    copy_released: float | None = None
     collection_rate: Term | None = None  # the controller's full collections per training step
     allocations_at: list[Term] = field(default_factory=list)  # the controller's allocations so far at the end of
     # each of the fits' steps (the default collector, counted); past them, allocation_rate per step
@@ -212,14 +215,14 @@ class Model:
     def release_steps(self, x: dict[str, float], steps: int) -> list[int]:
         return sorted(self.release_points(x, steps))  # the training steps (1-based) of the releases
 
-    def release_points(self, x: dict[str, float], steps: int) -> dict[int, tuple[float, float]]:
+    def release_points(self, x: dict[str, float], steps: int) -> dict[int, tuple[float, ...]]:
         """Training steps (1-based) with a release, each with the shares of its calls done at its collector's first
         and last run (:func:`calls_done`) if the allocations were counted (module doc), else every 1/rate steps."""
         if self.release_rate is None:
             return {}
         if (so_far := self.counts(x, steps)) is not None:
-            done = [calls_done(so_far[k - 1], so_far[k], int(x["calls"]), self.run_lag, self.run_lead) for k in
-                    range(1, steps + 1)]
+            done = [calls_done(so_far[k - 1], so_far[k], int(x["calls"]), self.run_lag, self.run_lead,
+                               self.copy_released) for k in range(1, steps + 1)]
             return {k: d for k, d in enumerate(done, 1) if d is not None}
         rate = min(1.0, max(0.0, self.release_rate(x)))
         if rate <= 0:
@@ -324,6 +327,9 @@ class Model:
             if self.run_lead is not None:
                 lag = (f", in the call where the count, {self.run_lead:.0f} ahead of an even spread of the step's "
                        "allocations (it cuts the chunks before its calls), passes it (where the fits' runs came)")
+                if self.copy_released is not None:
+                    lag += (f"; a run {self.copy_released:.2f} or more of the way through a call's allocations finds "
+                            "that call's copy thrown away (where the fits' runs found it)")
             rows.append(("controller", "allocations per step", f"{self.allocations_at[0].describe(1, 1)} in the first, "
                          f"{self.allocation_rate.describe(1, 1)} in each later one; the collector runs every "
                          f"{YOUNG_EVERY} and frees the held copies{lag}"))
@@ -479,6 +485,7 @@ def fit(replays: Sequence[Replay], leaf_row_bytes: Sequence[float] = (), held: M
         ctl = m.roles.get("controller")
         if ctl is not None:  # each replay's levels and growth as multiples of its payload
             m.run_lead = heap.observed_lead(reps)
+            m.copy_released = heap.observed_release(reps, m.run_lead)
             m.run_lag, m.release_share = heap.fit_release(
                 [([s.end["controller"] / r.payload_bytes for s in r.per_step],
                   max(0.0, ctl.growth(x)) / r.payload_bytes, x["mshare"],
