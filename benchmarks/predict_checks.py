@@ -105,13 +105,20 @@ def main() -> None:
             played = play_node(model, wl, real.rows, real.payload_bytes, args.workers, args.steps, {}, None,
                                0.95, store_capacity=None, compute_s=args.worker_compute)
             pred_node, pred_ctl = played["node_peak"], played["peaks"]["controller"]
+            # the other outcome: each copy a run finds in hand given back as its call returns (docs/predict.md, "What
+            # a run inside a call's copy leaves")
+            given_back = play_node(model, wl, real.rows, real.payload_bytes, args.workers, args.steps, {}, None,
+                                   0.95, store_capacity=None, compute_s=args.worker_compute, copy_in_hand_kept=False)
+            low_node, low_ctl = given_back["node_peak"], given_back["peaks"]["controller"]
             row = {"codec": codec, "gc": gc, "data_plane": plane, "workload": wl.name, "fit_scales": fit_at,
                    "fit_workers": workers,
                    "scale": args.scale, "workers": args.workers, "steps": args.steps,
                    "worker_compute_s": args.worker_compute, "calls_open": played["calls_open"],
                    "payload_bytes": real.payload_bytes,
-                   "node_peak": {"predicted": pred_node, "measured": real.node_peak_bytes},
-                   "controller_peak": {"predicted": pred_ctl, "measured": real.controller_own_peak_bytes},
+                   "node_peak": {"predicted": pred_node, "measured": real.node_peak_bytes,
+                                 "predicted_copy_given_back": low_node},
+                   "controller_peak": {"predicted": pred_ctl, "measured": real.controller_own_peak_bytes,
+                                       "predicted_copy_given_back": low_ctl},
                    "release_steps": {"predicted": played["releases"], "measured": released_at(real)},
                    "terms": model.terms_table()}
             if plane != "dataproto":
@@ -125,8 +132,9 @@ def main() -> None:
             ctl_err = _pct(row["controller_peak"]["error"])
             print(f"{codec:>18} gc {gc:<7} node {pred_node / p:.2f}x vs {real.node_peak_bytes / p:.2f}x "
                   f"({_pct(row['node_peak']['error'])}); controller {pred_ctl / p:.2f}x vs "
-                  f"{(real.controller_own_peak_bytes or 0) / p:.2f}x ({ctl_err}); "
-                  f"falls back at {played['releases']} vs {released_at(real)}"
+                  f"{(real.controller_own_peak_bytes or 0) / p:.2f}x ({ctl_err})"
+                  + (f", {low_ctl / p:.2f}x with each copy in hand given back" if low_ctl != pred_ctl else "")
+                  + f"; falls back at {played['releases']} vs {released_at(real)}"
                   + (f"; storage {row['storage_peak']['predicted'] / p:.2f}x vs "
                      f"{row['storage_peak']['measured'] / p:.2f}x ({_pct(row['storage_peak']['error'])})"
                      if "storage_peak" in row else ""), flush=True)

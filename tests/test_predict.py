@@ -243,6 +243,17 @@ def test_a_run_late_in_a_call_finds_its_copy_thrown_away_where_the_fits_found_it
     assert heap.observed_release([_phased([(800, 3, "in-copy"), (1500, 3, "before-copy")])], 0.0) is None
     # a last run before its call's copy finds none in hand
     assert heap.recorded_runs(_phased([(800, 2, "before-copy")])) == {1: (0.5, 0.5, False)}
+    # a run inside consolidate: before the copy's block the copy outlives young runs, after it the copy goes as its
+    # call returns; the record cannot tell which, so the other outcome gives every copy in hand back
+    assert heap.copy_given_back({2: (0.5, 0.5), 3: (0.0, 0.0), 4: (1.0, 1.0), 5: (0.75, 0.75, False)}, 4) == \
+        {2: (0.75, 0.75, False), 3: (0.0, 0.0), 4: (1.0, 1.0), 5: (0.75, 0.75, False)}
+    m = model_mod.fit(_counted(fit_set(release_every=3, gc="default"), heap.YOUNG_EVERY // 2 + 1))
+    m.run_lag, m.release_share = 0, 1.0
+    kept = m.play(200 * MiB, 64, 4, 6, 2)["controller"]
+    given = m.play(200 * MiB, 64, 4, 6, 2, copy_in_hand_kept=False)["controller"]
+    assert [round(v / (200 * MiB), 3) for v, _ in given] == [1.25, 0.25, 1.25, 0.25, 1.25, 0.25]
+    assert all(g[0] <= k[0] + 1e-6 for g, k in zip(given, kept))  # less left after every step
+    assert given[1][1] == pytest.approx(kept[1][1] + 0.25 * 200 * MiB)  # the step stands a copy higher at the run
 
 
 def test_a_release_frees_the_calls_done_in_its_step_and_every_mapped_leaf_of_the_garbage():

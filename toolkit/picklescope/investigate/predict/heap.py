@@ -45,10 +45,10 @@ controller's loop records where the call in hand stood at each run (``StepObs.ru
 copy, making it, after it), and how far into a call the copy is thrown away (``released``, a share of the call's
 allocations) is the one that sorts the most of the fits' recorded runs as they came (:func:`observed_release`); a
 run at least that far into its call counts the call as done and finds no copy in hand. None where no fit recorded
-a run after a copy: every run then finds its call's copy in hand. That is an upper bound: in flowgrpo's and
-many-keys' replays every recorded run came inside ``consolidate``, and glibc's count of mapped bytes showed the
-copy either not made yet (flowgrpo) or given back before the call returned (many-keys; benchmarks/README.md,
-"Where in a call the collector runs").
+a run after a copy: every run then finds its call's copy in hand and keeps it (:func:`play`); a run inside
+``consolidate`` after the copy's block was made gives it back instead as its call returns (:func:`copy_given_back`,
+the other outcome, which the record cannot tell from the first; benchmarks/README.md, "Where in a call the
+collector runs").
 """
 
 from __future__ import annotations
@@ -213,6 +213,24 @@ def observed_lead(replays: Sequence[Replay]) -> float | None:
     cands = [ends[0] - 1.0, *((p + q) / 2 for p, q in zip(ends, ends[1:])), ends[-1] + 1.0]
     held = [sum(lo <= c < hi for lo, hi in bounds) for c in cands]
     return statistics.median_low([c for c, h in zip(cands, held) if h == max(held)])
+
+
+def copy_given_back(releases: Releases, calls: int) -> Releases:
+    """``releases`` with the copy of each call a run found in hand given back as that call returns: its call counts
+    as done and nothing of it outlives the run. A run inside ``consolidate`` after the copy's block was made leaves
+    it so (tensordict's ``consolidate`` under a forced young run: whenever the run came after the block, the copy
+    was unmapped by the time ``consolidate`` returned; before the block, it outlived every young run until a run of
+    generation 1; benchmarks/README.md, "Where in a call the collector runs"). The record cannot tell the two
+    apart, so :meth:`~.model.Model.play` can play either: this one leaves less after each such run, though its
+    step stands a copy higher at the run (the block is made by then)."""
+    n = max(1, calls)
+    out: dict[int, tuple[float, ...]] = {}
+    for k, rel in releases.items():
+        in_hand = len(rel) < 3 or bool(rel[2])
+        j1, j2 = round(rel[0] * n), round(rel[1] * n)
+        # a call in hand: one made and one not (play's rule: none before a step's first call or after its last)
+        out[k] = (min(n, max(j1, 1) + 1) / n, (j2 + 1) / n, False) if in_hand and 0 < j2 < n else tuple(rel)
+    return out
 
 
 def observed_release(replays: Sequence[Replay], lead: float | None) -> float | None:

@@ -239,15 +239,20 @@ class Model:
                         for k in range(1, steps + 1)]
 
     def play(self, payload: float, rows: int, workers: int, steps: int, objects_per_row: float,
-             store_capacity: float | None = None, compute_s: float = 0.0) -> dict[str, list[tuple[float, float]]]:
+             store_capacity: float | None = None, compute_s: float = 0.0,
+             copy_in_hand_kept: bool = True) -> dict[str, list[tuple[float, float]]]:
         """Per role, (level after the step, peak during it) for steps 1..``steps``, bytes above baselines.
 
         ``store_capacity`` bounds the object store's level and peak (None: unbounded); the store's level is a
         high-water mark (see the module doc). ``compute_s``: each worker's compute on its chunk
-        (:meth:`open_calls`)."""
+        (:meth:`open_calls`). ``copy_in_hand_kept``: a run that finds a call's copy in hand leaves it until a run of
+        the older generation (a run before the copy's block: the prediction), or, False, the copy goes as its call
+        returns (a run after the block: :func:`heap.copy_given_back`)."""
         x = self.features(payload, rows, workers, objects_per_row, compute_s)
         cap = math.inf if store_capacity is None else max(0.0, store_capacity)
         releases, so_far = self.release_points(x, steps), self.counts(x, steps)  # which generation a run collects:
+        if not copy_in_hand_kept:
+            releases = heap.copy_given_back(releases, int(x["calls"]))
         gens = None if so_far is None else heap.generations(so_far)  # from the count
         before_run = [0.0] * steps  # per step, how far above its level after the step the controller stood at a run
         out: dict[str, list[tuple[float, float]]] = {}

@@ -213,17 +213,18 @@ def fit_set(reps: Sequence[fitting.Replay], codec: str, data_plane: str = "datap
 
 def play_node(model: Model, wl: Workload, rows: int, payload: int, workers: int, steps: int,
               baselines: dict[str, int], node_memory: int | None, threshold: float, *,
-              store_capacity: int | None, compute_s: float = 0.0) -> dict[str, Any]:
+              store_capacity: int | None, compute_s: float = 0.0, copy_in_hand_kept: bool = True) -> dict[str, Any]:
     """The model at one size: per step node and controller bytes, per process peaks, Ray's kill, the steps at
     which the controller's memory falls back and the share of what those releases free in heap-sized blocks
     (``release_heap_share``: their return is the model's least certain term, docs/predict.md). The object
     store is bounded by ``store_capacity`` as :func:`resolve_store_capacity` decided it (None: unbounded), less
     what the store holds before the batch (its baseline, if given); ``store_full_step`` is the first step it
     is at that bound. The capacity is an argument, not worked out here, so that the default is decided in one
-    place. ``compute_s``: each worker's compute on its chunk (:meth:`~.model.Model.open_calls`)."""
+    place. ``compute_s``: each worker's compute on its chunk (:meth:`~.model.Model.open_calls`);
+    ``copy_in_hand_kept``: :meth:`~.model.Model.play`'s outcome for the copy a run finds in hand."""
     obj = len(wl.non_tensor)
     room = None if store_capacity is None else store_capacity - baselines.get("store", 0)
-    played = model.play(payload, rows, workers, steps, obj, room, compute_s)
+    played = model.play(payload, rows, workers, steps, obj, room, compute_s, copy_in_hand_kept)
     names = ["controller"] + [f"worker-{i}" for i in range(workers)]
     base_of = {n: baselines.get(n, 0) for n in names}
     shared = ["store"] if model.data_plane == "dataproto" else ["store", "producer", "storage", "tq-controller"]
