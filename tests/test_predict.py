@@ -524,6 +524,41 @@ def test_the_answer_says_the_controllers_peak_is_an_estimate_where_its_releases_
     assert p.to_json_dict()["release_heap_share"] is None
 
 
+def test_the_answer_gives_the_other_way_a_run_inside_a_calls_copy_goes():
+    """A run of the collector inside a call's ``consolidate`` leaves that call's copy to outlive it if it came before
+    the copy's block, nothing of it if after, and no count places a run that finely (docs/predict.md, "What a run
+    inside a call's copy leaves"). The answer plays the first and says what the second would give: the controller's
+    and the node's peaks and Ray's step, in the summary, the JSON and the report; nothing where both play the same
+    (the collector off)."""
+    wl = load_workload("flowgrpo")
+    m = model_mod.fit(_counted(fit_set(release_every=3, gc="default"), heap.YOUNG_EVERY // 2 + 1))
+    m.run_lag, m.release_share = 0, 1.0
+    preds = []
+    for model in (m, model_mod.fit(fit_set())):
+        out = prediction.play_node(model, wl, 64, 200 * MiB, 4, 6, {}, 2**40, 0.95, store_capacity=None)
+        other = prediction._copy_given_back(out, model, wl, 64, 200 * MiB, 4, 6, {}, 2**40, 0.95, None, 0.0)
+        preds.append(prediction.CodecPrediction(
+            "numpy-legacy", model.gc, 200 * MiB, 64, 4, 6, 2**40, 0.95, {}, out["node_peak"], out["peaks"],
+            out["steps"], out["killed"], None, out["releases"], model.terms_table(), model.fitted_on,
+            node_peak_copy_given_back_bytes=None if other is None else other["node_peak"],
+            controller_peak_copy_given_back_bytes=None if other is None else other["peaks"]["controller"],
+            copy_given_back_killed_step=None))
+    given, off = preds
+    # each run here comes with three of four calls made: the copy of the fourth, in hand, is given back
+    kept = model_mod.Model.play(m, 200 * MiB, 64, 4, 6, 2)["controller"]
+    back = model_mod.Model.play(m, 200 * MiB, 64, 4, 6, 2, copy_in_hand_kept=False)["controller"]
+    assert given.controller_peak_copy_given_back_bytes == int(max(v for _, v in back))
+    assert given.processes["controller"] == int(max(v for _, v in kept))
+    text = given.copy_text()
+    assert text and fmt_bytes(given.controller_peak_copy_given_back_bytes) in text and "survives every step" in text
+    assert text in given.summary()
+    doc = given.to_json_dict()
+    assert doc["controller_peak_copy_given_back_bytes"] == given.controller_peak_copy_given_back_bytes
+    assert doc["node_peak_copy_given_back_bytes"] == given.node_peak_copy_given_back_bytes
+    assert html_escape(text) in render_predictions([given], "flowgrpo", "picklescope predict")
+    assert off.copy_text() is None and off.to_json_dict()["controller_peak_copy_given_back_bytes"] is None
+
+
 def test_a_feature_the_fits_do_not_need_is_not_extrapolated():
     """Allocations that do not move with the objects at the fit sizes (flowgrpo's: 452 with 2 calls at 12,
     26 and 52 objects) get no objects slope from the calls' slight curvature: at a production batch of

@@ -479,6 +479,7 @@ def render_predictions(preds: Sequence[CodecPrediction], workload: str, command:
                  "compute, and when Python's collector runs in a process that does more than the replay: see "
                  "docs/predict.md.</p>")
     parts += _per_codec(preds, [p.allocator_text() for p in preds])
+    parts += _per_codec(preds, [p.copy_text() for p in preds])
     parts.append("<h2>Reproduce</h2>")
     parts.append(f"<pre>{e(command)}</pre>")
     return _page(title, parts)

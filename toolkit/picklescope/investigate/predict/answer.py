@@ -34,6 +34,10 @@ class Check:
     measured_release_steps: list[int] = field(default_factory=list)
     predicted_release_steps: list[int] = field(default_factory=list)
     outcome: str = "ok"
+    # the prediction played the other way a run inside a call's copy can go (CodecPrediction.copy_text), where it
+    # differs
+    predicted_node_peak_copy_given_back_bytes: int | None = None
+    predicted_controller_peak_copy_given_back_bytes: int | None = None
 
     @staticmethod
     def error(pred: int, meas: int | None) -> float | None:
@@ -44,6 +48,12 @@ class Check:
         doc["node_peak_error"] = self.error(self.predicted_node_peak_bytes, self.measured_node_peak_bytes)
         doc["controller_peak_error"] = self.error(self.predicted_controller_peak_bytes,
                                                   self.measured_controller_peak_bytes)
+        if self.predicted_controller_peak_copy_given_back_bytes is not None:
+            doc["controller_peak_copy_given_back_error"] = self.error(
+                self.predicted_controller_peak_copy_given_back_bytes, self.measured_controller_peak_bytes)
+        if self.predicted_node_peak_copy_given_back_bytes is not None:
+            doc["node_peak_copy_given_back_error"] = self.error(self.predicted_node_peak_copy_given_back_bytes,
+                                                                self.measured_node_peak_bytes)
         return doc
 
 
@@ -98,6 +108,12 @@ class CodecPrediction:
     # of the copies the controller's releases free, the share in heap-sized blocks (under glibc's mmap threshold),
     # whose return the fits measure only on average (allocator_text); None where no release is predicted
     release_heap_share: float | None = None
+    # the same prediction where each run of the collector inside a call's copy (consolidate) comes after the copy's
+    # block and so leaves nothing of it (docs/predict.md, "What a run inside a call's copy leaves"): the node's and
+    # the controller's peaks and the step Ray would kill in; None where it plays the same
+    node_peak_copy_given_back_bytes: int | None = None
+    controller_peak_copy_given_back_bytes: int | None = None
+    copy_given_back_killed_step: int | None = None
 
     def to_json_dict(self) -> dict[str, Any]:
         return {"codec": self.codec, "gc": self.gc, "payload_bytes": self.payload_bytes, "rows": self.rows,
@@ -119,6 +135,9 @@ class CodecPrediction:
                 "node_peak_all_open_bytes": self.node_peak_all_open_bytes,
                 "all_open_killed_step": self.all_open_killed_step,
                 "release_heap_share": self.release_heap_share,
+                "node_peak_copy_given_back_bytes": self.node_peak_copy_given_back_bytes,
+                "controller_peak_copy_given_back_bytes": self.controller_peak_copy_given_back_bytes,
+                "copy_given_back_killed_step": self.copy_given_back_killed_step,
                 "kill_policy": KILL_POLICY if self.data_plane == "dataproto" else KILL_POLICY_TQ,
                 "check": self.check.to_json_dict() if self.check else None}
 
@@ -145,6 +164,9 @@ class CodecPrediction:
         allocator = self.allocator_text()
         if allocator:
             out.append("  " + allocator)
+        copy = self.copy_text()
+        if copy:
+            out.append("  " + copy)
         if self.check:
             out.append("  " + self.check_text())
         return "\n".join(out)
@@ -180,6 +202,26 @@ class CodecPrediction:
                 "the fit shows on average only: read the controller's peak as an estimate (docs/predict.md, "
                 "\"The allocator\")")
 
+    def copy_text(self) -> str | None:
+        """The other way the controller's collections can go, in one sentence (the summary's line and the
+        report's): a run that comes inside a call's copy leaves that copy until an older generation's run if it
+        comes before the copy's block is made, nothing of it if after, and where in the copy a run comes is finer
+        than the prediction can place it (docs/predict.md, "What a run inside a call's copy leaves"). None where
+        both ways play the same."""
+        node, ctl = self.node_peak_copy_given_back_bytes, self.controller_peak_copy_given_back_bytes
+        if node is None or ctl is None:
+            return None
+        if not self.node_memory_bytes:
+            verdict = ""
+        elif self.copy_given_back_killed_step is None:
+            verdict = ", and the node survives every step"
+        else:
+            verdict = f", and Ray would kill in training step {self.copy_given_back_killed_step}"
+        return (f"Python's collector often runs while the controller copies a chunk, and whether that copy then "
+                f"outlives the run depends on the exact moment, which no prediction can place: this one assumes it "
+                f"does; if it does not, the controller would peak at {fmt_bytes(ctl)} and the node at "
+                f"{fmt_bytes(node)}{verdict} (docs/predict.md, \"What a run inside a call's copy leaves\")")
+
     def check_text(self) -> str:
         """The check against a real replay in one line: predicted vs measured node and controller peaks with
         their errors, and the steps at which memory falls back (the summary's and the report's line)."""
@@ -190,8 +232,12 @@ class CodecPrediction:
         ce = c.error(c.predicted_controller_peak_bytes, c.measured_controller_peak_bytes)
         pn, mn = fmt_bytes(c.predicted_node_peak_bytes), fmt_bytes(c.measured_node_peak_bytes)
         pc, mc = fmt_bytes(c.predicted_controller_peak_bytes), fmt_bytes(c.measured_controller_peak_bytes)
+        given = c.predicted_controller_peak_copy_given_back_bytes
+        other = "" if given is None else (
+            f", {fmt_bytes(given)} with each copy in hand given back "
+            f"({_pct(c.error(given, c.measured_controller_peak_bytes))})")
         return (f"check (a real replay, {c.outcome}): node peak predicted {pn} vs measured {mn} "
-                f"({_pct(ne)}); controller {pc} vs {mc} ({_pct(ce)}); memory falls back at steps "
+                f"({_pct(ne)}); controller {pc} vs {mc} ({_pct(ce)}){other}; memory falls back at steps "
                 f"predicted {c.predicted_release_steps or 'none'}, measured {c.measured_release_steps or 'none'}")
 
     def largest_text(self) -> str | None:

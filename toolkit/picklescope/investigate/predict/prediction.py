@@ -375,6 +375,8 @@ def predict(codecs: Sequence[str] = ("numpy-legacy", "numpy"), workload: str = "
                 all_open = every["node_peak"]
                 all_open_kill = every["killed"]["training_step"] if every["killed"] else None
         peaks = played["peaks"]
+        other = _copy_given_back(played, model, wl, rows, pay, workers, steps, baselines, mem, threshold, cap,
+                                 worker_compute_s)
         out.append(CodecPrediction(codec, gc, pay, rows, workers, steps, mem, threshold, baselines,
                                    played["node_peak"], peaks, played["steps"], played["killed"], largest,
                                    played["releases"], model.terms_table(), model.fitted_on, data_plane=data_plane,
@@ -386,11 +388,29 @@ def predict(codecs: Sequence[str] = ("numpy-legacy", "numpy"), workload: str = "
                                    largest_surviving_node_peak_bytes=largest_peak,
                                    worker_compute_s=worker_compute_s, calls_open=played["calls_open"],
                                    node_peak_all_open_bytes=all_open, all_open_killed_step=all_open_kill,
-                                   release_heap_share=played["release_heap_share"]))
+                                   release_heap_share=played["release_heap_share"],
+                                   node_peak_copy_given_back_bytes=None if other is None else other["node_peak"],
+                                   controller_peak_copy_given_back_bytes=None if other is None
+                                   else other["peaks"]["controller"],
+                                   copy_given_back_killed_step=None if other is None or not other["killed"]
+                                   else other["killed"]["training_step"]))
     if check:
         _check(out, fitted, workload, the_scale, gc, wl, timeout_s, ray_address, log, data_plane,
                worker_compute_s)
     return out
+
+
+def _copy_given_back(played: dict[str, Any], model: Model, wl: Workload, rows: int, payload: int, workers: int,
+                     steps: int, baselines: dict[str, int], node_memory: int | None, threshold: float,
+                     store_capacity: int | None, compute_s: float) -> dict[str, Any] | None:
+    """:func:`play_node` with each copy a run finds in hand given back as its call returns (the other way a run
+    inside a call's copy goes, :meth:`~.model.Model.play`); None where it plays the same as ``played``."""
+    if not played["releases"] or model.data_plane != "dataproto":
+        return None
+    other = play_node(model, wl, rows, payload, workers, steps, baselines, node_memory, threshold,
+                      store_capacity=store_capacity, compute_s=compute_s, copy_in_hand_kept=False)
+    same = other["node_peak"] == played["node_peak"] and other["peaks"]["controller"] == played["peaks"]["controller"]
+    return None if same else other
 
 
 def _check(preds: list[CodecPrediction], fitted: dict[str, Model], workload: str, scale: float, gc: str,
@@ -422,10 +442,14 @@ def _check(preds: list[CodecPrediction], fitted: dict[str, Model], workload: str
             bare = play_node(fitted[codec], wl, p.rows, p.payload_bytes, workers, steps, {}, None, p.threshold,
                              store_capacity=None, compute_s=worker_compute_s)
             rep = fitting.observe(r, wl)
+            other = _copy_given_back(bare, fitted[codec], wl, p.rows, p.payload_bytes, workers, steps, {}, None,
+                                     p.threshold, None, worker_compute_s)
             p.check = Check(r.node_peak_bytes, bare["node_peak"],
                             r.own_peak_bytes("driver") if "driver" in r.processes else None,
                             bare["peaks"]["controller"],
-                            released_at(rep) if rep.per_step else [], bare["releases"], r.outcome)
+                            released_at(rep) if rep.per_step else [], bare["releases"], r.outcome,
+                            None if other is None else other["node_peak"],
+                            None if other is None else other["peaks"]["controller"])
 
 
 def _refuse_a_check_that_cannot_fit(payload: int, steps: int) -> None:
