@@ -550,7 +550,11 @@ def test_the_answer_gives_the_other_way_a_run_inside_a_calls_copy_goes():
     assert given.controller_peak_copy_given_back_bytes == int(max(v for _, v in back))
     assert given.processes["controller"] == int(max(v for _, v in kept))
     text = given.copy_text()
-    assert text and fmt_bytes(given.controller_peak_copy_given_back_bytes) in text and "survives every step" in text
+    assert text and fmt_bytes(given.controller_peak_copy_given_back_bytes) in text and "figures above assume" in text
+    assert "every step" not in text  # both ways survive the 1 TiB node: Ray's verdict is said only where it changes
+    given.copy_given_back_killed_step = 5
+    assert "Ray would kill in training step 5" in given.copy_text()
+    given.copy_given_back_killed_step = None
     assert text in given.summary()
     doc = given.to_json_dict()
     assert doc["controller_peak_copy_given_back_bytes"] == given.controller_peak_copy_given_back_bytes

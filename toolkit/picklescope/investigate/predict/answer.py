@@ -211,15 +211,16 @@ class CodecPrediction:
         node, ctl = self.node_peak_copy_given_back_bytes, self.controller_peak_copy_given_back_bytes
         if node is None or ctl is None:
             return None
-        if not self.node_memory_bytes:
-            verdict = ""
-        elif self.copy_given_back_killed_step is None:
-            verdict = ", and the node survives every step"
-        else:
-            verdict = f", and Ray would kill in training step {self.copy_given_back_killed_step}"
-        return (f"Python's collector often runs while the controller copies a chunk, and whether that copy then "
-                f"outlives the run depends on the exact moment, which no prediction can place: this one assumes it "
-                f"does; if it does not, the controller would peak at {fmt_bytes(ctl)} and the node at "
+        step, main = self.copy_given_back_killed_step, self.killed["training_step"] if self.killed else None
+        verdict = ""  # Ray's verdict only where it changes
+        if self.node_memory_bytes and step != main:
+            verdict = (", and the node would survive every step" if step is None
+                       else f", and Ray would kill in training step {step}")
+        return (f"When Python's garbage collector runs in a training step, it is usually while the controller is "
+                f"making a chunk's copy (the packed block the legacy codec makes and throws away), and whether that "
+                f"copy survives the collection depends on the exact moment, which no prediction can place. The "
+                f"figures above assume "
+                f"it survives; if it does not, the controller would peak at {fmt_bytes(ctl)} and the node at "
                 f"{fmt_bytes(node)}{verdict} (docs/predict.md, \"What a run inside a call's copy leaves\")")
 
     def check_text(self) -> str:
