@@ -36,6 +36,7 @@ from picklescope.investigate.predict.fit import Replay, StepObs
 from picklescope.ray.transferqueue import missing
 from picklescope.views import figures
 from picklescope.views.report import render_predictions
+from picklescope.views.report import sentence as report_sentence
 from picklescope.workloads.spec import load_workload
 
 MiB = 2**20
@@ -1420,6 +1421,10 @@ def test_out_writes_a_report_that_answers_in_words_and_the_json_beside_it(tmp_pa
         assert f"<td>{html_escape(f'{role}: {term}')}</td><td>{html_escape(value)}</td>" in terms, (role, term)
     assert "<pre>" not in terms
     assert "https://" not in html.split("<script>", 1)[0]  # nothing fetched: plotly.js is inline
+    # an option named in a sentence stays on one line: a browser breaks after a hyphen, and "(--" at a line's end
+    # with "worker-compute" on the next reads as two words
+    assert report_sentence("hold all 8 (--worker-compute S) & more") == \
+        'hold all 8 (<span class="opt">--worker-compute</span> S) &amp; more'
     assert json.loads((out / "results.json").read_text()) == [p.to_json_dict() for p in preds]
     assert "report: " in capsys.readouterr().err
     (tmp_path / "busy").mkdir()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import html
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -46,6 +47,7 @@ text-align:left}th{background:#f0f0f0}td.num{text-align:right;font-variant-numer
 pre{background:#f7f7f7;padding:.6rem;overflow-x:auto;font-size:.8rem}
 .note{color:#666;font-style:italic}.missing{color:#a15c00;border:1px dashed #d9a441;padding:.5rem}
 .oom-killed,.memory-error{color:#c0392b;font-weight:600}.ok{color:#1e8449;font-weight:600}
+.opt{white-space:nowrap}
 """
 
 _LOADER = """
@@ -60,6 +62,16 @@ document.querySelectorAll('script[type="application/json"][data-figure]').forEac
 def e(value: Any) -> str:
     """HTML-escape anything (None shows as a dash)."""
     return "-" if value is None else html.escape(str(value), quote=True)
+
+
+_OPTION = re.compile(r"--[a-z][a-z-]*")
+
+
+def sentence(text: str) -> str:
+    """A sentence of the answer, escaped, with each command-line option it names kept on one line: a browser may
+    break a line after a hyphen, and ``(--`` at one line's end with ``worker-compute`` at the next reads as two
+    words."""
+    return _OPTION.sub(lambda m: f'<span class="opt">{m.group(0)}</span>', e(text))
 
 
 def prepare_out_dir(path: str, force: bool = False) -> str:
@@ -415,7 +427,7 @@ OFF_TOO = " (each size also with the collector off, for what a training step kee
 
 def _per_codec(preds: Sequence[CodecPrediction], texts: Sequence[str | None]) -> list[str]:
     """One list item per codec that has something to say (``texts``, by prediction), or nothing at all."""
-    items = "".join(f"<li>{e(_column(p))}: {e(t)}</li>" for p, t in zip(preds, texts) if t)
+    items = "".join(f"<li>{e(_column(p))}: {sentence(t)}</li>" for p, t in zip(preds, texts) if t)
     return [f"<ul>{items}</ul>"] if items else []
 
 
@@ -472,7 +484,7 @@ def render_predictions(preds: Sequence[CodecPrediction], workload: str, command:
     checked = [p for p in preds if p.check is not None]
     if checked:
         parts.append("<h2>Checked against a real replay</h2>")
-        parts.append("<ul>" + "".join(f"<li>{e(p.check_text())} ({e(_column(p))})</li>"
+        parts.append("<ul>" + "".join(f"<li>{sentence(p.check_text())} ({e(_column(p))})</li>"
                                       for p in checked) + "</ul>")
     parts.append("<h2>What the model cannot know</h2><p>Everything on the node that is not the batch (model "
                  "weights, optimizer state, rollout engines: give them with --process-baseline), what the workers "
