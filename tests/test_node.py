@@ -29,7 +29,7 @@ from typing import Any
 import psutil
 import pytest
 
-from picklescope.investigate.node import NodeResult, node, node_series
+from picklescope.investigate.node import NodeResult, collector, node, node_series
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib leaves tests/ off the path
 from private_tmp import private_tmp, unshare_works  # noqa: E402
@@ -139,10 +139,15 @@ def test_legacy_driver_peak_is_at_least_a_payload_above_numpy(runs):
         assert runs_so_far == sorted(runs_so_far), runs_so_far
         assert all(n // young >= runs for n, runs in zip(counted, runs_so_far)), (counted, runs_so_far)
         # and each run's place in its step: how many of the step's worker calls the loop had made when it ran
-        # (which chunks' copies it found garbage), one record per collection counted
+        # (which chunks' copies it found garbage) and where the call in hand stood against its copy (the legacy
+        # codec's consolidate; the fixed codec makes none, so its runs all come before one), one record per
+        # collection counted
         per_step = [s["driver_runs"] for s in doc]
         assert [len(x) for x in per_step] == [b - a for a, b in zip([0, *runs_so_far], runs_so_far)], per_step
-        assert all(g in (0, 1, 2) and 0 <= c <= WORKERS for x in per_step for g, c in x), per_step
+        assert all(g in (0, 1, 2) and 0 <= c <= WORKERS and place in collector.PHASES
+                   for x in per_step for g, c, place in x), per_step
+        if r is new:
+            assert all(place == "before-copy" for x in per_step for *_, place in x), per_step
 
 
 def test_with_gc_off_legacy_driver_grows_a_payload_per_step_and_numpy_does_not(runs):

@@ -327,7 +327,8 @@ class TrainStepEnd(TypedDict):
     full_collections: NotRequired[int]  # the node's processes: full collections so far
     collections: NotRequired[list[int]]  # the driver's collections so far, of generation 0, 1 and 2
     allocations: NotRequired[int]  # the driver's container allocations so far, as its collector counts them
-    runs: NotRequired[list[list[int]]]  # the driver's collections in the step: [generation, worker calls made]
+    # the driver's collections in the step: [generation, worker calls made, where the call in hand stood]
+    runs: NotRequired[list[list[int | str | None]]]
 
 
 class Error(TypedDict):

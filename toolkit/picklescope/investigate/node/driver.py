@@ -266,6 +266,8 @@ def _replay(conn: Any, cfg: NodeConfig, engine: ReplicaEngine | VerlEngine, whol
     if says_calls:  # a collection before step 1's first call (the baseline, the go) has no call of it made
         collector.at_call(0)
     meter = begin_measure(steps.Meter(channel.with_shared(conn.send), cfg.t0, "driver"))
+    if says_calls:  # again, now that the meter keeps the codec's steps (where a call stood against its copy)
+        collector.at_call(0)
     private_base = procmem.private_rss()  # VmRSS - RssShmem: the session's per-process accounting
     conn.send(Ready(type="ready", side="driver"))
     if _wait(conn) is None:

@@ -58,7 +58,7 @@ class NodeResult(Measured):
     driver_allocations: dict[int, int] = field(default_factory=dict)  # its container allocations so far
     # its collections in each step: [generation, the step's worker calls made when it ran] (calls None where the
     # engine's loop does not say, real verl's)
-    driver_runs: dict[int, list[list[int | None]]] = field(default_factory=dict)
+    driver_runs: dict[int, list[list[int | str | None]]] = field(default_factory=dict)
     data_plane: str = "dataproto"  # how the batch reaches the workers: through the driver, or TransferQueue's storage
     step_gap_s: float = 0.0  # idle seconds at the end of each training step (the rest of a training step)
     worker_compute_s: float = 0.0  # seconds each worker's call held its chunk after reading it (its compute)

@@ -71,9 +71,10 @@ class StepObs:
     peak: dict[str, int] = field(default_factory=dict)
     collections: int | None = None  # the controller's full collections so far (cumulative)
     allocations: int | None = None  # its container allocations so far, as the collector counts them
-    # its collector's runs in the step, each [generation, the step's worker calls made when it ran] (the calls None
-    # where the loop did not say); None in a replay cached before they were recorded
-    runs: list[list[int | None]] | None = None
+    # its collector's runs in the step, each [generation, the step's worker calls made when it ran, where the call in
+    # hand stood against its copy (collector.PHASES)] (calls and place None where the loop did not say; no place in
+    # a replay cached before it was recorded); None in a replay cached before runs were recorded
+    runs: list[list[int | str | None]] | None = None
     # the most worker calls open at one moment in the step (each from its first named step to its last, on
     # the run's clock), and a call's mean span over the controller's mean time to send one chunk (the
     # calls open when the last chunk leaves: floor(ratio) + 1); None in a replay cached before calls were
