@@ -40,7 +40,7 @@ from picklescope.investigate.node import tq_plane
 from picklescope.investigate.predict import fit as fitting
 from picklescope.investigate.predict.heap import released_at
 from picklescope.investigate.predict.model import Model
-from picklescope.investigate.predict.prediction import fit_scales, models, play_node
+from picklescope.investigate.predict.prediction import fit_scales, models, play_copy_given_back, play_node
 from picklescope.workloads.spec import load_workload
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -107,8 +107,8 @@ def main() -> None:
             pred_node, pred_ctl = played["node_peak"], played["peaks"]["controller"]
             # the other outcome: each copy a run finds in hand given back as its call returns (docs/predict.md, "What
             # a run inside a call's copy leaves")
-            given_back = play_node(model, wl, real.rows, real.payload_bytes, args.workers, args.steps, {}, None,
-                                   0.95, store_capacity=None, compute_s=args.worker_compute, copy_in_hand_kept=False)
+            given_back = play_copy_given_back(played, model, wl, real.rows, real.payload_bytes, args.workers,
+                                              args.steps, {}, None, 0.95, None, args.worker_compute) or played
             low_node, low_ctl = given_back["node_peak"], given_back["peaks"]["controller"]
             row = {"codec": codec, "gc": gc, "data_plane": plane, "workload": wl.name, "fit_scales": fit_at,
                    "fit_workers": workers,

@@ -537,7 +537,7 @@ def test_the_answer_gives_the_other_way_a_run_inside_a_calls_copy_goes():
     preds = []
     for model in (m, model_mod.fit(fit_set())):
         out = prediction.play_node(model, wl, 64, 200 * MiB, 4, 6, {}, 2**40, 0.95, store_capacity=None)
-        other = prediction._copy_given_back(out, model, wl, 64, 200 * MiB, 4, 6, {}, 2**40, 0.95, None, 0.0)
+        other = prediction.play_copy_given_back(out, model, wl, 64, 200 * MiB, 4, 6, {}, 2**40, 0.95, None, 0.0)
         preds.append(prediction.CodecPrediction(
             "numpy-legacy", model.gc, 200 * MiB, 64, 4, 6, 2**40, 0.95, {}, out["node_peak"], out["peaks"],
             out["steps"], out["killed"], None, out["releases"], model.terms_table(), model.fitted_on,

@@ -180,24 +180,33 @@ def recorded_runs(rep: Replay, copies: bool = True) -> dict[int, tuple[float, ..
     return out
 
 
-def lead_bounds(rep: Replay) -> list[tuple[float, float]]:
-    """For each step of ``rep`` with a recorded run, the leads ``L`` that put the run where it was recorded: the
-    count at the start of call ``j + 1`` (``j`` calls made) taken as ``before + L + j x a``, ``a`` the step's
-    allocations per call, a run with ``k`` calls made passed the threshold ``M`` within call ``k + 1`` (or, at
-    none, while the step cut its chunks), so ``M - before - (k + 1) a <= L < M - before - k a``."""
+def _first_runs(rep: Replay) -> tuple[int, list[tuple[float, float, int, str | None]]]:
+    """``rep``'s calls per step, and for each of its steps with a recorded run (where the runs were recorded and
+    the allocations counted): the count from the step's start to the threshold its first run passed (``M -
+    before``), the step's allocations per call (``a``), the calls made at that run (``k``) and where the call in
+    hand stood (:data:`~picklescope.investigate.node.collector.PHASES`, None where not recorded)."""
+    n = max(1, len(chunk_sizes(rep.rows, rep.workers)))
     recorded, counts = recorded_runs(rep, copies=False), [s.allocations for s in rep.per_step]
     if not recorded or None in counts:
-        return []
-    n = max(1, len(chunk_sizes(rep.rows, rep.workers)))
+        return n, []
     out = []
     for before, s in zip([0, *counts], rep.per_step):
         after = s.allocations or 0
         if s.index not in recorded or after <= before:
             continue
-        a, m = (after - before) / n, _next_run(before)
-        k = round(recorded[s.index][0] * n)
-        out.append((m - before - (k + 1) * a if k < n else -math.inf, m - before - k * a if k > 0 else math.inf))
-    return out
+        place = s.runs[0][2] if s.runs and len(s.runs[0]) > 2 else None
+        out.append((_next_run(before) - before, (after - before) / n, round(recorded[s.index][0] * n), place))
+    return n, out
+
+
+def lead_bounds(rep: Replay) -> list[tuple[float, float]]:
+    """For each step of ``rep`` with a recorded run, the leads ``L`` that put the run where it was recorded: the
+    count at the start of call ``j + 1`` (``j`` calls made) taken as ``before + L + j x a``, ``a`` the step's
+    allocations per call, a run with ``k`` calls made passed the threshold ``M`` within call ``k + 1`` (or, at
+    none, while the step cut its chunks), so ``M - before - (k + 1) a <= L < M - before - k a``."""
+    n, runs = _first_runs(rep)
+    return [(to_run - (k + 1) * a if k < n else -math.inf, to_run - k * a if k > 0 else math.inf)
+            for to_run, a, k, _ in runs]
 
 
 def observed_lead(replays: Sequence[Replay]) -> float | None:
@@ -215,6 +224,12 @@ def observed_lead(replays: Sequence[Replay]) -> float | None:
     return statistics.median_low([c for c, h in zip(cands, held) if h == max(held)])
 
 
+def found_in_hand(release: tuple[float, ...]) -> bool:
+    """Whether a release's last run found the copy of the call in hand referenced (:data:`Releases`' third field,
+    True where it is not given)."""
+    return len(release) < 3 or bool(release[2])
+
+
 def copy_given_back(releases: Releases, calls: int) -> Releases:
     """``releases`` with the copy of each call a run found in hand given back as that call returns: its call counts
     as done and nothing of it outlives the run. A run inside ``consolidate`` after the copy's block was made leaves
@@ -226,7 +241,7 @@ def copy_given_back(releases: Releases, calls: int) -> Releases:
     n = max(1, calls)
     out: dict[int, tuple[float, ...]] = {}
     for k, rel in releases.items():
-        in_hand = len(rel) < 3 or bool(rel[2])
+        in_hand = found_in_hand(rel)
         j1, j2 = round(rel[0] * n), round(rel[1] * n)
         # a call in hand: one made and one not (play's rule: none before a step's first call or after its last)
         out[k] = (min(n, max(j1, 1) + 1) / n, (j2 + 1) / n, False) if in_hand and 0 < j2 < n else tuple(rel)
@@ -243,17 +258,10 @@ def observed_release(replays: Sequence[Replay], lead: float | None) -> float | N
         return None
     seen: list[tuple[float, bool]] = []  # (place in the call, after the copy)
     for rep in replays:
-        counts = [s.allocations for s in rep.per_step]
-        if recorded_runs(rep, copies=False) is None or None in counts:
-            continue
-        n = max(1, len(chunk_sizes(rep.rows, rep.workers)))
-        for before, s in zip([0, *counts], rep.per_step):
-            after = s.allocations or 0
-            if not s.runs or after <= before or len(s.runs[0]) < 3 or s.runs[0][2] is None:
-                continue
-            place = (_next_run(before) - before - lead) / ((after - before) / n) - min(s.runs[0][1], n)
-            if 0.0 <= place < 1.0:  # the lead puts the run in its recorded call
-                seen.append((place, s.runs[0][2] == "after-copy"))
+        for to_run, a, k, stood in _first_runs(rep)[1]:
+            place = (to_run - lead) / a - k
+            if stood is not None and 0.0 <= place < 1.0:  # the lead puts the run in its recorded call
+                seen.append((place, stood == "after-copy"))
     if not any(after for _, after in seen):
         return None
     ends = sorted({p for p, _ in seen})
@@ -293,7 +301,7 @@ def play(base: float, growth: float, mapped_share: float, releases: Releases, st
         before = base + prev + growth + free
         if k in releases:
             first, last = releases[k][:2]
-            in_hand = len(releases[k]) < 3 or bool(releases[k][2])
+            in_hand = found_in_hand(releases[k])
             before = base + prev + growth * first + free  # the step's highest: just before its first run
             gen, runs = (2, 1) if gens is None else gens.get(k, (0, 1))
             # each run with a call in hand (j of n calls made, 0 < j < n: none before the first call is made or after

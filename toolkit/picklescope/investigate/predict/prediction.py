@@ -375,7 +375,7 @@ def predict(codecs: Sequence[str] = ("numpy-legacy", "numpy"), workload: str = "
                 all_open = every["node_peak"]
                 all_open_kill = every["killed"]["training_step"] if every["killed"] else None
         peaks = played["peaks"]
-        other = _copy_given_back(played, model, wl, rows, pay, workers, steps, baselines, mem, threshold, cap,
+        other = play_copy_given_back(played, model, wl, rows, pay, workers, steps, baselines, mem, threshold, cap,
                                  worker_compute_s)
         out.append(CodecPrediction(codec, gc, pay, rows, workers, steps, mem, threshold, baselines,
                                    played["node_peak"], peaks, played["steps"], played["killed"], largest,
@@ -400,9 +400,9 @@ def predict(codecs: Sequence[str] = ("numpy-legacy", "numpy"), workload: str = "
     return out
 
 
-def _copy_given_back(played: dict[str, Any], model: Model, wl: Workload, rows: int, payload: int, workers: int,
-                     steps: int, baselines: dict[str, int], node_memory: int | None, threshold: float,
-                     store_capacity: int | None, compute_s: float) -> dict[str, Any] | None:
+def play_copy_given_back(played: dict[str, Any], model: Model, wl: Workload, rows: int, payload: int,
+                         workers: int, steps: int, baselines: dict[str, int], node_memory: int | None,
+                         threshold: float, store_capacity: int | None, compute_s: float) -> dict[str, Any] | None:
     """:func:`play_node` with each copy a run finds in hand given back as its call returns (the other way a run
     inside a call's copy goes, :meth:`~.model.Model.play`); None where it plays the same as ``played``."""
     if not played["releases"] or model.data_plane != "dataproto":
@@ -442,7 +442,7 @@ def _check(preds: list[CodecPrediction], fitted: dict[str, Model], workload: str
             bare = play_node(fitted[codec], wl, p.rows, p.payload_bytes, workers, steps, {}, None, p.threshold,
                              store_capacity=None, compute_s=worker_compute_s)
             rep = fitting.observe(r, wl)
-            other = _copy_given_back(bare, fitted[codec], wl, p.rows, p.payload_bytes, workers, steps, {}, None,
+            other = play_copy_given_back(bare, fitted[codec], wl, p.rows, p.payload_bytes, workers, steps, {}, None,
                                      p.threshold, None, worker_compute_s)
             p.check = Check(r.node_peak_bytes, bare["node_peak"],
                             r.own_peak_bytes("driver") if "driver" in r.processes else None,
