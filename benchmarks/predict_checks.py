@@ -40,7 +40,7 @@ from picklescope.investigate.node import tq_plane
 from picklescope.investigate.predict import fit as fitting
 from picklescope.investigate.predict.heap import released_at
 from picklescope.investigate.predict.model import Model
-from picklescope.investigate.predict.prediction import fit_scales, models, play_copy_given_back, play_node
+from picklescope.investigate.predict.prediction import fit_scales, models, play_node, play_other_way
 from picklescope.workloads.spec import load_workload
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -105,20 +105,22 @@ def main() -> None:
             played = play_node(model, wl, real.rows, real.payload_bytes, args.workers, args.steps, {}, None,
                                0.95, store_capacity=None, compute_s=args.worker_compute)
             pred_node, pred_ctl = played["node_peak"], played["peaks"]["controller"]
-            # the other outcome: each copy a run finds in hand given back as its call returns (docs/predict.md, "What
-            # a run inside a call's copy leaves")
-            given_back = play_copy_given_back(played, model, wl, real.rows, real.payload_bytes, args.workers,
-                                              args.steps, {}, None, 0.95, None, args.worker_compute) or played
-            low_node, low_ctl = given_back["node_peak"], given_back["peaks"]["controller"]
+            # the other outcomes: each copy of a call a run comes inside given back as its call returns, or kept
+            # (docs/predict.md, "What a run inside a call's copy leaves"); the prediction plays each as the fits found
+            ways = {way: play_other_way(played, way, model, wl, real.rows, real.payload_bytes, args.workers,
+                                        args.steps, {}, None, 0.95, None, args.worker_compute) or played
+                    for way in ("given back", "kept")}
+            low_node, low_ctl = ways["given back"]["node_peak"], ways["given back"]["peaks"]["controller"]
+            kept_node, kept_ctl = ways["kept"]["node_peak"], ways["kept"]["peaks"]["controller"]
             row = {"codec": codec, "gc": gc, "data_plane": plane, "workload": wl.name, "fit_scales": fit_at,
                    "fit_workers": workers,
                    "scale": args.scale, "workers": args.workers, "steps": args.steps,
                    "worker_compute_s": args.worker_compute, "calls_open": played["calls_open"],
                    "payload_bytes": real.payload_bytes,
                    "node_peak": {"predicted": pred_node, "measured": real.node_peak_bytes,
-                                 "predicted_copy_given_back": low_node},
+                                 "predicted_copy_given_back": low_node, "predicted_copy_kept": kept_node},
                    "controller_peak": {"predicted": pred_ctl, "measured": real.controller_own_peak_bytes,
-                                       "predicted_copy_given_back": low_ctl},
+                                       "predicted_copy_given_back": low_ctl, "predicted_copy_kept": kept_ctl},
                    "release_steps": {"predicted": played["releases"], "measured": released_at(real)},
                    "terms": model.terms_table()}
             if plane != "dataproto":
@@ -134,6 +136,7 @@ def main() -> None:
                   f"({_pct(row['node_peak']['error'])}); controller {pred_ctl / p:.2f}x vs "
                   f"{(real.controller_own_peak_bytes or 0) / p:.2f}x ({ctl_err})"
                   + (f", {low_ctl / p:.2f}x with each copy in hand given back" if low_ctl != pred_ctl else "")
+                  + (f", {kept_ctl / p:.2f}x with each copy in hand kept" if kept_ctl != pred_ctl else "")
                   + f"; falls back at {played['releases']} vs {released_at(real)}"
                   + (f"; storage {row['storage_peak']['predicted'] / p:.2f}x vs "
                      f"{row['storage_peak']['measured'] / p:.2f}x ({_pct(row['storage_peak']['error'])})"

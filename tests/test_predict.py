@@ -143,7 +143,7 @@ def test_the_collector_runs_once_per_young_every_allocations_of_this_interpreter
     gc.collect(0)
     collector.at_call(3)
     gc.collect(1)
-    assert collector.take_runs() == [[0, None, None], [1, 3, None]] and collector.take_runs() == []
+    assert collector.take_runs() == [[0, None, None, None], [1, 3, None, None]] and collector.take_runs() == []
 
 
 def test_each_run_is_recorded_with_where_the_call_in_hand_stood_against_its_copy():
@@ -159,7 +159,10 @@ def test_each_run_is_recorded_with_where_the_call_in_hand_stood_against_its_copy
         gc.collect(0)  # before the first call's copy
         with steps.step("argument serialization"):
             with steps.step(collector.COPY_STEP):
-                gc.collect(0)  # the copy being made
+                gc.collect(0)  # the copy being made, its block not yet
+                block = bytearray(8 * MiB)  # the copy's block
+                gc.collect(0)  # the copy being made, its block made
+                del block
             gc.collect(0)  # the copy thrown away, the call still sending its chunk
         collector.at_call(1)
         gc.collect(0)  # the second call has not made its copy yet
@@ -176,9 +179,15 @@ def test_each_run_is_recorded_with_where_the_call_in_hand_stood_against_its_copy
         steps.install(None)
         if not enabled:
             gc.disable()
-    assert runs == [[0, 0, "before-copy"], [0, 0, "in-copy"], [0, 0, "after-copy"], [0, 1, "before-copy"]]
-    assert again == [[0, 0, "after-copy"]]
-    assert unknown == [[0, 0, None]]  # no meter keeps the codec's steps: not known
+    assert [r[:3] for r in runs] == [[0, 0, "before-copy"], [0, 0, "in-copy"], [0, 0, "in-copy"],
+                                     [0, 0, "after-copy"], [0, 1, "before-copy"]]
+    assert [r[:3] for r in again] == [[0, 0, "after-copy"]]
+    assert unknown == [[0, 0, None, None]]  # no meter keeps the codec's steps: not known
+    # and the bytes glibc's allocator had handed out more at each run than when the call in hand began: the copy's
+    # block (8 MiB) once made, and what it gave back once the block is freed
+    grown = [r[3] for r in runs]
+    assert all(isinstance(g, int) for g in grown), runs
+    assert grown[1] < MiB <= 8 * MiB <= grown[2] < 9 * MiB and grown[3] < MiB, grown
 
 
 def _counted(reps: list[Replay], per_step: int) -> list[Replay]:
@@ -245,13 +254,26 @@ def test_a_run_late_in_a_call_finds_its_copy_thrown_away_where_the_fits_found_it
     # a last run before its call's copy finds none in hand
     assert heap.recorded_runs(_phased([(800, 2, "before-copy")])) == {1: (0.5, 0.5, False)}
     # a run inside consolidate: before the copy's block the copy outlives young runs, after it the copy goes as its
-    # call returns; the record cannot tell which, so the other outcome gives every copy in hand back
+    # call returns. The record's fourth field (bytes the call had allocated by the run) tells which: from half a
+    # chunk's payload on, the block was made, and the run reads as one after the copy
+    chunk = 10 * MiB
+    assert heap.stood([0, 1, "in-copy", 2 * chunk], chunk) == "after-copy"
+    assert heap.stood([0, 1, "in-copy", 4096], chunk) == "in-copy"
+    assert heap.stood([0, 1, "in-copy", None], chunk) == heap.stood([0, 1, "in-copy"], chunk) == "in-copy"
+    assert heap.stood([0, 1, "before-copy", 2 * chunk], chunk) == "before-copy"  # only a run inside consolidate
+    blocked = _phased([(800, 3, "in-copy"), (1500, 3, "in-copy")])
+    blocked.chunk_bytes = chunk
+    blocked.per_step[0].runs[0].append(2 * chunk)  # step 1's run came after its call's block, step 2's before it
+    blocked.per_step[1].runs[0].append(1024)
+    assert heap.recorded_runs(blocked) == {1: (1.0, 1.0, False), 2: (0.75, 0.75)}
+    assert heap.observed_release([blocked], 0.0) == pytest.approx((0.44 + 0.505) / 2, abs=0.001)
+    # the other outcomes give every copy in hand back, or keep every one
     assert heap.copy_given_back({2: (0.5, 0.5), 3: (0.0, 0.0), 4: (1.0, 1.0), 5: (0.75, 0.75, False)}, 4) == \
         {2: (0.75, 0.75, False), 3: (0.0, 0.0), 4: (1.0, 1.0), 5: (0.75, 0.75, False)}
     m = model_mod.fit(_counted(fit_set(release_every=3, gc="default"), heap.YOUNG_EVERY // 2 + 1))
     m.run_lag, m.release_share = 0, 1.0
     kept = m.play(200 * MiB, 64, 4, 6, 2)["controller"]
-    given = m.play(200 * MiB, 64, 4, 6, 2, copy_in_hand_kept=False)["controller"]
+    given = m.play(200 * MiB, 64, 4, 6, 2, copy_in_hand="given back")["controller"]
     assert [round(v / (200 * MiB), 3) for v, _ in given] == [1.25, 0.25, 1.25, 0.25, 1.25, 0.25]
     assert all(g[0] <= k[0] + 1e-6 for g, k in zip(given, kept))  # less left after every step
     assert given[1][1] == pytest.approx(kept[1][1] + 0.25 * 200 * MiB)  # the step stands a copy higher at the run
@@ -527,17 +549,21 @@ def test_the_answer_says_the_controllers_peak_is_an_estimate_where_its_releases_
 
 def test_the_answer_gives_the_other_way_a_run_inside_a_calls_copy_goes():
     """A run of the collector inside a call's ``consolidate`` leaves that call's copy to outlive it if it came before
-    the copy's block, nothing of it if after, and no count places a run that finely (docs/predict.md, "What a run
-    inside a call's copy leaves"). The answer plays the first and says what the second would give: the controller's
-    and the node's peaks and Ray's step, in the summary, the JSON and the report; nothing where both play the same
-    (the collector off)."""
+    the copy's block, nothing of it if after, and no count places a run that finely for sure (docs/predict.md, "What
+    a run inside a call's copy leaves"). The answer plays each run as the fits found runs at its place in a call and
+    says what the other way would give: the controller's and the node's peaks and Ray's step, in the summary, the
+    JSON and the report; nothing where every way plays the same (the collector off). Where the fits found the copy
+    thrown away at the run's place, the figures assume that and the other way keeps it."""
     wl = load_workload("flowgrpo")
     m = model_mod.fit(_counted(fit_set(release_every=3, gc="default"), heap.YOUNG_EVERY // 2 + 1))
     m.run_lag, m.release_share = 0, 1.0
     preds = []
     for model in (m, model_mod.fit(fit_set())):
         out = prediction.play_node(model, wl, 64, 200 * MiB, 4, 6, {}, 2**40, 0.95, store_capacity=None)
-        other = prediction.play_copy_given_back(out, model, wl, 64, 200 * MiB, 4, 6, {}, 2**40, 0.95, None, 0.0)
+        other = prediction.play_other_way(out, "given back", model, wl, 64, 200 * MiB, 4, 6, {}, 2**40, 0.95, None,
+                                          0.0)
+        assert prediction.play_other_way(out, "kept", model, wl, 64, 200 * MiB, 4, 6, {}, 2**40, 0.95, None,
+                                         0.0) is None  # the fits found no copy thrown away within a call
         preds.append(prediction.CodecPrediction(
             "numpy-legacy", model.gc, 200 * MiB, 64, 4, 6, 2**40, 0.95, {}, out["node_peak"], out["peaks"],
             out["steps"], out["killed"], None, out["releases"], model.terms_table(), model.fitted_on,
@@ -547,7 +573,7 @@ def test_the_answer_gives_the_other_way_a_run_inside_a_calls_copy_goes():
     given, off = preds
     # each run here comes with three of four calls made: the copy of the fourth, in hand, is given back
     kept = model_mod.Model.play(m, 200 * MiB, 64, 4, 6, 2)["controller"]
-    back = model_mod.Model.play(m, 200 * MiB, 64, 4, 6, 2, copy_in_hand_kept=False)["controller"]
+    back = model_mod.Model.play(m, 200 * MiB, 64, 4, 6, 2, copy_in_hand="given back")["controller"]
     assert given.controller_peak_copy_given_back_bytes == int(max(v for _, v in back))
     assert given.processes["controller"] == int(max(v for _, v in kept))
     text = given.copy_text()
@@ -562,6 +588,24 @@ def test_the_answer_gives_the_other_way_a_run_inside_a_calls_copy_goes():
     assert doc["node_peak_copy_given_back_bytes"] == given.node_peak_copy_given_back_bytes
     assert html_escape(text) in render_predictions([given], "flowgrpo", "picklescope predict")
     assert off.copy_text() is None and off.to_json_dict()["controller_peak_copy_given_back_bytes"] is None
+    # the fits found each run past the share of its call where the copy is thrown away: the figures assume it goes,
+    # and the other way keeps every copy in hand
+    m.run_lead, m.copy_released = 0.0, 0.5  # the count puts each run at the end of its fourth call
+    out = prediction.play_node(m, wl, 64, 200 * MiB, 4, 6, {}, 2**40, 0.95, store_capacity=None)
+    assert prediction.play_other_way(out, "given back", m, wl, 64, 200 * MiB, 4, 6, {}, 2**40, 0.95, None,
+                                     0.0) is None
+    kept_way = prediction.play_other_way(out, "kept", m, wl, 64, 200 * MiB, 4, 6, {}, 2**40, 0.95, None, 0.0)
+    assert kept_way is not None and kept_way["peaks"]["controller"] == int(max(v for _, v in kept))
+    assert out["peaks"]["controller"] == int(max(v for _, v in back))
+    gone = prediction.CodecPrediction(
+        "numpy-legacy", m.gc, 200 * MiB, 64, 4, 6, 2**40, 0.95, {}, out["node_peak"], out["peaks"], out["steps"],
+        out["killed"], None, out["releases"], m.terms_table(), m.fitted_on,
+        node_peak_copy_kept_bytes=kept_way["node_peak"],
+        controller_peak_copy_kept_bytes=kept_way["peaks"]["controller"])
+    said = gone.copy_text()
+    assert said and "figures above assume that it does not" in said and "if it survives" in said, said
+    assert fmt_bytes(kept_way["peaks"]["controller"]) in said
+    assert gone.to_json_dict()["controller_peak_copy_kept_bytes"] == kept_way["peaks"]["controller"]
 
 
 def test_a_feature_the_fits_do_not_need_is_not_extrapolated():

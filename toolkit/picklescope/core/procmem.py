@@ -12,6 +12,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -144,6 +145,37 @@ def trim_heap() -> bool:
         return True
     except (OSError, AttributeError):
         return False
+
+
+_mallinfo2: list[Any] = []  # glibc's mallinfo2, once loaded (empty: not yet; [None]: no glibc)
+
+
+def heap_in_use() -> int:
+    """Bytes glibc's allocator has handed out and not had back: its heap's blocks in use plus its mapped ones
+    (``mallinfo2``'s ``uordblks + hblkhd``); -1 without glibc.
+
+    A collector's callback reads it to tell whether a call's copy had been allocated when the collector ran
+    (``picklescope.investigate.node.collector``), so after its first call it allocates no container that
+    outlives it: the load and the result's type are made once, by the first call (make it outside a callback).
+    """
+    if not _mallinfo2:
+        try:
+            import ctypes
+
+            class _Info(ctypes.Structure):
+                _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                                                            "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+            fn = ctypes.CDLL("libc.so.6").mallinfo2
+            fn.restype, fn.argtypes = _Info, []
+            _mallinfo2.append(fn)
+        except (OSError, AttributeError):  # no glibc, or one older than 2.33 (no mallinfo2)
+            _mallinfo2.append(None)
+    fn = _mallinfo2[0]
+    if fn is None:
+        return -1
+    info = fn()
+    return int(info.uordblks + info.hblkhd)
 
 
 def machine_memory() -> dict[str, int]:

@@ -13,7 +13,11 @@ step's worker calls it has made (:func:`at_call`), and each collection is kept w
 With it goes where the call in hand stood (:data:`PHASES`): a legacy codec's copy is referenced only while its
 ``consolidate`` step runs (the result is thrown away as it returns), so a run that comes later in the same call
 (while the call pickles and sends its chunk) finds that copy garbage too, and one that comes before finds none
-made yet. The step machinery says which (:meth:`picklescope.core.steps.Meter.innermost`, ``Meter.ended``).
+made yet. The step machinery says which (:meth:`picklescope.core.steps.Meter.innermost`, ``Meter.ended``). A run inside
+``consolidate`` may come before or after the copy's block is allocated, and the two leave different memory
+(docs/predict.md, "What a run inside a call's copy leaves"), so each run also keeps the bytes the allocator had
+handed out more at its start than when the call in hand began (:func:`picklescope.core.procmem.heap_in_use`):
+about the copy's size once its block is made.
 The driver and every worker use this module in their own process.
 """
 
@@ -22,7 +26,7 @@ from __future__ import annotations
 import gc
 from typing import Any
 
-from picklescope.core import steps
+from picklescope.core import procmem, steps
 
 _collections = [0, 0, 0]  # per generation, since count_collections()
 # the worker calls of the training step in hand that the controller has made (at_call); -1: not said (an engine
@@ -38,6 +42,13 @@ COPY_STEP = "consolidate"
 PHASES = ("before-copy", "in-copy", "after-copy")
 _phases: list[int] = []
 _copies_at_step_start = [-1]  # the copy steps that had ended when the training step began (-1: no meter then)
+# the allocator's bytes in use when the call in hand began (at_call; -1: not read), at the start of the collection
+# in progress, and per run the growth between the two (an int each, no container: see _runs)
+_heap_at_call = [-1]
+_heap_at_run = [-1]
+_grown: list[int] = []
+_UNREAD = -(1 << 62)  # a run's growth where either reading is missing
+procmem.heap_in_use()  # glibc's reading loaded at import, before any count: its objects are no step's allocations
 
 
 def apply_mode(mode: str) -> None:
@@ -52,6 +63,8 @@ def count_collections() -> None:
     _calls_done[0] = -1
     _runs.clear()
     _phases.clear()
+    _grown.clear()
+    _heap_at_call[0] = -1
     if _on_collection not in gc.callbacks:
         gc.callbacks.append(_on_collection)
 
@@ -80,6 +93,7 @@ def at_call(done: int) -> None:
     codec made for it is garbage for a collection; the call in hand references its own only while making it
     (:data:`PHASES`)."""
     _calls_done[0] = done
+    _heap_at_call[0] = procmem.heap_in_use()
     if done == 0:
         _copies_at_step_start[0] = _copies_ended()
 
@@ -103,17 +117,25 @@ def _phase() -> int:
 
 def take_runs() -> list[list[Any]]:
     """Each collection since the last call (or since :func:`count_collections`), in order, as [generation,
-    calls done when it ran, where the call in hand stood (:data:`PHASES`)] (calls and phase None where the loop
-    never said: :func:`at_call`, or no meter kept the codec's steps); and start the next list."""
-    out = [[r % 3, r // 3 - 1 if r >= 3 else None, PHASES[p] if p >= 0 else None] for r, p in zip(_runs, _phases)]
+    calls done when it ran, where the call in hand stood (:data:`PHASES`), the bytes the allocator had handed out
+    more at the run's start than when the call in hand began] (calls, place and bytes None where the loop never
+    said: :func:`at_call`, or no meter kept the codec's steps, or no glibc); and start the next list."""
+    out = [[r % 3, r // 3 - 1 if r >= 3 else None, PHASES[p] if p >= 0 else None,
+            None if p < 0 or g == _UNREAD else g]
+           for r, p, g in zip(_runs, _phases, _grown)]
     _runs.clear()
     _phases.clear()
+    _grown.clear()
     return out
 
 
 def _on_collection(phase: str, info: dict[str, Any]) -> None:
     generation = info.get("generation")
-    if phase == "stop" and generation in (0, 1, 2):
+    if phase == "start":  # before the run frees anything: what the call in hand has allocated so far
+        _heap_at_run[0] = procmem.heap_in_use() if _heap_at_call[0] >= 0 else -1
+    elif phase == "stop" and generation in (0, 1, 2):
         _collections[generation] += 1
         _runs.append(generation + 3 * (_calls_done[0] + 1))
         _phases.append(_phase())
+        known = _heap_at_run[0] >= 0 and _heap_at_call[0] >= 0
+        _grown.append(_heap_at_run[0] - _heap_at_call[0] if known else _UNREAD)

@@ -34,10 +34,11 @@ class Check:
     measured_release_steps: list[int] = field(default_factory=list)
     predicted_release_steps: list[int] = field(default_factory=list)
     outcome: str = "ok"
-    # the prediction played the other way a run inside a call's copy can go (CodecPrediction.copy_text), where it
-    # differs
+    # the prediction played each way a run inside a call's copy can go (CodecPrediction.copy_text), where it differs
     predicted_node_peak_copy_given_back_bytes: int | None = None
     predicted_controller_peak_copy_given_back_bytes: int | None = None
+    predicted_node_peak_copy_kept_bytes: int | None = None
+    predicted_controller_peak_copy_kept_bytes: int | None = None
 
     @staticmethod
     def error(pred: int, meas: int | None) -> float | None:
@@ -48,12 +49,12 @@ class Check:
         doc["node_peak_error"] = self.error(self.predicted_node_peak_bytes, self.measured_node_peak_bytes)
         doc["controller_peak_error"] = self.error(self.predicted_controller_peak_bytes,
                                                   self.measured_controller_peak_bytes)
-        if self.predicted_controller_peak_copy_given_back_bytes is not None:
-            doc["controller_peak_copy_given_back_error"] = self.error(
-                self.predicted_controller_peak_copy_given_back_bytes, self.measured_controller_peak_bytes)
-        if self.predicted_node_peak_copy_given_back_bytes is not None:
-            doc["node_peak_copy_given_back_error"] = self.error(self.predicted_node_peak_copy_given_back_bytes,
-                                                                self.measured_node_peak_bytes)
+        for way in ("copy_given_back", "copy_kept"):
+            ctl, node = doc[f"predicted_controller_peak_{way}_bytes"], doc[f"predicted_node_peak_{way}_bytes"]
+            if ctl is not None:
+                doc[f"controller_peak_{way}_error"] = self.error(ctl, self.measured_controller_peak_bytes)
+            if node is not None:
+                doc[f"node_peak_{way}_error"] = self.error(node, self.measured_node_peak_bytes)
         return doc
 
 
@@ -114,6 +115,11 @@ class CodecPrediction:
     node_peak_copy_given_back_bytes: int | None = None
     controller_peak_copy_given_back_bytes: int | None = None
     copy_given_back_killed_step: int | None = None
+    # and where each such run comes before the block and so leaves the copy (the prediction plays each run as the
+    # fit's replays found them); None where it plays the same
+    node_peak_copy_kept_bytes: int | None = None
+    controller_peak_copy_kept_bytes: int | None = None
+    copy_kept_killed_step: int | None = None
 
     def to_json_dict(self) -> dict[str, Any]:
         return {"codec": self.codec, "gc": self.gc, "payload_bytes": self.payload_bytes, "rows": self.rows,
@@ -138,6 +144,9 @@ class CodecPrediction:
                 "node_peak_copy_given_back_bytes": self.node_peak_copy_given_back_bytes,
                 "controller_peak_copy_given_back_bytes": self.controller_peak_copy_given_back_bytes,
                 "copy_given_back_killed_step": self.copy_given_back_killed_step,
+                "node_peak_copy_kept_bytes": self.node_peak_copy_kept_bytes,
+                "controller_peak_copy_kept_bytes": self.controller_peak_copy_kept_bytes,
+                "copy_kept_killed_step": self.copy_kept_killed_step,
                 "kill_policy": KILL_POLICY if self.data_plane == "dataproto" else KILL_POLICY_TQ,
                 "check": self.check.to_json_dict() if self.check else None}
 
@@ -203,25 +212,40 @@ class CodecPrediction:
                 "\"The allocator\")")
 
     def copy_text(self) -> str | None:
-        """The other way the controller's collections can go, in one sentence (the summary's line and the
+        """The other ways the controller's collections can go, in one sentence (the summary's line and the
         report's): a run that comes inside a call's copy leaves that copy until an older generation's run if it
-        comes before the copy's block is made, nothing of it if after, and where in the copy a run comes is finer
-        than the prediction can place it (docs/predict.md, "What a run inside a call's copy leaves"). None where
-        both ways play the same."""
-        node, ctl = self.node_peak_copy_given_back_bytes, self.controller_peak_copy_given_back_bytes
+        comes before the copy's block is made, nothing of it if after. The prediction plays each run as the fit's
+        replays found runs at its place in a call, but where in the copy a run comes is finer than it can place
+        (docs/predict.md, "What a run inside a call's copy leaves"). None where every way plays the same."""
+        given = self._other_way(self.node_peak_copy_given_back_bytes, self.controller_peak_copy_given_back_bytes,
+                                self.copy_given_back_killed_step)
+        kept = self._other_way(self.node_peak_copy_kept_bytes, self.controller_peak_copy_kept_bytes,
+                               self.copy_kept_killed_step)
+        if given is None and kept is None:
+            return None
+        if kept is None:
+            assumed, other = "that it survives, as the fit's replays found at that moment; if it does not", given
+        elif given is None:
+            assumed, other = "that it does not, as the fit's replays found at that moment; if it survives", kept
+        else:
+            assumed, other = (f"that some of those copies survive and some do not, as the fit's replays found; "
+                              f"if every one survives, {kept}; if none does"), given
+        return (f"When Python's garbage collector runs in a training step, it is usually while the controller is "
+                f"making a chunk's copy (the packed block the legacy codec makes and throws away), and whether that "
+                f"copy survives the collection depends on the exact moment, which no prediction can place for "
+                f"sure. The figures above assume {assumed}, {other} (docs/predict.md, \"What a run inside a call's "
+                f"copy leaves\")")
+
+    def _other_way(self, node: int | None, ctl: int | None, step: int | None) -> str | None:
+        """The controller's and the node's peaks of one other way, and Ray's verdict where it changes, in words."""
         if node is None or ctl is None:
             return None
-        step, main = self.copy_given_back_killed_step, self.killed["training_step"] if self.killed else None
-        verdict = ""  # Ray's verdict only where it changes
+        main = self.killed["training_step"] if self.killed else None
+        verdict = ""
         if self.node_memory_bytes and step != main:
             verdict = (", and the node would survive every step" if step is None
                        else f", and Ray would kill in training step {step}")
-        return (f"When Python's garbage collector runs in a training step, it is usually while the controller is "
-                f"making a chunk's copy (the packed block the legacy codec makes and throws away), and whether that "
-                f"copy survives the collection depends on the exact moment, which no prediction can place. The "
-                f"figures above assume "
-                f"it survives; if it does not, the controller would peak at {fmt_bytes(ctl)} and the node at "
-                f"{fmt_bytes(node)}{verdict} (docs/predict.md, \"What a run inside a call's copy leaves\")")
+        return f"the controller would peak at {fmt_bytes(ctl)} and the node at {fmt_bytes(node)}{verdict}"
 
     def check_text(self) -> str:
         """The check against a real replay in one line: predicted vs measured node and controller peaks with
@@ -233,10 +257,11 @@ class CodecPrediction:
         ce = c.error(c.predicted_controller_peak_bytes, c.measured_controller_peak_bytes)
         pn, mn = fmt_bytes(c.predicted_node_peak_bytes), fmt_bytes(c.measured_node_peak_bytes)
         pc, mc = fmt_bytes(c.predicted_controller_peak_bytes), fmt_bytes(c.measured_controller_peak_bytes)
-        given = c.predicted_controller_peak_copy_given_back_bytes
-        other = "" if given is None else (
-            f", {fmt_bytes(given)} with each copy in hand given back "
-            f"({_pct(c.error(given, c.measured_controller_peak_bytes))})")
+        other = "".join(
+            f", {fmt_bytes(v)} with {words} ({_pct(c.error(v, c.measured_controller_peak_bytes))})"
+            for v, words in ((c.predicted_controller_peak_copy_given_back_bytes, "each copy in hand given back"),
+                             (c.predicted_controller_peak_copy_kept_bytes, "each copy in hand kept"))
+            if v is not None)
         return (f"check (a real replay, {c.outcome}): node peak predicted {pn} vs measured {mn} "
                 f"({_pct(ne)}); controller {pc} vs {mc} ({_pct(ce)}){other}; memory falls back at steps "
                 f"predicted {c.predicted_release_steps or 'none'}, measured {c.measured_release_steps or 'none'}")

@@ -45,10 +45,12 @@ controller's loop records where the call in hand stood at each run (``StepObs.ru
 copy, making it, after it), and how far into a call the copy is thrown away (``released``, a share of the call's
 allocations) is the one that sorts the most of the fits' recorded runs as they came (:func:`observed_release`); a
 run at least that far into its call counts the call as done and finds no copy in hand. None where no fit recorded
-a run after a copy: every run then finds its call's copy in hand and keeps it (:func:`play`); a run inside
-``consolidate`` after the copy's block was made gives it back instead as its call returns (:func:`copy_given_back`,
-the other outcome, which the record cannot tell from the first; benchmarks/README.md, "Where in a call the
-collector runs").
+a run after a copy: every run then finds its call's copy in hand and keeps it (:func:`play`). A run inside
+``consolidate`` after the copy's block was made gives it back as its call returns (benchmarks/README.md, "Where in a
+call the collector runs"), as a run after the copy does, and the record's fourth field tells it from one before the
+block (the bytes the call had allocated by the run: about its copy once the block is made), so :func:`stood` reads
+such a run as one after the copy. :func:`copy_given_back` plays every run with a copy in hand that way, the other
+outcome the answer gives beside its own.
 """
 
 from __future__ import annotations
@@ -157,6 +159,21 @@ def counted_runs(rep: Replay, lag: int = 0) -> dict[int, tuple[float, float]] | 
     return {k: done for k, done in runs.items() if done is not None}
 
 
+BLOCK_MADE = 0.5  # of a chunk's payload allocated in the call by a run inside consolidate: the copy's block was made
+
+
+def stood(run: Sequence[int | str | None], chunk_bytes: int) -> str | None:
+    """Where the call in hand stood against its copy at a recorded run (:data:`~picklescope.investigate.node.collector.
+    PHASES`, None where not recorded), a run inside ``consolidate`` whose call had allocated at least
+    :data:`BLOCK_MADE` of a chunk's payload read as after the copy: its block was made, and the copy is given back as
+    the call returns (the module doc), so nothing of it outlives the run, as after a copy."""
+    place = run[2] if len(run) > 2 else None
+    grown = run[3] if len(run) > 3 else None
+    if place == "in-copy" and isinstance(grown, int) and chunk_bytes > 0 and grown >= BLOCK_MADE * chunk_bytes:
+        return "after-copy"
+    return place  # type: ignore[return-value]
+
+
 def recorded_runs(rep: Replay, copies: bool = True) -> dict[int, tuple[float, ...]] | None:
     """The training steps of ``rep`` in which the controller's collector ran, each with the shares of its calls
     made at the first and last run in it, as the controller's loop recorded them; None where they were not
@@ -173,7 +190,7 @@ def recorded_runs(rep: Replay, copies: bool = True) -> dict[int, tuple[float, ..
     for s in rep.per_step:
         if not s.runs:
             continue
-        phases = [r[2] if copies and len(r) > 2 else None for r in s.runs]
+        phases = [stood(r, rep.chunk_bytes) if copies else None for r in s.runs]
         done = [min(r[1], n) + (1 if p == "after-copy" and r[1] < n else 0) for r, p in zip(s.runs, phases)]
         hand = phases[-1] in (None, "in-copy")
         out[s.index] = (min(done) / n, max(done) / n) if hand else (min(done) / n, max(done) / n, False)
@@ -194,7 +211,7 @@ def _first_runs(rep: Replay) -> tuple[int, list[tuple[float, float, int, str | N
         after = s.allocations or 0
         if s.index not in recorded or after <= before:
             continue
-        place = s.runs[0][2] if s.runs and len(s.runs[0]) > 2 else None
+        place = stood(s.runs[0], rep.chunk_bytes) if s.runs else None
         out.append((_next_run(before) - before, (after - before) / n, round(recorded[s.index][0] * n), place))
     return n, out
 

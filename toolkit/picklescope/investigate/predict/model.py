@@ -215,14 +215,16 @@ class Model:
     def release_steps(self, x: dict[str, float], steps: int) -> list[int]:
         return sorted(self.release_points(x, steps))  # the training steps (1-based) of the releases
 
-    def release_points(self, x: dict[str, float], steps: int) -> dict[int, tuple[float, ...]]:
+    def release_points(self, x: dict[str, float], steps: int, released: bool = True) -> dict[int, tuple[float, ...]]:
         """Training steps (1-based) with a release, each with the shares of its calls done at its collector's first
-        and last run (:func:`calls_done`) if the allocations were counted (module doc), else every 1/rate steps."""
+        and last run (:func:`calls_done`) if the allocations were counted (module doc), else every 1/rate steps.
+        ``released``: a run far enough into its call finds that call's copy thrown away (``copy_released``, as the
+        fits found); False: every run within a call finds the call's copy in hand."""
         if self.release_rate is None:
             return {}
         if (so_far := self.counts(x, steps)) is not None:
             done = [calls_done(so_far[k - 1], so_far[k], int(x["calls"]), self.run_lag, self.run_lead,
-                               self.copy_released) for k in range(1, steps + 1)]
+                               self.copy_released if released else None) for k in range(1, steps + 1)]
             return {k: d for k, d in enumerate(done, 1) if d is not None}
         rate = min(1.0, max(0.0, self.release_rate(x)))
         if rate <= 0:
@@ -240,18 +242,21 @@ class Model:
 
     def play(self, payload: float, rows: int, workers: int, steps: int, objects_per_row: float,
              store_capacity: float | None = None, compute_s: float = 0.0,
-             copy_in_hand_kept: bool = True) -> dict[str, list[tuple[float, float]]]:
+             copy_in_hand: str | None = None) -> dict[str, list[tuple[float, float]]]:
         """Per role, (level after the step, peak during it) for steps 1..``steps``, bytes above baselines.
 
         ``store_capacity`` bounds the object store's level and peak (None: unbounded); the store's level is a
         high-water mark (see the module doc). ``compute_s``: each worker's compute on its chunk
-        (:meth:`open_calls`). ``copy_in_hand_kept``: a run that finds a call's copy in hand leaves it until a run of
-        the older generation (a run before the copy's block: the prediction), or, False, the copy goes as its call
-        returns (a run after the block: :func:`heap.copy_given_back`)."""
+        (:meth:`open_calls`). ``copy_in_hand``: where a run comes inside a call, whether it leaves that call's copy:
+        None as the fits found (:attr:`copy_released`: a run far enough into its call leaves nothing of the copy,
+        one before leaves it until a run of the older generation), ``"kept"`` every such run leaves it (a run
+        before the copy's block), ``"given back"`` none does (a run after the block: :func:`heap.copy_given_back`).
+        """
         x = self.features(payload, rows, workers, objects_per_row, compute_s)
         cap = math.inf if store_capacity is None else max(0.0, store_capacity)
-        releases, so_far = self.release_points(x, steps), self.counts(x, steps)  # which generation a run collects:
-        if not copy_in_hand_kept:
+        releases = self.release_points(x, steps, released=copy_in_hand != "kept")
+        so_far = self.counts(x, steps)  # which generation a run collects:
+        if copy_in_hand == "given back":
             releases = heap.copy_given_back(releases, int(x["calls"]))
         gens = None if so_far is None else heap.generations(so_far)  # from the count
         before_run = [0.0] * steps  # per step, how far above its level after the step the controller stood at a run

@@ -213,7 +213,7 @@ def fit_set(reps: Sequence[fitting.Replay], codec: str, data_plane: str = "datap
 
 def play_node(model: Model, wl: Workload, rows: int, payload: int, workers: int, steps: int,
               baselines: dict[str, int], node_memory: int | None, threshold: float, *,
-              store_capacity: int | None, compute_s: float = 0.0, copy_in_hand_kept: bool = True) -> dict[str, Any]:
+              store_capacity: int | None, compute_s: float = 0.0, copy_in_hand: str | None = None) -> dict[str, Any]:
     """The model at one size: per step node and controller bytes, per process peaks, Ray's kill, the steps at
     which the controller's memory falls back and the share of what those releases free in heap-sized blocks
     (``release_heap_share``: their return is the model's least certain term, docs/predict.md). The object
@@ -221,10 +221,10 @@ def play_node(model: Model, wl: Workload, rows: int, payload: int, workers: int,
     what the store holds before the batch (its baseline, if given); ``store_full_step`` is the first step it
     is at that bound. The capacity is an argument, not worked out here, so that the default is decided in one
     place. ``compute_s``: each worker's compute on its chunk (:meth:`~.model.Model.open_calls`);
-    ``copy_in_hand_kept``: :meth:`~.model.Model.play`'s outcome for the copy a run finds in hand."""
+    ``copy_in_hand``: :meth:`~.model.Model.play`'s outcome for the copy of a call a run comes inside."""
     obj = len(wl.non_tensor)
     room = None if store_capacity is None else store_capacity - baselines.get("store", 0)
-    played = model.play(payload, rows, workers, steps, obj, room, compute_s, copy_in_hand_kept)
+    played = model.play(payload, rows, workers, steps, obj, room, compute_s, copy_in_hand)
     names = ["controller"] + [f"worker-{i}" for i in range(workers)]
     base_of = {n: baselines.get(n, 0) for n in names}
     shared = ["store"] if model.data_plane == "dataproto" else ["store", "producer", "storage", "tq-controller"]
@@ -375,8 +375,10 @@ def predict(codecs: Sequence[str] = ("numpy-legacy", "numpy"), workload: str = "
                 all_open = every["node_peak"]
                 all_open_kill = every["killed"]["training_step"] if every["killed"] else None
         peaks = played["peaks"]
-        other = play_copy_given_back(played, model, wl, rows, pay, workers, steps, baselines, mem, threshold, cap,
-                                 worker_compute_s)
+        given = play_other_way(played, "given back", model, wl, rows, pay, workers, steps, baselines, mem,
+                               threshold, cap, worker_compute_s)
+        kept = play_other_way(played, "kept", model, wl, rows, pay, workers, steps, baselines, mem, threshold, cap,
+                              worker_compute_s)
         out.append(CodecPrediction(codec, gc, pay, rows, workers, steps, mem, threshold, baselines,
                                    played["node_peak"], peaks, played["steps"], played["killed"], largest,
                                    played["releases"], model.terms_table(), model.fitted_on, data_plane=data_plane,
@@ -389,26 +391,34 @@ def predict(codecs: Sequence[str] = ("numpy-legacy", "numpy"), workload: str = "
                                    worker_compute_s=worker_compute_s, calls_open=played["calls_open"],
                                    node_peak_all_open_bytes=all_open, all_open_killed_step=all_open_kill,
                                    release_heap_share=played["release_heap_share"],
-                                   node_peak_copy_given_back_bytes=None if other is None else other["node_peak"],
-                                   controller_peak_copy_given_back_bytes=None if other is None
-                                   else other["peaks"]["controller"],
-                                   copy_given_back_killed_step=None if other is None or not other["killed"]
-                                   else other["killed"]["training_step"]))
+                                   node_peak_copy_given_back_bytes=None if given is None else given["node_peak"],
+                                   controller_peak_copy_given_back_bytes=None if given is None
+                                   else given["peaks"]["controller"],
+                                   copy_given_back_killed_step=_kill_step(given),
+                                   node_peak_copy_kept_bytes=None if kept is None else kept["node_peak"],
+                                   controller_peak_copy_kept_bytes=None if kept is None
+                                   else kept["peaks"]["controller"],
+                                   copy_kept_killed_step=_kill_step(kept)))
     if check:
         _check(out, fitted, workload, the_scale, gc, wl, timeout_s, ray_address, log, data_plane,
                worker_compute_s)
     return out
 
 
-def play_copy_given_back(played: dict[str, Any], model: Model, wl: Workload, rows: int, payload: int,
-                         workers: int, steps: int, baselines: dict[str, int], node_memory: int | None,
-                         threshold: float, store_capacity: int | None, compute_s: float) -> dict[str, Any] | None:
-    """:func:`play_node` with each copy a run finds in hand given back as its call returns (the other way a run
-    inside a call's copy goes, :meth:`~.model.Model.play`); None where it plays the same as ``played``."""
+def _kill_step(played: dict[str, Any] | None) -> int | None:
+    return None if played is None or not played["killed"] else played["killed"]["training_step"]
+
+
+def play_other_way(played: dict[str, Any], copy_in_hand: str, model: Model, wl: Workload, rows: int, payload: int,
+                   workers: int, steps: int, baselines: dict[str, int], node_memory: int | None,
+                   threshold: float, store_capacity: int | None, compute_s: float) -> dict[str, Any] | None:
+    """:func:`play_node` with every copy of a call a run comes inside ``copy_in_hand`` (``"kept"`` or ``"given
+    back"``; the ways such a run can go, :meth:`~.model.Model.play`); None where it plays the same as ``played``
+    (the prediction, which plays each run as the fits found)."""
     if not played["releases"] or model.data_plane != "dataproto":
         return None
     other = play_node(model, wl, rows, payload, workers, steps, baselines, node_memory, threshold,
-                      store_capacity=store_capacity, compute_s=compute_s, copy_in_hand_kept=False)
+                      store_capacity=store_capacity, compute_s=compute_s, copy_in_hand=copy_in_hand)
     same = other["node_peak"] == played["node_peak"] and other["peaks"]["controller"] == played["peaks"]["controller"]
     return None if same else other
 
@@ -442,14 +452,16 @@ def _check(preds: list[CodecPrediction], fitted: dict[str, Model], workload: str
             bare = play_node(fitted[codec], wl, p.rows, p.payload_bytes, workers, steps, {}, None, p.threshold,
                              store_capacity=None, compute_s=worker_compute_s)
             rep = fitting.observe(r, wl)
-            other = play_copy_given_back(bare, fitted[codec], wl, p.rows, p.payload_bytes, workers, steps, {}, None,
-                                     p.threshold, None, worker_compute_s)
+            given, kept = (play_other_way(bare, way, fitted[codec], wl, p.rows, p.payload_bytes, workers, steps, {},
+                                          None, p.threshold, None, worker_compute_s) for way in ("given back", "kept"))
             p.check = Check(r.node_peak_bytes, bare["node_peak"],
                             r.own_peak_bytes("driver") if "driver" in r.processes else None,
                             bare["peaks"]["controller"],
                             released_at(rep) if rep.per_step else [], bare["releases"], r.outcome,
-                            None if other is None else other["node_peak"],
-                            None if other is None else other["peaks"]["controller"])
+                            None if given is None else given["node_peak"],
+                            None if given is None else given["peaks"]["controller"],
+                            None if kept is None else kept["node_peak"],
+                            None if kept is None else kept["peaks"]["controller"])
 
 
 def _refuse_a_check_that_cannot_fit(payload: int, steps: int) -> None:
