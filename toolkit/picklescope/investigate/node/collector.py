@@ -42,12 +42,12 @@ COPY_STEP = "consolidate"
 PHASES = ("before-copy", "in-copy", "after-copy")
 _phases: list[int] = []
 _copies_at_step_start = [-1]  # the copy steps that had ended when the training step began (-1: no meter then)
-# the allocator's bytes in use when the call in hand began (at_call; -1: not read), at the start of the collection
-# in progress, and per run the growth between the two (an int each, no container: see _runs)
+# the allocator's bytes in use when the call in hand began (at_call; -1: not read, or no glibc), and per run what it
+# had handed out more at the run's start (an int each, no container: see _runs); the collection in progress's first
 _heap_at_call = [-1]
-_heap_at_run = [-1]
+_UNREAD = -(1 << 62)  # a run's growth where it was not read
+_grown_at_run = [_UNREAD]
 _grown: list[int] = []
-_UNREAD = -(1 << 62)  # a run's growth where either reading is missing
 procmem.heap_in_use()  # glibc's reading loaded at import, before any count: its objects are no step's allocations
 
 
@@ -132,10 +132,9 @@ def take_runs() -> list[list[Any]]:
 def _on_collection(phase: str, info: dict[str, Any]) -> None:
     generation = info.get("generation")
     if phase == "start":  # before the run frees anything: what the call in hand has allocated so far
-        _heap_at_run[0] = procmem.heap_in_use() if _heap_at_call[0] >= 0 else -1
+        _grown_at_run[0] = procmem.heap_in_use() - _heap_at_call[0] if _heap_at_call[0] >= 0 else _UNREAD
     elif phase == "stop" and generation in (0, 1, 2):
         _collections[generation] += 1
         _runs.append(generation + 3 * (_calls_done[0] + 1))
         _phases.append(_phase())
-        known = _heap_at_run[0] >= 0 and _heap_at_call[0] >= 0
-        _grown.append(_heap_at_run[0] - _heap_at_call[0] if known else _UNREAD)
+        _grown.append(_grown_at_run[0])

@@ -391,18 +391,21 @@ def predict(codecs: Sequence[str] = ("numpy-legacy", "numpy"), workload: str = "
                                    worker_compute_s=worker_compute_s, calls_open=played["calls_open"],
                                    node_peak_all_open_bytes=all_open, all_open_killed_step=all_open_kill,
                                    release_heap_share=played["release_heap_share"],
-                                   node_peak_copy_given_back_bytes=None if given is None else given["node_peak"],
-                                   controller_peak_copy_given_back_bytes=None if given is None
-                                   else given["peaks"]["controller"],
+                                   node_peak_copy_given_back_bytes=_peaks(given)[0],
+                                   controller_peak_copy_given_back_bytes=_peaks(given)[1],
                                    copy_given_back_killed_step=_kill_step(given),
-                                   node_peak_copy_kept_bytes=None if kept is None else kept["node_peak"],
-                                   controller_peak_copy_kept_bytes=None if kept is None
-                                   else kept["peaks"]["controller"],
+                                   node_peak_copy_kept_bytes=_peaks(kept)[0],
+                                   controller_peak_copy_kept_bytes=_peaks(kept)[1],
                                    copy_kept_killed_step=_kill_step(kept)))
     if check:
         _check(out, fitted, workload, the_scale, gc, wl, timeout_s, ray_address, log, data_plane,
                worker_compute_s)
     return out
+
+
+def _peaks(played: dict[str, Any] | None) -> tuple[int | None, int | None]:
+    """A play's node and controller peaks (None, None where there is no play: a way that plays as the prediction)."""
+    return (None, None) if played is None else (played["node_peak"], played["peaks"]["controller"])
 
 
 def _kill_step(played: dict[str, Any] | None) -> int | None:
@@ -458,10 +461,7 @@ def _check(preds: list[CodecPrediction], fitted: dict[str, Model], workload: str
                             r.own_peak_bytes("driver") if "driver" in r.processes else None,
                             bare["peaks"]["controller"],
                             released_at(rep) if rep.per_step else [], bare["releases"], r.outcome,
-                            None if given is None else given["node_peak"],
-                            None if given is None else given["peaks"]["controller"],
-                            None if kept is None else kept["node_peak"],
-                            None if kept is None else kept["peaks"]["controller"])
+                            *_peaks(given), *_peaks(kept))
 
 
 def _refuse_a_check_that_cannot_fit(payload: int, steps: int) -> None:
